@@ -1,0 +1,109 @@
+"""Flat, page-aligned float32 buffers that a model's parameters and gradients live in.
+
+A shard is then a zero-copy slice, a push is a view of the gradient buffer and a
+pull writes straight into the parameter buffer. Page alignment keeps loopback TCP
+copies fast (ZMQ_NOTES.md, point 8).
+"""
+
+import mmap
+
+import numpy as np
+import torch
+
+PAGE = mmap.PAGESIZE
+
+
+def aligned_empty(n: int, dtype=np.float32) -> np.ndarray:
+    """An uninitialised 1-D array of `n` items whose data starts on a page boundary."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(n * dtype.itemsize + PAGE, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % PAGE
+    return raw[offset:offset + n * dtype.itemsize].view(dtype)
+
+
+def aligned_zeros(n: int, dtype=np.float32) -> np.ndarray:
+    out = aligned_empty(n, dtype)
+    out.fill(0)
+    return out
+
+
+class FlatModel:
+    """Re-homes a module's parameters and floating-point buffers into one flat vector.
+
+    Layout: parameters in `named_parameters()` order, then floating-point buffers in
+    `named_buffers()` order. Buffers (e.g. BatchNorm statistics) are not trained: in
+    a push their slots carry the worker's current values, and servers average them
+    by batch instead of applying the optimizer (see server/shard.py).
+
+    `params` and `grads` are the host (numpy) buffers that travel on the wire. On a
+    CPU device the model's tensors are views of them; on CUDA the model lives in
+    device buffers and `load_params` / `finish_grads` copy between the two.
+    """
+
+    def __init__(self, module: torch.nn.Module, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.module = module.to(self.device)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        bad = [p.dtype for p in params if p.dtype != torch.float32]
+        if bad:
+            raise ValueError(f"parameters must be float32, found {bad[0]}")
+        buffers = [(owner, name, b) for owner in self.module.modules()
+                   for name, b in owner._buffers.items()
+                   if b is not None and b.is_floating_point()]
+        self.num_trained = sum(p.numel() for p in params)
+        self.size = self.num_trained + sum(b.numel() for _, _, b in buffers)
+        self.params = aligned_empty(self.size)
+        self.grads = aligned_zeros(self.size)
+        self._host_p = torch.from_numpy(self.params)
+        self._host_g = torch.from_numpy(self.grads)
+        if self.device.type == "cpu":
+            self._dev_p, self._dev_g = self._host_p, self._host_g
+        else:
+            self._dev_p = torch.empty(self.size, dtype=torch.float32, device=self.device)
+            self._dev_g = torch.zeros(self.size, dtype=torch.float32, device=self.device)
+        self._grad_views = []
+        pos = 0
+        for p in params:
+            n = p.numel()
+            view = self._dev_p[pos:pos + n].view_as(p)
+            view.copy_(p.data)
+            p.data = view
+            p.grad = self._dev_g[pos:pos + n].view_as(p)
+            self._grad_views.append((p, p.grad))
+            pos += n
+        for owner, name, b in buffers:
+            n = b.numel()
+            view = self._dev_p[pos:pos + n].view_as(b)
+            view.copy_(b.to(torch.float32))
+            owner._buffers[name] = view
+            pos += n
+        if self._dev_p is not self._host_p:
+            self._host_p.copy_(self._dev_p)
+
+    def zero_grads(self) -> None:
+        self._dev_g.zero_()
+
+    def load_params(self) -> None:
+        """Make the model see what was written into the host `params` buffer."""
+        if self._dev_p is not self._host_p:
+            self._dev_p.copy_(self._host_p)
+
+    def finish_grads(self) -> None:
+        """After backward: gather every gradient into the host `grads` buffer, with
+        the buffers' current values in their slots."""
+        for p, view in self._grad_views:
+            if p.grad is None:  # unused this step (set to None by the user): zero
+                p.grad = view
+            elif p.grad.data_ptr() != view.data_ptr():
+                # autograd replaced the tensor (e.g. a non-contiguous gradient): copy it home
+                view.copy_(p.grad)
+                p.grad = view
+        nt = self.num_trained
+        self._dev_g[nt:].copy_(self._dev_p[nt:])
+        if self._dev_g is not self._host_g:
+            self._host_g.copy_(self._dev_g)
+
+    def load_flat(self, values: np.ndarray) -> None:
+        """Set the whole model from a flat vector in this layout."""
+        np.copyto(self.params, values)
+        self.load_params()

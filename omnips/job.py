@@ -1,0 +1,88 @@
+"""The job spec: everything about a training job that the scheduler owns and hands out.
+
+Servers and workers receive it at registration, so nothing has to be kept
+consistent by hand across command lines. `config.json` in the run directory is
+`JobSpec.to_dict()`.
+"""
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+MODES = ("bsp", "asp")
+OPTIMIZERS = ("sgd", "adam")
+BATCHINGS = ("uniform", "static", "dynamic")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    mode: str = "bsp"
+    num_servers: int = 1
+    num_workers: int = 2
+    model: str = "mlp"
+    model_args: dict = field(default_factory=dict)
+    dataset: str = "digits"
+    dataset_args: dict = field(default_factory=dict)
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    global_batch: int = 64
+    epochs: float = 10.0
+    max_steps: int | None = None
+    batching: str = "uniform"
+    seed: int = 0
+
+    def check(self) -> None:
+        """Raise ValueError naming the first setting that cannot work."""
+        _one_of("mode", self.mode, MODES)
+        _one_of("optimizer", self.optimizer, OPTIMIZERS)
+        _one_of("batching", self.batching, BATCHINGS)
+        if self.batching == "dynamic":
+            raise ValueError("--batching dynamic (the OmniLearn controller) is not available yet; "
+                             "use uniform or static")
+        if self.num_servers < 1 or self.num_workers < 1:
+            raise ValueError("--num-servers and --num-workers must be >= 1")
+        if self.global_batch < self.num_workers:
+            raise ValueError(f"--global-batch {self.global_batch} is smaller than --num-workers "
+                             f"{self.num_workers}: every worker needs at least one sample per step")
+        if not self.lr > 0:
+            raise ValueError(f"--lr must be > 0, not {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"--momentum must be in [0, 1), not {self.momentum}")
+        if self.nesterov and (self.optimizer != "sgd" or self.momentum == 0):
+            raise ValueError("--nesterov needs --optimizer sgd with --momentum > 0")
+        if self.weight_decay < 0:
+            raise ValueError(f"--weight-decay must be >= 0, not {self.weight_decay}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"--max-steps must be >= 1, not {self.max_steps}")
+        if self.max_steps is None and not self.epochs > 0:
+            raise ValueError(f"--epochs must be > 0, not {self.epochs}")
+
+    def sample_budget(self, train_size: int) -> int:
+        """Samples the job trains on: max_steps global batches, else `epochs` passes."""
+        if self.max_steps is not None:
+            return self.max_steps * self.global_batch
+        return math.ceil(self.epochs * train_size)
+
+    def total_steps(self, train_size: int) -> int:
+        """BSP steps in the job (every BSP step consumes exactly global_batch samples)."""
+        return math.ceil(self.sample_budget(train_size) / self.global_batch)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "JobSpec":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown job settings: {sorted(unknown)}")
+        spec = cls(**d)
+        spec.check()
+        return spec
+
+
+def _one_of(name, value, allowed):
+    if value not in allowed:
+        raise ValueError(f"--{name} must be one of {', '.join(allowed)}, not {value!r}")

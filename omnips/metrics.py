@@ -1,0 +1,67 @@
+"""The run directory: config.json, metrics.jsonl (one event per line), summary.json."""
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+
+def finite(obj):
+    """`obj` with NaN and infinities replaced by None: JSON has no words for them."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    """Write to a temporary file, fsync, rename: readers see the old or the new file whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(finite(obj), f, indent=2, allow_nan=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunDir:
+    def __init__(self, path: str | Path, clock=time.monotonic):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.clock = clock
+        self.t0 = clock()
+        self._events = open(self.path / "metrics.jsonl", "a", buffering=1 << 16)
+
+    def write_config(self, config: dict) -> None:
+        write_json_atomic(self.path / "config.json", config)
+
+    def event(self, kind: str, **fields) -> None:
+        record = {"event": kind, "t": round(self.clock() - self.t0, 6), **fields}
+        self._events.write(json.dumps(finite(record), allow_nan=False) + "\n")
+
+    def flush(self) -> None:
+        self._events.flush()
+
+    def write_summary(self, summary: dict) -> None:
+        self.flush()
+        write_json_atomic(self.path / "summary.json", summary)
+
+    def close(self) -> None:
+        self._events.close()
+
+
+def read_events(path: str | Path) -> list[dict]:
+    """The events of a run directory's metrics.jsonl, skipping a partly written last line."""
+    events = []
+    with open(Path(path) / "metrics.jsonl") as f:
+        for line in f:
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return events

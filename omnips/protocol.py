@@ -1,0 +1,271 @@
+"""The wire protocol: one msgpack header frame, then at most one raw float32 frame.
+
+Every op is a frozen dataclass; `decode` turns received frames into one of them or
+raises `ProtocolError`, so past this module nothing handles raw dicts. The header
+carries the protocol version `v`, the op, the message's fields and, when a data
+frame follows, its dtype and element count. No pickle: msgpack only.
+"""
+
+import types
+from dataclasses import MISSING, dataclass, field, fields
+from typing import ClassVar
+
+import msgpack
+import numpy as np
+
+VERSION = 1
+MAX_HEADER_BYTES = 1 << 20
+DTYPE = "f4"  # little-endian float32, the only dtype on the wire for now
+_NP_DTYPE = np.dtype("<f4")
+
+
+class ProtocolError(Exception):
+    """A message that must be refused: `code` is stable, `text` says why."""
+
+    def __init__(self, code: str, text: str):
+        super().__init__(f"{code}: {text}")
+        self.code = code
+        self.text = text
+
+
+@dataclass(frozen=True)
+class Message:
+    OP: ClassVar[str] = ""
+    HAS_DATA: ClassVar[bool] = False
+
+    def check(self) -> None:
+        """Range checks beyond types; raise ValueError with a clear text."""
+
+
+@dataclass(frozen=True)
+class Register(Message):
+    OP = "register"
+    role: str
+    host: str
+    endpoint: str = ""  # a server's bound address, "" for workers
+    capacity: float = 1.0
+    device: str = "cpu"
+    threads: int = 0
+    pid: int = 0
+
+    def check(self):
+        if self.role not in ("server", "worker"):
+            raise ValueError(f"role must be 'server' or 'worker', not {self.role!r}")
+        if self.role == "server" and not self.endpoint:
+            raise ValueError("a server must register its endpoint")
+        if not self.capacity > 0:
+            raise ValueError(f"capacity must be > 0, not {self.capacity}")
+
+
+@dataclass(frozen=True)
+class Welcome(Message):
+    OP = "welcome"
+    rank: int
+    job: dict
+    cluster: dict
+
+
+@dataclass(frozen=True)
+class Report(Message):
+    """A worker's statistics for one finished step (or its last word, done=True)."""
+
+    OP = "report"
+    rank: int
+    step: int
+    batch: int
+    compute_s: float
+    network_s: float
+    wait_s: float
+    loss: float
+    staleness: int = 0  # ASP: server versions between this step's pull and its update
+    done: bool = False
+
+    def check(self):
+        _non_negative(self, "rank", "step", "batch", "compute_s", "network_s", "wait_s", "staleness")
+
+
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    OP = "heartbeat"
+
+
+@dataclass(frozen=True)
+class Shutdown(Message):
+    OP = "shutdown"
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Error(Message):
+    OP = "error"
+    code: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Ack(Message):
+    OP = "ack"
+
+
+@dataclass(frozen=True)
+class Init(Message):
+    """Worker 0's initial values for one shard; a server serves nothing before it."""
+
+    OP = "init"
+    HAS_DATA = True
+    rank: int
+    data: np.ndarray = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Pull(Message):
+    """Ask for a shard now (`at` None) or at the moment its version reaches `at`."""
+
+    OP = "pull"
+    req: int
+    at: int | None = None
+
+    def check(self):
+        if self.at is not None and self.at < 0:
+            raise ValueError(f"at must be >= 0, not {self.at}")
+
+
+@dataclass(frozen=True)
+class Push(Message):
+    """A gradient for one shard at `step`, computed on parameters of version `ver`."""
+
+    OP = "push"
+    HAS_DATA = True
+    rank: int
+    step: int
+    ver: int
+    batch: int
+    gen: int  # the newest batch-plan generation this worker has seen
+    data: np.ndarray = field(repr=False)
+
+    def check(self):
+        _non_negative(self, "rank", "step", "ver", "gen")
+        if self.batch < 1:
+            raise ValueError(f"batch must be >= 1, not {self.batch}")
+
+
+@dataclass(frozen=True)
+class Params(Message):
+    """A shard's values at `version`: the reply to a pull, and to a push (req = step)."""
+
+    OP = "params"
+    HAS_DATA = True
+    req: int
+    version: int
+    held_s: float  # how long the server held the request (barrier or `at` wait)
+    plan: dict | None
+    data: np.ndarray = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Plan(Message):
+    """The scheduler's newest batch plan, sent to server 0, which hands it on."""
+
+    OP = "plan"
+    gen: int
+    batches: list
+    stop: bool = False
+
+
+OPS = {cls.OP: cls for cls in (Register, Welcome, Report, Heartbeat, Shutdown, Error,
+                               Ack, Init, Pull, Push, Params, Plan)}
+
+
+def _non_negative(msg, *names):
+    for name in names:
+        if getattr(msg, name) < 0:
+            raise ValueError(f"{name} must be >= 0, not {getattr(msg, name)}")
+
+
+def _type_ok(value, tp) -> bool:
+    if isinstance(tp, types.UnionType):
+        return any(_type_ok(value, arg) for arg in tp.__args__)
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp)
+
+
+def encode(msg: Message) -> list:
+    """Frames for `msg`: the packed header, then the data as a zero-copy view."""
+    header = {"v": VERSION, "op": msg.OP}
+    data = None
+    for f in fields(msg):
+        value = getattr(msg, f.name)
+        if f.name == "data":
+            data = value
+        else:
+            header[f.name] = value
+    if data is None:
+        return [msgpack.packb(header)]
+    if data.dtype != _NP_DTYPE or data.ndim != 1 or not data.flags.c_contiguous:
+        raise ValueError("wire data must be a 1-D C-contiguous float32 array")
+    header["dt"] = DTYPE
+    header["len"] = int(data.size)
+    return [msgpack.packb(header), memoryview(data)]
+
+
+def _frame_bytes(frame) -> memoryview:
+    return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+
+
+def decode(frames: list) -> Message:
+    """Validate `frames` (zmq Frames or bytes) and return the typed message."""
+    if not frames:
+        raise ProtocolError("empty", "a message needs at least a header frame")
+    raw = _frame_bytes(frames[0])
+    if raw.nbytes > MAX_HEADER_BYTES:
+        raise ProtocolError("bad_header", f"header of {raw.nbytes} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError("bad_header", f"header is not msgpack: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("bad_header", f"header must be a map, not {type(header).__name__}")
+    if header.get("v") != VERSION:
+        raise ProtocolError("version", f"protocol version {header.get('v')!r}, this process speaks {VERSION}")
+    cls = OPS.get(header.get("op"))
+    if cls is None:
+        raise ProtocolError("bad_op", f"unknown op {header.get('op')!r}")
+    want = 2 if cls.HAS_DATA else 1
+    if len(frames) != want:
+        raise ProtocolError("bad_frames", f"{cls.OP} takes {want} frame(s), got {len(frames)}")
+    kwargs = {}
+    for f in fields(cls):
+        if f.name == "data":
+            kwargs["data"] = _decode_data(header, _frame_bytes(frames[1]))
+            continue
+        if f.name not in header:
+            if f.default is not MISSING:  # optional field, left to its default
+                continue
+            raise ProtocolError("bad_field", f"{cls.OP} lacks field {f.name!r}")
+        value = header[f.name]
+        if not _type_ok(value, f.type):
+            raise ProtocolError("bad_field", f"{cls.OP}.{f.name} has type {type(value).__name__}, expected {f.type}")
+        kwargs[f.name] = value
+    msg = cls(**kwargs)
+    try:
+        msg.check()
+    except ValueError as exc:
+        raise ProtocolError("bad_field", f"{cls.OP}: {exc}") from None
+    return msg
+
+
+def _decode_data(header: dict, buf: memoryview) -> np.ndarray:
+    if header.get("dt") != DTYPE:
+        raise ProtocolError("bad_dtype", f"data dtype {header.get('dt')!r}, expected {DTYPE!r}")
+    n = header.get("len")
+    if not _type_ok(n, int) or n < 0:
+        raise ProtocolError("bad_field", f"data length {n!r} is not a count")
+    if buf.nbytes != n * _NP_DTYPE.itemsize:
+        raise ProtocolError("bad_length", f"data frame has {buf.nbytes} bytes, header says {n} float32")
+    return np.frombuffer(buf, dtype=_NP_DTYPE)

@@ -1,0 +1,125 @@
+"""A client's view of all parameter servers: one DEALER per server, replies gathered
+with a poller (a DEALER connected to several peers would round-robin).
+
+Workers use the blocking calls (`init`, `pull`, `push_pull`); the scheduler sends
+pulls and feeds replies in from its own poll loop (`send_pull`, `decode_reply`).
+"""
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+
+from . import protocol, transport
+from .protocol import Ack, Error, Init, Params, ProtocolError, Pull, Push
+
+
+class ServerError(RuntimeError):
+    """A server refused a request, sent garbage, or did not answer in time."""
+
+    def __init__(self, text: str, code: str = "server"):
+        super().__init__(text)
+        self.code = code
+
+
+@dataclass
+class Exchange:
+    """What one round with every server brought back."""
+
+    versions: list[int]
+    plan: dict | None  # the newest batch plan, if a server attached one
+    held_s: float  # the longest a server held our request (barrier wait)
+    elapsed_s: float  # first send to last reply
+
+
+class ServerGroup:
+    def __init__(self, ctx: zmq.Context, endpoints: list[str], ranges: list, timeout_s: float):
+        if len(endpoints) != len(ranges):
+            raise ValueError("one shard range per server endpoint is needed")
+        self.endpoints = list(endpoints)
+        self.ranges = [(int(lo), int(hi)) for lo, hi in ranges]
+        self.timeout_s = timeout_s
+        self.socks = []
+        for ep in self.endpoints:
+            sock = transport.socket(ctx, zmq.DEALER)
+            transport.connect(sock, ep)
+            self.socks.append(sock)
+        self.versions = [0] * len(self.socks)
+        self._poller = zmq.Poller()
+        for sock in self.socks:
+            self._poller.register(sock, zmq.POLLIN)
+        self._req = 0
+
+    # -- blocking calls (workers) -------------------------------------------------
+    def init(self, values: np.ndarray) -> None:
+        """Worker 0 hands every server its initial shard."""
+        for sock, (lo, hi) in zip(self.socks, self.ranges):
+            transport.send(sock, Init(rank=0, data=values[lo:hi]))
+        self._gather(Ack, None, None)
+
+    def pull(self, into: np.ndarray) -> Exchange:
+        """Fetch every shard into `into` (waits while servers are not initialised)."""
+        self._req += 1
+        for sock in self.socks:
+            transport.send(sock, Pull(req=self._req))
+        return self._gather(Params, self._req, into)
+
+    def push_pull(self, rank: int, step: int, grads: np.ndarray, batch: int, gen: int,
+                  into: np.ndarray) -> Exchange:
+        """Push each shard's gradient slice; each reply carries the updated shard."""
+        for s, (sock, (lo, hi)) in enumerate(zip(self.socks, self.ranges)):
+            transport.send(sock, Push(rank=rank, step=step, ver=self.versions[s], batch=batch, gen=gen,
+                                      data=grads[lo:hi]))
+        return self._gather(Params, step, into)
+
+    def _gather(self, want: type, req: int | None, into: np.ndarray | None) -> Exchange:
+        start = time.perf_counter()
+        deadline = time.monotonic() + self.timeout_s
+        waiting = set(range(len(self.socks)))
+        plan, held = None, 0.0
+        while waiting:
+            left = deadline - time.monotonic()
+            events = dict(self._poller.poll(max(0, int(left * 1000)))) if left > 0 else {}
+            if not events:
+                names = ", ".join(self.endpoints[s] for s in sorted(waiting))
+                raise ServerError(f"no answer from server(s) {names} within {self.timeout_s:g} s", "timeout")
+            for s in list(waiting):
+                if self.socks[s] not in events:
+                    continue
+                msg = self.decode_reply(s, transport.recv_frames(self.socks[s]))
+                if not isinstance(msg, want) or (req is not None and msg.req != req):
+                    continue  # a late answer to an earlier, abandoned request
+                if isinstance(msg, Params):
+                    self.accept(s, msg, into)
+                    plan = msg.plan if _newer(msg.plan, plan) else plan
+                    held = max(held, msg.held_s)
+                waiting.discard(s)
+        return Exchange(list(self.versions), plan, held, time.perf_counter() - start)
+
+    # -- pieces the scheduler's poll loop uses too --------------------------------
+    def send_pull(self, req: int, at: int | None) -> None:
+        for sock in self.socks:
+            transport.send(sock, Pull(req=req, at=at))
+
+    def decode_reply(self, s: int, frames: list) -> protocol.Message:
+        try:
+            msg = protocol.decode(frames)
+        except ProtocolError as exc:
+            raise ServerError(f"server {self.endpoints[s]} sent a bad message: {exc}", "protocol") from None
+        if isinstance(msg, Error):
+            raise ServerError(f"server {self.endpoints[s]} refused: {msg.code}: {msg.text}", msg.code)
+        return msg
+
+    def accept(self, s: int, msg: Params, into: np.ndarray | None) -> None:
+        lo, hi = self.ranges[s]
+        if msg.data.size != hi - lo:
+            raise ServerError(f"server {self.endpoints[s]} sent {msg.data.size} values for a shard of {hi - lo}",
+                              "bad_length")
+        if into is not None:
+            np.copyto(into[lo:hi], msg.data)
+        self.versions[s] = msg.version
+
+
+def _newer(plan: dict | None, than: dict | None) -> bool:
+    return plan is not None and (than is None or plan.get("gen", -1) > than.get("gen", -1))

@@ -1,0 +1,99 @@
+"""ZeroMQ plumbing shared by the roles: sockets with safe options, typed send/receive.
+
+Sockets never block without a bound: ROUTERs report unroutable peers
+(ROUTER_MANDATORY) instead of dropping silently, sends to a ROUTER peer are
+non-blocking, and every receive goes through `poll` with a timeout.
+"""
+
+import ctypes
+import ctypes.util
+import logging
+
+import zmq
+
+from . import protocol
+
+log = logging.getLogger(__name__)
+
+LINGER_MS = 1000  # long enough for a final reply to leave, short enough not to hang exit
+# glibc settings that stop large ZeroMQ buffers from being mmap'ed and unmapped per
+# message (ZMQ_NOTES.md: 2.5-4x faster push+pull). Launchers put these in the child's
+# environment; `tune_malloc` applies the same in-process for roles started by hand.
+MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "4294967295",
+              "MALLOC_ARENA_MAX": "1"}
+
+
+class TransportError(RuntimeError):
+    """A socket problem the caller cannot fix by retrying (address in use, bad endpoint)."""
+
+
+def tune_malloc() -> bool:
+    """Apply MALLOC_ENV through mallopt; must run before the first large allocation."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False  # not glibc: nothing to tune
+    M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
+    return all(mallopt(opt, val) == 1 for opt, val in
+               ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1), (M_ARENA_MAX, 1)))
+
+
+def socket(ctx: zmq.Context, kind: int, identity: bytes | None = None) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, LINGER_MS)
+    if kind == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    return sock
+
+
+def bind(sock: zmq.Socket, host: str, port: int) -> str:
+    """Bind to host:port (0 = any free port) and return the endpoint peers should use."""
+    try:
+        sock.bind(f"tcp://{host}:{port if port else '*'}")
+    except zmq.ZMQError as exc:
+        if exc.errno == zmq.EADDRINUSE:
+            raise TransportError(f"cannot bind {host}:{port}: the port is in use") from None
+        raise TransportError(f"cannot bind {host}:{port}: {exc}") from None
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def connect(sock: zmq.Socket, endpoint: str) -> None:
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        raise TransportError(f"cannot connect to {endpoint!r}: {exc} (expected tcp://HOST:PORT)") from None
+
+
+def send(sock: zmq.Socket, msg: protocol.Message, to: bytes | None = None,
+         track: bool = False) -> zmq.MessageTracker | None:
+    """Send `msg` (to ROUTER peer `to`) without blocking; a full queue raises ZMQError(EAGAIN).
+
+    A data frame goes zero-copy: the caller must not change the array until the
+    returned tracker (track=True) is done, or until the peer has answered.
+    """
+    frames = protocol.encode(msg)
+    parts = ([to] if to is not None else []) + frames
+    for part in parts[:-1]:
+        sock.send(part, flags=zmq.NOBLOCK | zmq.SNDMORE)
+    return sock.send(parts[-1], flags=zmq.NOBLOCK, copy=len(frames) == 1, track=track and len(frames) > 1)
+
+
+def reply(sock: zmq.Socket, to: bytes, msg: protocol.Message, track: bool = False):
+    """Send to a ROUTER peer; a vanished or flooded peer is logged, never raised."""
+    try:
+        return send(sock, msg, to=to, track=track)
+    except zmq.ZMQError as exc:
+        log.warning("dropped %s to peer %r: %s", msg.OP, to, exc.strerror)
+        return None
+
+
+def recv_frames(sock: zmq.Socket) -> list:
+    return sock.recv_multipart(copy=False)
+
+
+def wait_readable(sock: zmq.Socket, timeout_s: float) -> bool:
+    return bool(sock.poll(int(timeout_s * 1000), zmq.POLLIN))

@@ -1,0 +1,81 @@
+"""python -m scheduler: owns the job, forms the cluster, tracks progress, writes the run directory."""
+
+import argparse
+import json
+import logging
+import sys
+
+from omnips import logs
+from omnips.data import FactoryError
+from omnips.job import BATCHINGS, MODES, OPTIMIZERS, JobSpec
+
+from .service import Scheduler, SchedulerOptions
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object, e.g. '{\"hidden\": [256]}'")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    d = JobSpec()
+    p = argparse.ArgumentParser(prog="omnips-scheduler", description=__doc__)
+    p.add_argument("--mode", choices=MODES, default=d.mode, help="bsp: synchronous; asp: asynchronous")
+    p.add_argument("--num-servers", type=int, default=d.num_servers)
+    p.add_argument("--num-workers", type=int, default=d.num_workers)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    p.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (printed)")
+    p.add_argument("--model", default=d.model, help="mlp, cnn, resnet, or pkg.module:fn")
+    p.add_argument("--model-args", type=_json_object, default={}, help="JSON object passed to the model factory")
+    p.add_argument("--dataset", default=d.dataset, help="digits, synthetic, or pkg.module:fn")
+    p.add_argument("--dataset-args", type=_json_object, default={}, help="JSON object passed to the dataset factory")
+    p.add_argument("--global-batch", type=int, default=d.global_batch)
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--momentum", type=float, default=d.momentum)
+    p.add_argument("--nesterov", action="store_true")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--epochs", type=float, default=d.epochs)
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many global batches")
+    p.add_argument("--batching", choices=BATCHINGS, default=d.batching,
+                   help="uniform: equal batches; static: by declared capacity; dynamic: the controller")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--run-dir", default="runs/latest", help="where config.json, metrics.jsonl, summary.json go")
+    p.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
+    p.add_argument("--dead-after", type=float, default=30.0, help="seconds of silence before a process gives up")
+    p.add_argument("--register-timeout", type=float, default=300.0, help="seconds for the cluster to form")
+    p.add_argument("--stall-timeout", type=float, default=300.0, help="seconds without progress before failing")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
+    a = p.parse_args(argv)
+    logs.setup("scheduler", a.log_level)
+    try:
+        job = JobSpec(mode=a.mode, num_servers=a.num_servers, num_workers=a.num_workers, model=a.model,
+                      model_args=a.model_args, dataset=a.dataset, dataset_args=a.dataset_args,
+                      optimizer=a.optimizer, lr=a.lr, momentum=a.momentum, nesterov=a.nesterov,
+                      weight_decay=a.weight_decay, global_batch=a.global_batch, epochs=a.epochs,
+                      max_steps=a.max_steps, batching=a.batching, seed=a.seed)
+        job.check()
+    except ValueError as exc:
+        p.error(str(exc))
+    opts = SchedulerOptions(a.host, a.port, a.run_dir, a.heartbeat, a.dead_after, a.register_timeout,
+                            a.stall_timeout)
+    try:
+        scheduler = Scheduler(job, opts)
+    except (FactoryError, ValueError, OSError) as exc:
+        logging.getLogger("omnips.scheduler").error("%s", exc)
+        return 1
+    return scheduler.serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The job's progress: steps, samples, epochs, when to evaluate and when to stop.
+
+Pure logic fed with worker reports. Evaluations read the servers' parameters
+through pulls: in BSP at exact versions known in advance (the step that ends each
+epoch, and the last step), so every shard is read at the same version; in ASP,
+which has no common version, as soon as the sample count crosses an epoch.
+"""
+
+import math
+from dataclasses import dataclass
+
+from omnips.job import JobSpec
+from omnips.protocol import Report
+
+
+@dataclass
+class WorkerStats:
+    steps: int = 0
+    samples: int = 0
+    compute_s: float = 0.0
+    network_s: float = 0.0
+    wait_s: float = 0.0
+    loss: float | None = None
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    epoch: float
+    at: int | None  # the server version to read, None for "now"
+
+
+class Progress:
+    def __init__(self, job: JobSpec, train_size: int):
+        self.job = job
+        self.train_size = train_size
+        self.budget = job.sample_budget(train_size)
+        self.total_steps = job.total_steps(train_size)
+        self.workers = [WorkerStats() for _ in range(job.num_workers)]
+        self.samples = 0
+        self.first_start: float | None = None
+        self.last_end: float | None = None
+        self.last_report: float | None = None
+        self.staleness_sum = 0
+        self.staleness_max = 0
+        self._epochs_seen = 0  # ASP: whole epochs for which an evaluation was asked
+
+    def bsp_eval_points(self) -> list[EvalPoint]:
+        """Versions that end each epoch, and the last one; ask for all at the start."""
+        b, n = self.job.global_batch, self.train_size
+        versions = {math.ceil(k * n / b) for k in range(1, math.ceil(self.budget / n) + 1)}
+        versions = sorted(v for v in versions if v < self.total_steps) + [self.total_steps]
+        return [EvalPoint(min(v * b, self.budget) / n, v) for v in versions]
+
+    def on_report(self, r: Report, now: float) -> list[EvalPoint]:
+        """Account for a report; returns the ASP evaluations it makes due."""
+        w = self.workers[r.rank]
+        self.last_report = now
+        if r.done:
+            w.done = True
+            return []
+        if self.first_start is None:
+            self.first_start = now - (r.compute_s + r.network_s + r.wait_s)
+        self.last_end = now
+        w.steps += 1
+        w.samples += r.batch
+        w.compute_s += r.compute_s
+        w.network_s += r.network_s
+        w.wait_s += r.wait_s
+        w.loss = r.loss
+        self.samples += r.batch
+        self.staleness_sum += r.staleness
+        self.staleness_max = max(self.staleness_max, r.staleness)
+        if self.job.mode == "bsp":
+            return []
+        epochs = min(self.samples, self.budget) // self.train_size
+        due = [EvalPoint(float(k), None) for k in range(self._epochs_seen + 1, epochs + 1)
+               if k * self.train_size < self.budget]  # the last one is the final evaluation
+        self._epochs_seen = max(self._epochs_seen, epochs)
+        return due[-1:]  # several crossed at once: one evaluation covers them
+
+    @property
+    def budget_reached(self) -> bool:
+        return self.samples >= self.budget
+
+    @property
+    def all_done(self) -> bool:
+        return all(w.done for w in self.workers)
+
+    @property
+    def wall_s(self) -> float:
+        if self.first_start is None or self.last_end is None:
+            return 0.0
+        return self.last_end - self.first_start
+
+    def summary(self) -> dict:
+        wall = self.wall_s
+        steps = (max(w.steps for w in self.workers) if self.job.mode == "bsp"
+                 else sum(w.steps for w in self.workers))
+        updates = sum(w.steps for w in self.workers)
+        return {
+            "steps": steps,
+            "epochs": self.samples / self.train_size,
+            "samples": self.samples,
+            "wall_s": wall,
+            "samples_per_s": self.samples / wall if wall > 0 else 0.0,
+            "worker_steps": [w.steps for w in self.workers],
+            "worker_compute_s_per_step": [w.compute_s / w.steps if w.steps else 0.0 for w in self.workers],
+            "worker_wait_fraction": [(w.network_s + w.wait_s) / wall if wall > 0 else 0.0 for w in self.workers],
+            "final_train_loss": [w.loss for w in self.workers],
+            "staleness_mean": self.staleness_sum / updates if updates else 0.0,
+            "staleness_max": self.staleness_max,
+        }

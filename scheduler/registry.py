@@ -1,0 +1,79 @@
+"""Rendezvous: who has registered, their ranks, and the welcomes once the cluster is whole.
+
+Pure logic: `register` takes a peer's identity and its `Register` message and
+returns what to send. Ranks follow registration order within each role.
+Servers are welcomed as soon as all of them are in (they need only their shard
+range); workers once every server and worker is in (they need every server's
+address).
+"""
+
+from dataclasses import dataclass
+
+from omnips.batching import BatchPlan, initial_batches
+from omnips.job import JobSpec
+from omnips.protocol import Ack, Error, Message, Register, Welcome
+from omnips.sharding import shard_ranges
+
+
+@dataclass(frozen=True)
+class Member:
+    peer: bytes
+    role: str
+    rank: int
+    info: Register
+
+
+class Registry:
+    def __init__(self, job: JobSpec, num_params: int, num_trained: int, total_steps: int, dead_after_s: float):
+        self.job = job
+        self.num_params = num_params
+        self.num_trained = num_trained
+        self.total_steps = total_steps
+        self.dead_after_s = dead_after_s
+        self.ranges = shard_ranges(num_params, job.num_servers)
+        self.servers: list[Member] = []
+        self.workers: list[Member] = []
+        self.by_peer: dict[bytes, Member] = {}
+        self.plan: BatchPlan | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.plan is not None
+
+    def register(self, peer: bytes, reg: Register) -> list[tuple[bytes, Message]]:
+        if peer in self.by_peer:
+            return [(peer, Error(code="duplicate", text="this connection has registered already"))]
+        group, want = (self.servers, self.job.num_servers) if reg.role == "server" else \
+            (self.workers, self.job.num_workers)
+        if len(group) >= want:
+            return [(peer, Error(code="cluster_full", text=f"the job has all {want} {reg.role}s it needs"))]
+        member = Member(peer, reg.role, len(group), reg)
+        group.append(member)
+        self.by_peer[peer] = member
+        out = [(peer, Ack())]
+        if reg.role == "server" and len(self.servers) == self.job.num_servers:
+            out += [(m.peer, self._server_welcome(m)) for m in self.servers]
+            if len(self.workers) == self.job.num_workers:  # workers were all in first
+                out += self._complete()
+        elif reg.role == "worker" and len(self.workers) == self.job.num_workers \
+                and len(self.servers) == self.job.num_servers:
+            out += self._complete()
+        return out
+
+    def _complete(self):
+        batches = initial_batches(self.job.batching, self.job.global_batch,
+                                  [m.info.capacity for m in self.workers])
+        self.plan = BatchPlan(0, tuple(batches))
+        return [(m.peer, self._worker_welcome(m)) for m in self.workers]
+
+    def _server_welcome(self, m: Member) -> Welcome:
+        lo, hi = self.ranges[m.rank]
+        return Welcome(rank=m.rank, job=self.job.to_dict(), cluster={
+            "range": [lo, hi], "num_params": self.num_params, "num_trained": self.num_trained,
+            "dead_after_s": self.dead_after_s})
+
+    def _worker_welcome(self, m: Member) -> Welcome:
+        return Welcome(rank=m.rank, job=self.job.to_dict(), cluster={
+            "servers": [s.info.endpoint for s in self.servers], "ranges": [list(r) for r in self.ranges],
+            "num_params": self.num_params, "total_steps": self.total_steps, "plan": self.plan.to_wire(),
+            "dead_after_s": self.dead_after_s})

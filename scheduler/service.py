@@ -1,0 +1,253 @@
+"""The scheduler process: rendezvous, progress, evaluations, the run directory, shutdown.
+
+The decisions live in registry.py, progress.py and evaluation.py; this module
+moves messages between them and the sockets and writes what happened.
+"""
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import zmq
+
+from omnips import data, models, protocol, transport
+from omnips.batching import BatchPlan
+from omnips.flat import FlatModel
+from omnips.job import JobSpec
+from omnips.metrics import RunDir
+from omnips.protocol import Heartbeat, Params, Plan, ProtocolError, Register, Report, Shutdown
+from omnips.servers import ServerError, ServerGroup
+
+from .evaluation import EvalBook, PendingEval
+from .progress import EvalPoint, Progress
+from .registry import Registry
+
+log = logging.getLogger("omnips.scheduler")
+
+POLL_MS = 100
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    host: str = "127.0.0.1"
+    port: int = 0
+    run_dir: str = "runs/latest"
+    heartbeat_s: float = 1.0
+    dead_after_s: float = 30.0
+    register_timeout_s: float = 300.0
+    stall_timeout_s: float = 300.0
+    server_timeout_s: float = 120.0
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+class Scheduler:
+    def __init__(self, job: JobSpec, opts: SchedulerOptions, announce=print):
+        self.job, self.opts = job, opts
+        self.announce = announce
+        train, test = data.load(job.dataset, job.dataset_args)
+        self.flat = FlatModel(models.build(job.model, job.model_args, train, job.seed))
+        self.test_batcher, self.test_size = data.Batcher(test), len(test)
+        self.progress = Progress(job, len(train))
+        self.registry = Registry(job, self.flat.size, self.flat.num_trained, self.progress.total_steps,
+                                 opts.dead_after_s)
+        self.evals = EvalBook(job.num_servers)
+        self.final: tuple[float, float] | None = None
+        self.servers: ServerGroup | None = None
+        self._plan_logged = False
+        self._done_at: float | None = None
+        self.run = RunDir(opts.run_dir)
+        self.run.write_config(job.to_dict())
+        self.ctx = zmq.Context()
+        self.router = transport.socket(self.ctx, zmq.ROUTER)
+        self.poller = zmq.Poller()
+        self.poller.register(self.router, zmq.POLLIN)
+
+    # -- lifecycle ----------------------------------------------------------------
+    def serve(self) -> int:
+        try:
+            endpoint = transport.bind(self.router, self.opts.host, self.opts.port)
+            self.announce(f"omnips scheduler listening on {endpoint}", flush=True)
+            log.info("job: %s, %d server(s), %d worker(s), %d parameters, run dir %s", self.job.mode,
+                     self.job.num_servers, self.job.num_workers, self.flat.size, self.run.path)
+            self._loop()
+        except (JobFailed, ServerError, transport.TransportError) as exc:
+            return self._finish(f"failed: {exc}")
+        except KeyboardInterrupt:
+            return self._finish("failed: interrupted")
+        return self._finish("completed")
+
+    def _finish(self, status: str) -> int:
+        ok = status == "completed"
+        (log.info if ok else log.error)("job %s", status)
+        for member in self.registry.by_peer.values():
+            transport.reply(self.router, member.peer, Shutdown(ok=ok, reason=status))
+        self.run.event("end", status=status)
+        self.run.write_summary(self._summary(status))
+        self.run.close()
+        self.ctx.destroy(linger=transport.LINGER_MS)
+        return 0 if ok else 1
+
+    def _loop(self) -> None:
+        start = time.monotonic()
+        next_beat = start
+        while not (self.progress.all_done and self.final is not None):
+            events = dict(self.poller.poll(POLL_MS))
+            now = time.monotonic()
+            if self.router in events:
+                self._on_router()
+            if self.servers is not None:
+                for s, sock in enumerate(self.servers.socks):
+                    if sock in events:
+                        self._on_server(s, transport.recv_frames(sock))
+            if now >= next_beat:
+                for member in self.registry.by_peer.values():
+                    transport.reply(self.router, member.peer, Heartbeat())
+                next_beat = now + self.opts.heartbeat_s
+                self.run.flush()
+            self._check_timeouts(start, now)
+
+    def _check_timeouts(self, start: float, now: float) -> None:
+        if not self.registry.complete:
+            if now - start > self.opts.register_timeout_s:
+                raise JobFailed(f"cluster incomplete after {self.opts.register_timeout_s:g} s: "
+                                f"{len(self.registry.servers)}/{self.job.num_servers} servers, "
+                                f"{len(self.registry.workers)}/{self.job.num_workers} workers registered")
+        elif self.progress.all_done:
+            if self._done_at is None:
+                self._done_at = now
+            elif now - self._done_at > self.opts.server_timeout_s:
+                raise JobFailed(f"servers did not answer the final evaluation pull within "
+                                f"{self.opts.server_timeout_s:g} s")
+        elif now - (self.progress.last_report or start) > self.opts.stall_timeout_s:
+            raise JobFailed(f"no progress reported for {self.opts.stall_timeout_s:g} s")
+
+    # -- messages -----------------------------------------------------------------
+    def _on_router(self) -> None:
+        peer, *frames = transport.recv_frames(self.router)
+        peer = peer.bytes
+        try:
+            msg = protocol.decode(frames)
+        except ProtocolError as exc:
+            log.warning("refused a message: %s", exc)
+            transport.reply(self.router, peer, protocol.Error(code=exc.code, text=exc.text))
+            return
+        if isinstance(msg, Register):
+            self._on_register(peer, msg)
+        elif isinstance(msg, Report):
+            self._on_report(peer, msg)
+        else:
+            transport.reply(self.router, peer, protocol.Error(code="bad_op", text=f"the scheduler does not take {msg.OP!r}"))
+
+    def _on_register(self, peer: bytes, msg: Register) -> None:
+        servers_before = len(self.registry.servers) == self.job.num_servers
+        for to, out in self.registry.register(peer, msg):
+            transport.reply(self.router, to, out)
+            if isinstance(out, protocol.Error):
+                log.warning("refused a registration: %s", out.text)
+        member = self.registry.by_peer.get(peer)
+        if member is not None and member.info is msg:
+            log.info("%s %d registered from %s (pid %d)", msg.role, member.rank, msg.host, msg.pid)
+            self.run.event("membership", change="joined", role=msg.role, rank=member.rank, host=msg.host,
+                           device=msg.device, capacity=msg.capacity, endpoint=msg.endpoint)
+        if not servers_before and len(self.registry.servers) == self.job.num_servers:
+            self._connect_servers()
+        if self.registry.complete and not self._plan_logged:
+            self._plan_logged = True
+            plan = self.registry.plan
+            self.run.event("assign", gen=plan.gen, batches=list(plan.batches), step=0)
+            log.info("cluster complete; batches %s", list(plan.batches))
+
+    def _connect_servers(self) -> None:
+        self.servers = ServerGroup(self.ctx, [m.info.endpoint for m in self.registry.servers],
+                                   self.registry.ranges, self.opts.server_timeout_s)
+        for sock in self.servers.socks:
+            self.poller.register(sock, zmq.POLLIN)
+        if self.job.mode == "bsp":
+            for point in self.progress.bsp_eval_points():
+                self._ask_eval(point, final=point.at == self.progress.total_steps)
+
+    def _on_report(self, peer: bytes, r: Report) -> None:
+        member = self.registry.by_peer.get(peer)
+        if member is None or member.role != "worker" or member.rank != r.rank:
+            transport.reply(self.router, peer, protocol.Error(code="bad_rank", text="report from an unregistered peer or the wrong rank"))
+            return
+        expected = self.progress.workers[r.rank].steps
+        if r.step != expected or self.progress.workers[r.rank].done:
+            transport.reply(self.router, peer, protocol.Error(code="bad_step", text=f"report for step {r.step}, expected {expected}"))
+            return
+        for point in self.progress.on_report(r, time.monotonic()):
+            self._ask_eval(point, final=False)
+        if r.done:
+            log.info("worker %d finished after %d steps", r.rank, r.step)
+            if self.progress.all_done and self.job.mode != "bsp":
+                self._ask_eval(EvalPoint(self.progress.samples / self.progress.train_size, None), final=True)
+            return
+        self.run.event("step", worker=r.rank, step=r.step, batch=r.batch, compute_s=r.compute_s,
+                       network_s=r.network_s, wait_s=r.wait_s, loss=r.loss, staleness=r.staleness)
+        if self.job.mode != "bsp" and self.progress.budget_reached and not self.registry.plan.stop:
+            plan = self.registry.plan
+            self.registry.plan = BatchPlan(plan.gen + 1, plan.batches, stop=True)
+            transport.reply(self.router, self.registry.servers[0].peer,
+                            Plan(gen=plan.gen + 1, batches=list(plan.batches), stop=True))
+            log.info("sample budget reached: asking workers to stop")
+
+    def _ask_eval(self, point: EvalPoint, final: bool) -> None:
+        self.servers.send_pull(self.evals.open(point, final), point.at)
+
+    def _on_server(self, s: int, frames: list) -> None:
+        try:
+            msg = self.servers.decode_reply(s, frames)
+        except ServerError as exc:
+            log.warning("evaluation pull failed: %s", exc)
+            return
+        if not isinstance(msg, Params):
+            return
+        self.servers.accept(s, msg, None)
+        done = self.evals.add(s, msg)
+        if done is not None:
+            self._evaluate(done)
+
+    def _evaluate(self, e: PendingEval) -> None:
+        for s, msg in e.shards.items():
+            lo, hi = self.registry.ranges[s]
+            np.copyto(self.flat.params[lo:hi], msg.data)
+        self.flat.load_params()
+        acc, loss = models.evaluate(self.flat.module, self.test_batcher, self.test_size)
+        versions = [e.shards[s].version for s in sorted(e.shards)]
+        self.run.event("eval", epoch=e.point.epoch, versions=versions, test_accuracy=acc, test_loss=loss,
+                       final=e.final)
+        log.info("epoch %.2f: test accuracy %.4f, loss %.4f", e.point.epoch, acc, loss)
+        if e.final:
+            self.final = (acc, loss)
+            self._export_model()
+
+    def _export_model(self) -> None:
+        path = Path(self.run.path) / "model.pt"
+        tmp = path.with_name("model.pt.tmp")
+        torch.save(self.flat.module.state_dict(), tmp)
+        os.replace(tmp, path)
+
+    # -- outputs ------------------------------------------------------------------
+    def _summary(self, status: str) -> dict:
+        plan = self.registry.plan
+        acc, loss = self.final if self.final else (None, None)
+        return {
+            "status": status,
+            "mode": self.job.mode,
+            "batching": self.job.batching,
+            "num_workers": self.job.num_workers,
+            "num_servers": self.job.num_servers,
+            "global_batch": self.job.global_batch,
+            "num_params": self.flat.size,
+            **self.progress.summary(),
+            "final_batches": list(plan.batches) if plan else [],
+            "final_test_accuracy": acc,
+            "final_test_loss": loss,
+        }

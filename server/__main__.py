@@ -1,0 +1,39 @@
+"""python -m server: one parameter server (a shard of the model and its optimizer state)."""
+
+import argparse
+import logging
+import sys
+
+from omnips import logs, transport
+from omnips.link import LinkError
+
+from .service import serve
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="omnips-server", description=__doc__)
+    p.add_argument("--scheduler", required=True, help="the scheduler's address, tcp://HOST:PORT")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    p.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one")
+    p.add_argument("--advertise", default=None, help="host name workers use to reach this server")
+    p.add_argument("--ack-timeout", type=float, default=10.0, help="seconds to wait for the scheduler to answer")
+    p.add_argument("--welcome-timeout", type=float, default=300.0, help="seconds to wait for the cluster to form")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    logs.setup("server", args.log_level)
+    transport.tune_malloc()
+    try:
+        return serve(args.scheduler, args.host, args.port, args.advertise, args.ack_timeout, args.welcome_timeout)
+    except (LinkError, transport.TransportError, ValueError) as exc:
+        logging.getLogger("omnips.server").error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

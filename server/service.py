@@ -1,0 +1,89 @@
+"""The server process: moves bytes between sockets and the shard core (server/shard.py)."""
+
+import logging
+import os
+import socket as pysocket
+import time
+
+import zmq
+
+from omnips import protocol, transport
+from omnips.job import JobSpec
+from omnips.link import SchedulerLink
+from omnips.protocol import Init, Params, Plan, ProtocolError, Push, Register, Shutdown
+
+from .shard import ShardCore
+
+log = logging.getLogger("omnips.server")
+
+POLL_MS = 200
+TRACKER_TIMEOUT_S = 30.0
+
+
+def advertised_host(host: str, advertise: str | None) -> str:
+    if advertise:
+        return advertise
+    return pysocket.gethostname() if host in ("0.0.0.0", "*", "") else host
+
+
+def serve(scheduler: str, host: str, port: int, advertise: str | None,
+          ack_timeout_s: float, welcome_timeout_s: float) -> int:
+    ctx = zmq.Context()
+    router = transport.socket(ctx, zmq.ROUTER)
+    try:
+        bound = transport.bind(router, host, port)
+        endpoint = f"tcp://{advertised_host(host, advertise)}:{bound.rsplit(':', 1)[1]}"
+        link = SchedulerLink(ctx, scheduler)
+        welcome = link.register(Register(role="server", host=pysocket.gethostname(), endpoint=endpoint,
+                                         pid=os.getpid()), ack_timeout_s, welcome_timeout_s)
+        job = JobSpec.from_dict(welcome.job)
+        lo, hi = welcome.cluster["range"]
+        link.dead_after_s = welcome.cluster["dead_after_s"]
+        core = ShardCore(job, lo, hi, welcome.cluster["num_trained"])
+        log.info("server %d serves [%d, %d) of %d values on %s (%s)", welcome.rank, lo, hi,
+                 welcome.cluster["num_params"], endpoint, job.mode)
+        return _loop(router, link, core)
+    finally:
+        ctx.destroy(linger=transport.LINGER_MS)
+
+
+def _loop(router, link: SchedulerLink, core: ShardCore) -> int:
+    poller = zmq.Poller()
+    poller.register(router, zmq.POLLIN)
+    poller.register(link.sock, zmq.POLLIN)
+    trackers: list[zmq.MessageTracker] = []
+    while True:
+        events = dict(poller.poll(POLL_MS))
+        if link.sock in events:
+            msg = link.receive()
+            if isinstance(msg, Shutdown):
+                log.info("shutdown: %s (%d updates applied)", msg.reason or "job done", core.updates)
+                return 0
+            if isinstance(msg, Plan):
+                core.set_plan(msg)
+        if router in events:
+            peer, *frames = transport.recv_frames(router)
+            try:
+                msg = protocol.decode(frames)
+            except ProtocolError as exc:
+                log.warning("refused a message: %s", exc)
+                transport.reply(router, peer.bytes, protocol.Error(code=exc.code, text=exc.text))
+                continue
+            if isinstance(msg, (Push, Init)):
+                _wait_for_sends(trackers)  # replies still queued alias the values about to change
+            for out in core.handle(peer.bytes, msg, time.monotonic()):
+                if isinstance(out.msg, protocol.Error):
+                    log.warning("refused %s: %s: %s", msg.OP, out.msg.code, out.msg.text)
+                tracker = transport.reply(router, out.to, out.msg, track=isinstance(out.msg, Params))
+                if tracker is not None:
+                    trackers.append(tracker)
+        link.check_alive()
+
+
+def _wait_for_sends(trackers: list) -> None:
+    for tracker in trackers:
+        try:
+            tracker.wait(TRACKER_TIMEOUT_S)
+        except zmq.NotDone:
+            log.error("a reply stayed queued for %.0f s; its receiver may see a torn shard", TRACKER_TIMEOUT_S)
+    trackers.clear()

@@ -1,0 +1,58 @@
+"""python -m worker: one training worker (a model replica on its device)."""
+
+import argparse
+import logging
+import sys
+
+from omnips import logs, transport
+from omnips.data import FactoryError
+from omnips.link import LinkError
+from omnips.servers import ServerError
+
+from .emulation import Emulation, parse_schedule
+from .service import WorkerOptions, run
+
+
+def parse(argv) -> WorkerOptions:
+    p = argparse.ArgumentParser(prog="omnips-worker", description=__doc__)
+    p.add_argument("--scheduler", required=True, help="the scheduler's address, tcp://HOST:PORT")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads; 0 keeps torch's default")
+    p.add_argument("--capacity", type=float, default=1.0,
+                   help="relative speed declared for --batching static (e.g. core count)")
+    p.add_argument("--slowdown", default="1", help="F, or a schedule STEP:F,STEP:F,... (emulated slower device)")
+    p.add_argument("--emulate-ms-per-step", type=float, default=0.0, help="virtual device: fixed ms per step (A)")
+    p.add_argument("--emulate-ms-per-sample", type=float, default=0.0, help="virtual device: ms per sample (C)")
+    p.add_argument("--ack-timeout", type=float, default=10.0, help="seconds to wait for the scheduler to answer")
+    p.add_argument("--welcome-timeout", type=float, default=300.0, help="seconds to wait for the cluster to form")
+    p.add_argument("--server-timeout", type=float, default=120.0, help="seconds to wait for a server's reply")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    if args.threads < 0:
+        p.error("--threads must be >= 0")
+    if not args.capacity > 0:
+        p.error("--capacity must be > 0")
+    try:
+        emulation = Emulation(tuple(parse_schedule(args.slowdown)), args.emulate_ms_per_step,
+                              args.emulate_ms_per_sample)
+    except ValueError as exc:
+        p.error(str(exc))
+    logs.setup("worker", args.log_level)
+    return WorkerOptions(args.scheduler, args.device, args.threads, args.capacity, emulation,
+                         args.ack_timeout, args.welcome_timeout, args.server_timeout)
+
+
+def main(argv=None) -> int:
+    opts = parse(argv)
+    transport.tune_malloc()
+    try:
+        return run(opts)
+    except (LinkError, ServerError, FactoryError, transport.TransportError, ValueError) as exc:
+        logging.getLogger("omnips.worker").error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The worker process: register, then compute, push and pull until the job ends."""
+
+import logging
+import os
+import socket as pysocket
+import time
+from dataclasses import dataclass
+
+import torch
+import zmq
+
+from omnips import data, models
+from omnips.batching import BatchPlan
+from omnips.flat import FlatModel
+from omnips.job import JobSpec
+from omnips.link import LinkError, SchedulerLink
+from omnips.protocol import Register, Report, Shutdown
+from omnips.servers import ServerGroup
+
+from .emulation import Emulation
+from .trainer import Trainer, resolve_device
+
+log = logging.getLogger("omnips.worker")
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    scheduler: str
+    device: str = "auto"
+    threads: int = 0
+    capacity: float = 1.0
+    emulation: Emulation = Emulation()
+    ack_timeout_s: float = 10.0
+    welcome_timeout_s: float = 300.0
+    server_timeout_s: float = 120.0
+
+
+def run(opts: WorkerOptions) -> int:
+    device = resolve_device(opts.device)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    ctx = zmq.Context()
+    try:
+        link = SchedulerLink(ctx, opts.scheduler)
+        welcome = link.register(
+            Register(role="worker", host=pysocket.gethostname(), capacity=opts.capacity, device=str(device),
+                     threads=torch.get_num_threads(), pid=os.getpid()),
+            opts.ack_timeout_s, opts.welcome_timeout_s)
+        cluster = welcome.cluster
+        job = JobSpec.from_dict(welcome.job)
+        link.dead_after_s = cluster["dead_after_s"]
+        session = _Session(job, welcome.rank, cluster, device, opts, link,
+                           ServerGroup(ctx, cluster["servers"], cluster["ranges"], opts.server_timeout_s))
+        return session.train()
+    finally:
+        ctx.destroy(linger=1000)
+
+
+class _Session:
+    def __init__(self, job, rank, cluster, device, opts, link, servers):
+        self.job, self.rank, self.opts, self.link, self.servers = job, rank, opts, link, servers
+        self.total_steps = cluster["total_steps"]
+        self.plan = BatchPlan.from_wire(cluster["plan"], job.num_workers)
+        train, _ = data.load(job.dataset, job.dataset_args)
+        self.flat = FlatModel(models.build(job.model, job.model_args, train, job.seed), device)
+        if self.flat.size != cluster["num_params"]:
+            raise ValueError(f"this worker's model has {self.flat.size} values, the scheduler's "
+                             f"{cluster['num_params']}: the model or its code differs between machines")
+        self.trainer = Trainer(self.flat, data.Batcher(train))
+        bsp = job.mode == "bsp"
+        self.stream = data.SampleStream(len(train), job.seed, stream=0 if bsp else 1 + rank)
+        log.info("worker %d on %s: %s, %d values, batch %d", rank, device, job.mode, self.flat.size,
+                 self.plan.batches[rank])
+
+    def train(self) -> int:
+        if self.rank == 0:
+            self.servers.init(self.flat.params)
+        self.servers.pull(self.flat.params)
+        self.flat.load_params()
+        bsp = self.job.mode == "bsp"
+        step, asp_pos, last = 0, 0, None
+        while not self.plan.stop and not (bsp and step >= self.total_steps):
+            batch = self.plan.batches[self.rank]
+            if bsp:
+                start = step * self.job.global_batch + sum(self.plan.batches[:self.rank])
+            else:
+                start, asp_pos = asp_pos, asp_pos + batch
+            loss, real_s = self.trainer.compute(self.stream.take(start, batch))
+            compute_s = self._pad(step, batch, real_s)
+            before = list(self.servers.versions)
+            ex = self.servers.push_pull(self.rank, step, self.flat.grads, batch, self.plan.gen, self.flat.params)
+            self.flat.load_params()
+            if ex.plan is not None:
+                self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)
+            staleness = max(v - 1 - b for v, b in zip(ex.versions, before))
+            last = Report(rank=self.rank, step=step, batch=batch, compute_s=compute_s,
+                          network_s=max(0.0, ex.elapsed_s - ex.held_s), wait_s=ex.held_s, loss=loss,
+                          staleness=staleness)
+            self.link.send(last)
+            if self._drain_link():
+                return 0
+            step += 1
+        self.link.send(Report(rank=self.rank, step=step, batch=0, compute_s=0.0, network_s=0.0, wait_s=0.0,
+                              loss=last.loss if last else 0.0, done=True))
+        return self._await_shutdown()
+
+    def _pad(self, step: int, batch: int, real_s: float) -> float:
+        target = self.opts.emulation.target_s(step, batch, real_s)
+        if target > real_s:
+            time.sleep(target - real_s)  # the emulated slower device: the delay is the feature
+        return max(target, real_s)
+
+    def _drain_link(self) -> bool:
+        """Handle what the scheduler sent; True when it ended the job (cleanly)."""
+        while self.link.sock.poll(0):
+            if isinstance(self.link.receive(), Shutdown):
+                log.info("worker %d: the scheduler ended the job", self.rank)
+                return True
+        self.link.check_alive()
+        return False
+
+    def _await_shutdown(self) -> int:
+        deadline = time.monotonic() + self.opts.server_timeout_s
+        while time.monotonic() < deadline:
+            if self.link.sock.poll(1000) and isinstance(self.link.receive(), Shutdown):
+                log.info("worker %d: done", self.rank)
+                return 0
+            self.link.check_alive()
+        raise LinkError(f"finished, but the scheduler did not close the job within {self.opts.server_timeout_s:g} s")
