@@ -1,0 +1,143 @@
+"""Start a whole cluster on this machine: one scheduler, S servers, N workers, as processes.
+
+Used by `omnips launch` / scripts/launch_local.py, by the end-to-end tests and by
+the benchmarks. Each child gets the allocator settings of transport.MALLOC_ENV and
+logs to RUN_DIR/logs/. The scheduler binds port 0 and prints its address, which
+the other processes are then given.
+"""
+
+import os
+import re
+import selectors
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .transport import MALLOC_ENV
+
+_ENDPOINT = re.compile(r"listening on (tcp://\S+)")
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Command-line facts about one worker's machine."""
+
+    capacity: float = 1.0
+    slowdown: str = "1"
+    ms_per_step: float = 0.0
+    ms_per_sample: float = 0.0
+    threads: int = 1
+    device: str = "cpu"
+    extra: tuple[str, ...] = ()
+
+    def args(self) -> list[str]:
+        return ["--capacity", str(self.capacity), "--slowdown", self.slowdown,
+                "--emulate-ms-per-step", str(self.ms_per_step), "--emulate-ms-per-sample", str(self.ms_per_sample),
+                "--threads", str(self.threads), "--device", self.device, *self.extra]
+
+
+@dataclass
+class LocalCluster:
+    run_dir: Path
+    scheduler_args: list[str]
+    num_servers: int
+    workers: list[WorkerSpec]
+    server_args: list[str] = field(default_factory=list)
+    env: dict = field(default_factory=dict)
+    procs: dict = field(default_factory=dict)  # name -> Popen
+    endpoint: str | None = None
+
+    def __post_init__(self):
+        self.run_dir = Path(self.run_dir)
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def _spawn(self, name: str, module: str, args: list[str], stdout=None) -> subprocess.Popen:
+        env = {**os.environ, **MALLOC_ENV, "PYTHONUNBUFFERED": "1", **self.env}
+        log = open(self.run_dir / "logs" / f"{name}.log", "w")
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], env=env, stdin=subprocess.DEVNULL,
+                                stdout=stdout or log, stderr=log)
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def start(self, timeout_s: float = 60.0) -> "LocalCluster":
+        sched = self._spawn("scheduler", "scheduler", [
+            *self.scheduler_args, "--num-servers", str(self.num_servers),
+            "--num-workers", str(len(self.workers)), "--port", "0", "--run-dir", str(self.run_dir)],
+            stdout=subprocess.PIPE)
+        self.endpoint = self._read_endpoint(sched, timeout_s)
+        for s in range(self.num_servers):
+            self._spawn(f"server{s}", "server", ["--scheduler", self.endpoint, *self.server_args])
+        for i, w in enumerate(self.workers):
+            self._spawn(f"worker{i}", "worker", ["--scheduler", self.endpoint, *w.args()])
+        return self
+
+    def _read_endpoint(self, proc: subprocess.Popen, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                    break
+                line = proc.stdout.readline().decode(errors="replace")
+                if not line:  # the scheduler exited before listening
+                    break
+                match = _ENDPOINT.search(line)
+                if match:
+                    return match.group(1)
+        self.stop()
+        raise LaunchError(f"the scheduler did not start (see {self.run_dir / 'logs' / 'scheduler.log'}): "
+                          f"{self.tail('scheduler')}")
+
+    def tail(self, name: str, lines: int = 5) -> str:
+        path = self.run_dir / "logs" / f"{name}.log"
+        text = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
+        return " | ".join(text[-lines:])
+
+    def poll(self) -> int | None:
+        """The scheduler's exit code once it has exited, else None."""
+        return self.procs["scheduler"].poll()
+
+    def wait(self, timeout_s: float) -> int:
+        """Wait for the scheduler, then give the others a moment to exit; returns the
+        scheduler's exit code. Raises LaunchError (and stops everything) on timeout."""
+        try:
+            code = self.procs["scheduler"].wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise LaunchError(f"the job did not finish within {timeout_s:g} s") from None
+        self.stop(grace_s=15.0)
+        return code
+
+    def exit_codes(self) -> dict[str, int | None]:
+        return {name: p.poll() for name, p in self.procs.items()}
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Wait up to `grace_s` for every process to exit, then terminate, then kill."""
+        deadline = time.monotonic() + grace_s
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.terminate()
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+        sched = self.procs.get("scheduler")
+        if sched is not None and sched.stdout is not None:
+            sched.stdout.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop(grace_s=0.0)
