@@ -1,0 +1,14 @@
+"""Fixtures for end-to-end tests (helpers.py holds the cluster plumbing)."""
+
+import pytest
+from helpers import finish, start_cluster
+
+from omnips.launch import WorkerSpec
+
+
+@pytest.fixture
+def run_job(tmp_path):
+    """run_job(scheduler_args, workers, num_servers=1) -> Run, after the job ended cleanly."""
+    def run(scheduler_args, workers=(WorkerSpec(), WorkerSpec()), num_servers=1, name="run", **kw):
+        return finish(start_cluster(tmp_path / name, scheduler_args, workers, num_servers, **kw))
+    return run

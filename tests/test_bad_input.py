@@ -1,0 +1,140 @@
+"""Garbage on the wire and bad command lines: clear errors, no crash, no change of result."""
+
+import random
+import socket
+import subprocess
+import sys
+import time
+
+import msgpack
+import torch
+import zmq
+
+from omnips.launch import WorkerSpec
+from omnips.metrics import read_events
+
+from helpers import finish, start_cluster
+
+JOB = ["--mode", "bsp", "--max-steps", "40", "--global-batch", "32", "--lr", "0.05", "--seed", "11"]
+WORKERS = [WorkerSpec(ms_per_step=40.0), WorkerSpec(ms_per_step=40.0)]
+
+
+def _garbage_messages(rng: random.Random) -> list[list[bytes]]:
+    valid_push = msgpack.packb({"v": 1, "op": "push", "rank": 1, "step": 0, "ver": 0, "batch": 4, "gen": 0,
+                                "dt": "f4", "len": 3})
+    return [
+        [rng.randbytes(rng.randint(0, 64))],
+        [rng.randbytes(8), rng.randbytes(1000)],
+        [msgpack.packb({"v": 99, "op": "push"})],
+        [msgpack.packb({"v": 1, "op": "nonsense"})],
+        [msgpack.packb([1, 2, 3])],
+        [msgpack.packb({"v": 1, "op": "register", "role": "root", "host": "x"})],
+        [msgpack.packb({"v": 1, "op": "report", "rank": 0, "step": 0, "batch": 1, "compute_s": 0.1,
+                        "network_s": 0.0, "wait_s": 0.0, "loss": 1.0})],
+        [valid_push, b"\x00" * 7],  # length that is not 3 float32
+        [msgpack.packb({"v": 1, "op": "pull", "req": 1, "at": -5})],
+        [msgpack.packb({"v": 1, "op": "init", "rank": 0, "dt": "f4", "len": 1}), b"\x00" * 4],
+    ]
+
+
+def _wait_for_server_endpoint(run_dir, deadline) -> str:
+    while time.monotonic() < deadline:
+        if (run_dir / "metrics.jsonl").exists():
+            for e in read_events(run_dir):
+                if e["event"] == "membership" and e["role"] == "server":
+                    return e["endpoint"]
+        time.sleep(0.1)  # polling a file another process writes; bounded by the deadline
+    raise AssertionError("the server never registered")
+
+
+def _attack(cluster, run_dir) -> int:
+    """Send garbage to the scheduler's and the server's ports until the job ends."""
+    rng = random.Random(5)
+    server = _wait_for_server_endpoint(run_dir, time.monotonic() + 60)
+    ctx = zmq.Context()
+    socks = []
+    for ep in (cluster.endpoint, server):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, 10)
+        s.connect(ep)
+        socks.append(s)
+    sent = 0
+    try:
+        for _ in range(200):
+            if cluster.poll() is not None:
+                break
+            for s in socks:
+                for msg in _garbage_messages(rng):
+                    try:
+                        s.send_multipart(msg, flags=zmq.NOBLOCK)
+                        sent += 1
+                    except zmq.Again:
+                        pass
+                while s.poll(0):
+                    s.recv_multipart()  # error replies
+            for ep in (cluster.endpoint, server):  # raw bytes, not even ZeroMQ
+                host, port = ep.removeprefix("tcp://").rsplit(":", 1)
+                try:
+                    with socket.create_connection((host, int(port)), timeout=2) as raw:
+                        raw.sendall(rng.randbytes(200))
+                except ConnectionRefusedError:  # the job ended meanwhile
+                    break
+            time.sleep(0.02)  # pace the attack over the whole run
+    finally:
+        ctx.destroy(linger=0)
+    return sent
+
+
+def test_garbage_during_a_run_changes_nothing(tmp_path):
+    quiet = finish(start_cluster(tmp_path / "quiet", JOB, WORKERS))
+    cluster = start_cluster(tmp_path / "attacked", JOB, WORKERS)
+    sent = _attack(cluster, tmp_path / "attacked")
+    attacked = finish(cluster)
+    assert sent > 50
+    assert attacked.summary["status"] == "completed"
+    logs = attacked.logs()
+    assert "refused" in (attacked.dir / "logs" / "server0.log").read_text()
+    assert "refused" in (attacked.dir / "logs" / "scheduler.log").read_text(), logs
+    want, got = torch.load(quiet.dir / "model.pt"), torch.load(attacked.dir / "model.pt")
+    for k in want:
+        assert torch.equal(want[k], got[k]), k  # BSP is bit-for-bit repeatable
+    assert attacked.summary["final_test_accuracy"] == quiet.summary["final_test_accuracy"]
+
+
+def _free_port_in_use():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def test_startup_errors_are_one_clear_line(tmp_path):
+    holder = _free_port_in_use()
+    port = holder.getsockname()[1]
+    cases = {
+        "wrong_address": (["-m", "worker", "--scheduler", f"tcp://127.0.0.1:{port}", "--ack-timeout", "1"],
+                          1, "did not acknowledge the registration"),
+        "port_in_use": (["-m", "scheduler", "--port", str(port), "--run-dir", str(tmp_path / "p")],
+                        1, "port is in use"),
+        "missing_dataset": (["-m", "scheduler", "--dataset", "no_such_pkg.data:load", "--run-dir", str(tmp_path / "d")],
+                            1, "cannot import no_such_pkg.data"),
+        "unknown_flag": (["-m", "scheduler", "--frobnicate"], 2, "unrecognized arguments: --frobnicate"),
+        "dynamic_not_yet": (["-m", "scheduler", "--batching", "dynamic"], 2, "not available yet"),
+        "bad_slowdown": (["-m", "worker", "--scheduler", "tcp://127.0.0.1:1", "--slowdown", "0.5"], 2,
+                         "slowdown below 1"),
+        "bad_model_args": (["-m", "scheduler", "--model-args", "[1]"], 2, "must be a JSON object"),
+    }
+    procs = {name: subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True) for name, (argv, _, _) in cases.items()}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=60)
+            _, code, text = cases[name]
+            assert proc.returncode == code, (name, err)
+            assert text in err, (name, err)
+            assert "Traceback" not in err, (name, err)
+    finally:
+        holder.close()
+        for proc in procs.values():
+            proc.kill()
