@@ -75,7 +75,7 @@ class LocalCluster:
         for s in range(self.num_servers):
             self._spawn(f"server{s}", "server", ["--scheduler", self.endpoint, *self.server_args])
         for i, w in enumerate(self.workers):
-            self._spawn(f"worker{i}", "worker", ["--scheduler", self.endpoint, *w.args()])
+            self._spawn(f"worker{i}", "worker", ["--scheduler", self.endpoint, "--rank", str(i), *w.args()])
         return self
 
     def _read_endpoint(self, proc: subprocess.Popen, timeout_s: float) -> str:

@@ -47,8 +47,11 @@ class Register(Message):
     device: str = "cpu"
     threads: int = 0
     pid: int = 0
+    rank: int = -1  # a worker's requested rank; -1 takes the next free one
 
     def check(self):
+        if self.rank < -1:
+            raise ValueError(f"requested rank must be >= 0 (or -1 for any), not {self.rank}")
         if self.role not in ("server", "worker"):
             raise ValueError(f"role must be 'server' or 'worker', not {self.role!r}")
         if self.role == "server" and not self.endpoint:

@@ -80,6 +80,10 @@ class Progress:
         return due[-1:]  # several crossed at once: one evaluation covers them
 
     @property
+    def epochs(self) -> float:
+        return self.samples / self.train_size
+
+    @property
     def budget_reached(self) -> bool:
         return self.samples >= self.budget
 
@@ -100,7 +104,7 @@ class Progress:
         updates = sum(w.steps for w in self.workers)
         return {
             "steps": steps,
-            "epochs": self.samples / self.train_size,
+            "epochs": self.epochs,
             "samples": self.samples,
             "wall_s": wall,
             "samples_per_s": self.samples / wall if wall > 0 else 0.0,

@@ -1,7 +1,9 @@
 """Rendezvous: who has registered, their ranks, and the welcomes once the cluster is whole.
 
 Pure logic: `register` takes a peer's identity and its `Register` message and
-returns what to send. Ranks follow registration order within each role.
+returns what to send. Servers are ranked in registration order; a worker may ask
+for a rank (the launcher asks for its command-line order), the others fill the
+free ranks in registration order once all are in.
 Servers are welcomed as soon as all of them are in (they need only their shard
 range); workers once every server and worker is in (they need every server's
 address).
@@ -47,6 +49,11 @@ class Registry:
             (self.workers, self.job.num_workers)
         if len(group) >= want:
             return [(peer, Error(code="cluster_full", text=f"the job has all {want} {reg.role}s it needs"))]
+        if reg.role == "worker" and reg.rank >= 0:
+            if reg.rank >= want:
+                return [(peer, Error(code="bad_rank", text=f"rank {reg.rank} asked for, the job has ranks 0..{want - 1}"))]
+            if any(m.info.rank == reg.rank for m in group):
+                return [(peer, Error(code="rank_taken", text=f"another worker asked for rank {reg.rank}"))]
         member = Member(peer, reg.role, len(group), reg)
         group.append(member)
         self.by_peer[peer] = member
@@ -61,6 +68,12 @@ class Registry:
         return out
 
     def _complete(self):
+        asked = {m.info.rank for m in self.workers}
+        free = iter(r for r in range(self.job.num_workers) if r not in asked)
+        ranked = [Member(m.peer, m.role, m.info.rank if m.info.rank >= 0 else next(free), m.info)
+                  for m in self.workers]
+        self.workers = sorted(ranked, key=lambda m: m.rank)
+        self.by_peer.update({m.peer: m for m in self.workers})
         batches = initial_batches(self.job.batching, self.job.global_batch,
                                   [m.info.capacity for m in self.workers])
         self.plan = BatchPlan(0, tuple(batches))

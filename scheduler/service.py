@@ -74,6 +74,9 @@ class Scheduler:
         try:
             endpoint = transport.bind(self.router, self.opts.host, self.opts.port)
             self.announce(f"omnips scheduler listening on {endpoint}", flush=True)
+            self.run.event("start", endpoint=endpoint, num_params=self.flat.size, train_size=self.progress.train_size,
+                           test_size=self.test_size, budget_samples=self.progress.budget,
+                           budget_epochs=self.progress.budget / self.progress.train_size)
             log.info("job: %s, %d server(s), %d worker(s), %d parameters, run dir %s", self.job.mode,
                      self.job.num_servers, self.job.num_workers, self.flat.size, self.run.path)
             self._loop()
@@ -153,16 +156,23 @@ class Scheduler:
                 log.warning("refused a registration: %s", out.text)
         member = self.registry.by_peer.get(peer)
         if member is not None and member.info is msg:
-            log.info("%s %d registered from %s (pid %d)", msg.role, member.rank, msg.host, msg.pid)
-            self.run.event("membership", change="joined", role=msg.role, rank=member.rank, host=msg.host,
-                           device=msg.device, capacity=msg.capacity, endpoint=msg.endpoint)
+            log.info("%s registered from %s (pid %d)", msg.role, msg.host, msg.pid)
+            if msg.role == "server":
+                self._membership(member)
         if not servers_before and len(self.registry.servers) == self.job.num_servers:
             self._connect_servers()
         if self.registry.complete and not self._plan_logged:
             self._plan_logged = True
+            for worker in self.registry.workers:  # ranks are final only now
+                self._membership(worker)
             plan = self.registry.plan
             self.run.event("assign", gen=plan.gen, batches=list(plan.batches), step=0)
             log.info("cluster complete; batches %s", list(plan.batches))
+
+    def _membership(self, m) -> None:
+        i = m.info
+        self.run.event("membership", change="joined", role=m.role, rank=m.rank, host=i.host, pid=i.pid,
+                       device=i.device, capacity=i.capacity, endpoint=i.endpoint)
 
     def _connect_servers(self) -> None:
         self.servers = ServerGroup(self.ctx, [m.info.endpoint for m in self.registry.servers],
@@ -189,7 +199,8 @@ class Scheduler:
             if self.progress.all_done and self.job.mode != "bsp":
                 self._ask_eval(EvalPoint(self.progress.samples / self.progress.train_size, None), final=True)
             return
-        self.run.event("step", worker=r.rank, step=r.step, batch=r.batch, compute_s=r.compute_s,
+        self.run.event("step", worker=r.rank, step=r.step, batch=r.batch, epoch=self.progress.epochs,
+                       compute_s=r.compute_s,
                        network_s=r.network_s, wait_s=r.wait_s, loss=r.loss, staleness=r.staleness)
         if self.job.mode != "bsp" and self.progress.budget_reached and not self.registry.plan.stop:
             plan = self.registry.plan

@@ -20,6 +20,7 @@ def parse(argv) -> WorkerOptions:
     p.add_argument("--threads", type=int, default=0, help="torch threads; 0 keeps torch's default")
     p.add_argument("--capacity", type=float, default=1.0,
                    help="relative speed declared for --batching static (e.g. core count)")
+    p.add_argument("--rank", type=int, default=-1, help="ask for this worker rank (default: the next free one)")
     p.add_argument("--slowdown", default="1", help="F, or a schedule STEP:F,STEP:F,... (emulated slower device)")
     p.add_argument("--emulate-ms-per-step", type=float, default=0.0, help="virtual device: fixed ms per step (A)")
     p.add_argument("--emulate-ms-per-sample", type=float, default=0.0, help="virtual device: ms per sample (C)")
@@ -30,6 +31,8 @@ def parse(argv) -> WorkerOptions:
     args = p.parse_args(argv)
     if args.threads < 0:
         p.error("--threads must be >= 0")
+    if args.rank < -1:
+        p.error("--rank must be >= 0")
     if not args.capacity > 0:
         p.error("--capacity must be > 0")
     try:
@@ -38,7 +41,7 @@ def parse(argv) -> WorkerOptions:
     except ValueError as exc:
         p.error(str(exc))
     logs.setup("worker", args.log_level)
-    return WorkerOptions(args.scheduler, args.device, args.threads, args.capacity, emulation,
+    return WorkerOptions(args.scheduler, args.device, args.threads, args.capacity, args.rank, emulation,
                          args.ack_timeout, args.welcome_timeout, args.server_timeout)
 
 

@@ -29,6 +29,7 @@ class WorkerOptions:
     device: str = "auto"
     threads: int = 0
     capacity: float = 1.0
+    rank: int = -1
     emulation: Emulation = Emulation()
     ack_timeout_s: float = 10.0
     welcome_timeout_s: float = 300.0
@@ -44,7 +45,7 @@ def run(opts: WorkerOptions) -> int:
         link = SchedulerLink(ctx, opts.scheduler)
         welcome = link.register(
             Register(role="worker", host=pysocket.gethostname(), capacity=opts.capacity, device=str(device),
-                     threads=torch.get_num_threads(), pid=os.getpid()),
+                     threads=torch.get_num_threads(), pid=os.getpid(), rank=opts.rank),
             opts.ack_timeout_s, opts.welcome_timeout_s)
         cluster = welcome.cluster
         job = JobSpec.from_dict(welcome.job)

@@ -1,0 +1,172 @@
+"""The user's command: `omnips launch` starts a whole local cluster and shows its progress."""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .launch import LaunchError, LocalCluster, WorkerSpec
+
+PER_WORKER = {  # launcher flag -> (WorkerSpec field, type)
+    "capacity": ("capacity", float),
+    "slowdown": ("slowdown", str),
+    "emulate_ms_per_step": ("ms_per_step", float),
+    "emulate_ms_per_sample": ("ms_per_sample", float),
+    "threads": ("threads", int),
+    "device": ("device", str),
+}
+
+
+def launch_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="omnips launch", description="Start a scheduler, S servers and N workers on this machine. "
+        "Per-worker flags take one value for all workers or one per worker; every other flag goes to the "
+        "scheduler (see python -m scheduler --help).")
+    p.add_argument("--num-servers", type=int, default=1)
+    p.add_argument("--num-workers", type=int, default=3)
+    p.add_argument("--capacity", nargs="+", default=["1"], help="declared relative speed, per worker")
+    p.add_argument("--slowdown", nargs="+", default=["1"], help="F or STEP:F,STEP:F schedule, per worker")
+    p.add_argument("--emulate-ms-per-step", nargs="+", default=["0"], help="virtual device A ms, per worker")
+    p.add_argument("--emulate-ms-per-sample", nargs="+", default=["0"], help="virtual device C ms, per worker")
+    p.add_argument("--threads", nargs="+", default=["1"], help="torch threads, per worker")
+    p.add_argument("--device", nargs="+", default=["cpu"], help="cpu, cuda, cuda:N or auto, per worker")
+    p.add_argument("--run-dir", default=None, help="default runs/YYYYmmdd-HHMMSS")
+    p.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds before the job is stopped")
+    p.add_argument("--no-progress", action="store_true", help="print no progress line")
+    return p
+
+
+def worker_specs(args, parser) -> list[WorkerSpec]:
+    n = args.num_workers
+    if n < 1 or args.num_servers < 1:
+        parser.error("--num-workers and --num-servers must be >= 1")
+    columns = {}
+    for flag, (name, kind) in PER_WORKER.items():
+        values = getattr(args, flag)
+        if len(values) not in (1, n):
+            parser.error(f"--{flag.replace('_', '-')} takes 1 or {n} values, not {len(values)}")
+        try:
+            columns[name] = [kind(v) for v in (values * n if len(values) == 1 else values)]
+        except ValueError as exc:
+            parser.error(f"--{flag.replace('_', '-')}: {exc}")
+    return [WorkerSpec(**{name: col[i] for name, col in columns.items()}) for i in range(n)]
+
+
+def launch(argv) -> int:
+    parser = launch_parser()
+    args, scheduler_args = parser.parse_known_args(argv)
+    from scheduler.__main__ import parser as scheduler_parser  # validate the scheduler's flags up front
+    scheduler_parser().parse_args([*scheduler_args, "--num-workers", str(args.num_workers)])
+    workers = worker_specs(args, parser)
+    run_dir = Path(args.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
+    cluster = LocalCluster(run_dir, scheduler_args, args.num_servers, workers)
+    try:
+        cluster.start()
+        show = Progress(run_dir, enabled=not args.no_progress)
+        deadline = time.monotonic() + args.timeout
+        while cluster.poll() is None:
+            if time.monotonic() > deadline:
+                raise LaunchError(f"the job did not finish within {args.timeout:g} s")
+            show.update()
+            time.sleep(0.5)  # refresh rate of the progress line
+        show.update(final=True)
+        code = cluster.wait(60)
+    except LaunchError as exc:
+        print(f"omnips launch: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        cluster.stop(grace_s=0)
+        return 130
+    return report(run_dir, code, cluster)
+
+
+def report(run_dir: Path, code: int, cluster: LocalCluster) -> int:
+    path = run_dir / "summary.json"
+    if not path.exists():
+        print(f"omnips launch: no summary written; scheduler log: {cluster.tail('scheduler')}", file=sys.stderr)
+        return code or 1
+    print(summary_table(json.loads(path.read_text())))
+    print(f"run directory: {run_dir}")
+    failed = {name: c for name, c in cluster.exit_codes().items() if c != 0}
+    for name in failed:
+        print(f"{name} exited with {failed[name]}: {cluster.tail(name, 2)}", file=sys.stderr)
+    return code or (1 if failed else 0)
+
+
+def summary_table(s: dict) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        if isinstance(v, list):
+            return " ".join(fmt(x) for x in v)
+        return str(v)
+    width = max(len(k) for k in s)
+    return "\n".join(f"{k:<{width}}  {fmt(v)}" for k, v in s.items())
+
+
+class Progress:
+    """A one-line view of metrics.jsonl: epoch, samples/s over the last seconds, test accuracy."""
+
+    def __init__(self, run_dir: Path, enabled: bool = True, out=sys.stderr):
+        self.path = run_dir / "metrics.jsonl"
+        self.enabled = enabled
+        self.out = out
+        self._offset = 0
+        self.budget_epochs = None
+        self.epoch = 0.0
+        self.accuracy = None
+        self._window: list[tuple[float, int]] = []  # (t, batch) of recent steps
+        self._printed = 0.0
+
+    def _read(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path) as f:
+            f.seek(self._offset)
+            for line in f:
+                if not line.endswith("\n"):
+                    break  # written half; read it next time
+                self._offset += len(line)
+                e = json.loads(line)
+                if e["event"] == "start":
+                    self.budget_epochs = e["budget_epochs"]
+                elif e["event"] == "step":
+                    self.epoch = e["epoch"]
+                    self._window.append((e["t"], e["batch"]))
+                elif e["event"] == "eval":
+                    self.accuracy = e["test_accuracy"]
+
+    def line(self) -> str:
+        recent = [w for w in self._window if w[0] >= self._window[-1][0] - 5.0] if self._window else []
+        self._window = recent
+        span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
+        rate = sum(b for _, b in recent[1:]) / span if span > 0 else 0.0
+        total = self.budget_epochs or 0.0
+        frac = min(1.0, self.epoch / total) if total else 0.0
+        bar = "#" * int(frac * 30)
+        acc = f"{self.accuracy:.3f}" if self.accuracy is not None else "-"
+        return f"[{bar:<30}] epoch {self.epoch:6.2f}/{total:g}  {rate:8.0f} samples/s  test acc {acc}"
+
+    def update(self, final: bool = False) -> None:
+        if not self.enabled:
+            return
+        self._read()
+        if self.out.isatty():
+            print("\r" + self.line(), end="\n" if final else "", file=self.out, flush=True)
+        elif final or time.monotonic() - self._printed >= 10.0:  # a log: one line per 10 s
+            self._printed = time.monotonic()
+            print(self.line(), file=self.out, flush=True)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"launch": launch}
+    if not argv or argv[0] not in commands:
+        print("usage: omnips launch [options]   (omnips launch --help for the options)", file=sys.stderr)
+        return 2
+    return commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
