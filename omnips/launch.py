@@ -24,6 +24,24 @@ class LaunchError(RuntimeError):
     pass
 
 
+def read_endpoint(stream, timeout_s: float) -> str | None:
+    """The address a starting scheduler prints on `stream` (its stdout), or None if it
+    exits or stays silent for `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(stream, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                return None
+            line = stream.readline()
+            if not line:  # the scheduler exited before listening
+                return None
+            match = _ENDPOINT.search(line.decode(errors="replace") if isinstance(line, bytes) else line)
+            if match:
+                return match.group(1)
+    return None
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     """Command-line facts about one worker's machine."""
@@ -79,21 +97,12 @@ class LocalCluster:
         return self
 
     def _read_endpoint(self, proc: subprocess.Popen, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                    break
-                line = proc.stdout.readline().decode(errors="replace")
-                if not line:  # the scheduler exited before listening
-                    break
-                match = _ENDPOINT.search(line)
-                if match:
-                    return match.group(1)
-        self.stop()
-        raise LaunchError(f"the scheduler did not start (see {self.run_dir / 'logs' / 'scheduler.log'}): "
-                          f"{self.tail('scheduler')}")
+        endpoint = read_endpoint(proc.stdout, timeout_s)
+        if endpoint is None:
+            self.stop()
+            raise LaunchError(f"the scheduler did not start (see {self.run_dir / 'logs' / 'scheduler.log'}): "
+                              f"{self.tail('scheduler')}")
+        return endpoint
 
     def tail(self, name: str, lines: int = 5) -> str:
         path = self.run_dir / "logs" / f"{name}.log"

@@ -1,0 +1,60 @@
+"""The user-facing commands: scripts/launch_local.py and the per-role start scripts."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from omnips.launch import read_endpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL_JOB = ["--max-steps", "15", "--global-batch", "32", "--seed", "2"]
+
+
+def test_launch_local_runs_a_job_and_prints_the_summary(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "launch_local.py"), "--num-workers", "2", "--slowdown", "1", "2",
+         "--run-dir", str(tmp_path / "run"), *SMALL_JOB],
+        capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"^status\s+completed$", out.stdout, re.M), out.stdout
+    assert re.search(r"^final_batches\s+16 16$", out.stdout, re.M), out.stdout
+    assert "epoch" in out.stderr and "samples/s" in out.stderr  # the progress line
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 15
+    # worker i of the command line is rank i: the slowed-down one computes slower
+    assert summary["worker_compute_s_per_step"][1] > summary["worker_compute_s_per_step"][0]
+
+
+def test_launch_local_refuses_bad_flags(tmp_path):
+    bad = [["--num-workers", "2", "--slowdown", "1", "2", "3"], ["--no-such-flag"], ["--num-workers", "0"]]
+    for args in bad:
+        out = subprocess.run([sys.executable, str(ROOT / "scripts" / "launch_local.py"), *args,
+                              "--run-dir", str(tmp_path / "never")], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, (args, out.stderr)
+        assert "error" in out.stderr
+        assert not (tmp_path / "never").exists()
+
+
+def test_start_scripts_form_a_cluster(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    sched = subprocess.Popen(["bash", str(ROOT / "scripts" / "start-scheduler.sh"), "--num-workers", "2", "--run-dir",
+                              str(tmp_path / "run"), *SMALL_JOB], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env)
+    procs = []
+    try:
+        endpoint = read_endpoint(sched.stdout, timeout_s=60)
+        assert endpoint is not None, sched.stderr.read()
+        role_env = {**env, "OMNIPS_SCHEDULER": endpoint}
+        procs = [subprocess.Popen(["bash", str(ROOT / "scripts" / f"start-{role}.sh"), *extra], env=role_env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for role, extra in [("server", []), ("worker", ["--threads", "1"]), ("worker", ["--threads", "1"])]]
+        assert sched.wait(timeout=150) == 0, sched.stderr.read()
+        assert all(p.wait(timeout=30) == 0 for p in procs)
+    finally:
+        for p in [sched, *procs]:
+            p.kill()
+            p.wait()
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
