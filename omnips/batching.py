@@ -41,7 +41,7 @@ def largest_remainder(weights, total: int, minimum: int = 0) -> list[int]:
     """
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or len(w) == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-        raise ValueError(f"weights must be finite, >= 0 and not all zero: {list(weights)}")
+        raise ValueError(f"weights must be finite, >= 0 and not all zero: {weights!r}")
     if minimum * len(w) > total:
         raise ValueError(f"{total} cannot give {len(w)} shares at least {minimum} each")
     pinned = np.zeros(len(w), dtype=bool)

@@ -20,6 +20,11 @@ class FactoryError(ValueError):
     """A dataset or model that cannot be built; the text is one readable line."""
 
 
+def one_line(exc: BaseException) -> str:
+    """'Type: message' with the message's line breaks folded, for FactoryError texts."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
 class SampleStream:
     """Endless stream of indices into range(n): epoch e is a permutation seeded by (seed, stream, e)."""
 
@@ -114,7 +119,7 @@ def import_factory(spec: str, what: str):
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import-time failure of user code is reported alike
-        raise FactoryError(f"{what} {spec!r}: cannot import {module_name}: {type(exc).__name__}: {exc}") from None
+        raise FactoryError(f"{what} {spec!r}: cannot import {module_name}: {one_line(exc)}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise FactoryError(f"{what} {spec!r}: {module_name} has no callable {attr!r}")
@@ -129,7 +134,7 @@ def load(name: str, args: dict) -> tuple[Dataset, Dataset]:
     except FactoryError:
         raise
     except Exception as exc:
-        raise FactoryError(f"dataset {name!r} failed with {args}: {type(exc).__name__}: {exc}") from None
+        raise FactoryError(f"dataset {name!r} failed with {args}: {one_line(exc)}") from None
     if not (isinstance(result, tuple) and len(result) == 2
             and all(hasattr(d, "__getitem__") and hasattr(d, "__len__") for d in result)):
         raise FactoryError(f"dataset {name!r} must return (train, test), two map-style datasets; "

@@ -93,6 +93,7 @@ class FlatModel:
         the buffers' current values in their slots."""
         for p, view in self._grad_views:
             if p.grad is None:  # unused this step (set to None by the user): zero
+                view.zero_()
                 p.grad = view
             elif p.grad.data_ptr() != view.data_ptr():
                 # autograd replaced the tensor (e.g. a non-contiguous gradient): copy it home

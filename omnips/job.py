@@ -46,6 +46,11 @@ class JobSpec:
         if self.global_batch < self.num_workers:
             raise ValueError(f"--global-batch {self.global_batch} is smaller than --num-workers "
                              f"{self.num_workers}: every worker needs at least one sample per step")
+        for name in ("lr", "momentum", "weight_decay", "epochs"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number, not {getattr(self, name)}")
+        if self.seed < 0:
+            raise ValueError(f"--seed must be >= 0, not {self.seed}")
         if not self.lr > 0:
             raise ValueError(f"--lr must be > 0, not {self.lr}")
         if not 0 <= self.momentum < 1:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .data import FactoryError, import_factory
+from .data import FactoryError, import_factory, one_line
 
 
 def mlp(input_shape, num_classes, hidden=(128, 64)):
@@ -94,7 +94,7 @@ def build(name: str, args: dict, train, seed: int) -> nn.Module:
     except FactoryError:
         raise
     except Exception as exc:
-        raise FactoryError(f"model {name!r} failed with {args}: {type(exc).__name__}: {exc}") from None
+        raise FactoryError(f"model {name!r} failed with {args}: {one_line(exc)}") from None
     if not isinstance(module, nn.Module):
         raise FactoryError(f"model {name!r} must return a torch.nn.Module, got {type(module).__name__}")
     return module

@@ -182,7 +182,7 @@ OPS = {cls.OP: cls for cls in (Register, Welcome, Report, Heartbeat, Shutdown, E
 
 def _non_negative(msg, *names):
     for name in names:
-        if getattr(msg, name) < 0:
+        if not getattr(msg, name) >= 0:  # also refuses NaN
             raise ValueError(f"{name} must be >= 0, not {getattr(msg, name)}")
 
 
@@ -234,11 +234,12 @@ def decode(frames: list) -> Message:
         raise ProtocolError("bad_header", f"header is not msgpack: {exc}") from None
     if not isinstance(header, dict):
         raise ProtocolError("bad_header", f"header must be a map, not {type(header).__name__}")
-    if header.get("v") != VERSION:
+    if not _type_ok(header.get("v"), int) or header["v"] != VERSION:
         raise ProtocolError("version", f"protocol version {header.get('v')!r}, this process speaks {VERSION}")
-    cls = OPS.get(header.get("op"))
+    op = header.get("op")
+    cls = OPS.get(op) if isinstance(op, str) else None
     if cls is None:
-        raise ProtocolError("bad_op", f"unknown op {header.get('op')!r}")
+        raise ProtocolError("bad_op", f"unknown op {op!r}")
     want = 2 if cls.HAS_DATA else 1
     if len(frames) != want:
         raise ProtocolError("bad_frames", f"{cls.OP} takes {want} frame(s), got {len(frames)}")

@@ -34,7 +34,10 @@ class Exchange:
 
 
 class ServerGroup:
-    def __init__(self, ctx: zmq.Context, endpoints: list[str], ranges: list, timeout_s: float):
+    def __init__(self, ctx: zmq.Context, endpoints: list[str], ranges: list, timeout_s: float,
+                 on_wait=None):
+        """`on_wait()` is called about once a second while a call waits for servers (a
+        worker checks on the scheduler there); it may raise to abandon the wait."""
         if len(endpoints) != len(ranges):
             raise ValueError("one shard range per server endpoint is needed")
         self.endpoints = list(endpoints)
@@ -50,6 +53,7 @@ class ServerGroup:
         for sock in self.socks:
             self._poller.register(sock, zmq.POLLIN)
         self._req = 0
+        self._on_wait = on_wait
 
     # -- blocking calls (workers) -------------------------------------------------
     def init(self, values: np.ndarray) -> None:
@@ -80,7 +84,11 @@ class ServerGroup:
         plan, held = None, 0.0
         while waiting:
             left = deadline - time.monotonic()
-            events = dict(self._poller.poll(max(0, int(left * 1000)))) if left > 0 else {}
+            events = dict(self._poller.poll(int(min(left, 1.0) * 1000))) if left > 0 else {}
+            if not events and left > 1.0:
+                if self._on_wait is not None:
+                    self._on_wait()
+                continue
             if not events:
                 names = ", ".join(self.endpoints[s] for s in sorted(waiting))
                 raise ServerError(f"no answer from server(s) {names} within {self.timeout_s:g} s", "timeout")

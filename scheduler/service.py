@@ -62,6 +62,7 @@ class Scheduler:
         self.servers: ServerGroup | None = None
         self._plan_logged = False
         self._done_at: float | None = None
+        self._complete_at = 0.0
         self.run = RunDir(opts.run_dir)
         self.run.write_config(job.to_dict())
         self.ctx = zmq.Context()
@@ -128,7 +129,7 @@ class Scheduler:
             elif now - self._done_at > self.opts.server_timeout_s:
                 raise JobFailed(f"servers did not answer the final evaluation pull within "
                                 f"{self.opts.server_timeout_s:g} s")
-        elif now - (self.progress.last_report or start) > self.opts.stall_timeout_s:
+        elif now - (self.progress.last_report or self._complete_at) > self.opts.stall_timeout_s:
             raise JobFailed(f"no progress reported for {self.opts.stall_timeout_s:g} s")
 
     # -- messages -----------------------------------------------------------------
@@ -163,6 +164,7 @@ class Scheduler:
             self._connect_servers()
         if self.registry.complete and not self._plan_logged:
             self._plan_logged = True
+            self._complete_at = time.monotonic()
             for worker in self.registry.workers:  # ranks are final only now
                 self._membership(worker)
             plan = self.registry.plan

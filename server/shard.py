@@ -36,8 +36,7 @@ class ShardCore:
         self.trained = max(0, min(hi, num_trained) - lo)  # local slots [0, trained) are parameters
         self.values = aligned_zeros(self.n)
         self._agg = aligned_zeros(self.n) if job.mode == "bsp" else None
-        self._param = torch.nn.Parameter(torch.from_numpy(self.values[:self.trained]))
-        self._opt = optim.make(job, self._param)
+        self._opt = optim.make(job, torch.from_numpy(self.values[:self.trained]))
         self._b_ref = job.global_batch / job.num_workers
         self.version = 0
         self.initialized = False
@@ -99,7 +98,7 @@ class ShardCore:
             if len(self._pending) < self.job.num_workers:
                 return []
             return self._apply_bsp(now)
-        return self._apply_asp(peer, msg)
+        return self._apply_asp(peer, msg) + self._release_pulls(now)
 
     def _check_push(self, peer, msg: Push) -> Outgoing | None:
         if not self.initialized:
@@ -160,10 +159,7 @@ class ShardCore:
         """One optimizer step with `grad`; buffer slots simply take grad's values."""
         t = self.trained
         if t:
-            self._param.grad = torch.from_numpy(grad[:t])
-            optim.set_lr(self._opt, lr)
-            self._opt.step()
-            self._param.grad = None
+            self._opt.step(torch.from_numpy(grad[:t]), lr)
         np.copyto(self.values[t:], grad[t:])
 
     # -- replies -----------------------------------------------------------------

@@ -123,6 +123,8 @@ def test_startup_errors_are_one_clear_line(tmp_path):
         "dynamic_not_yet": (["-m", "scheduler", "--batching", "dynamic"], 2, "not available yet"),
         "bad_slowdown": (["-m", "worker", "--scheduler", "tcp://127.0.0.1:1", "--slowdown", "0.5"], 2,
                          "slowdown below 1"),
+        "no_cuda": (["-m", "worker", "--scheduler", "tcp://127.0.0.1:1", "--device", "cuda"], 1,
+                    "no usable CUDA device"),
         "bad_model_args": (["-m", "scheduler", "--model-args", "[1]"], 2, "must be a JSON object"),
     }
     procs = {name: subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -13,14 +13,14 @@ from omnips import protocol
 from omnips.protocol import (MAX_HEADER_BYTES, Ack, Error, Heartbeat, Init, Params, Plan, ProtocolError, Pull,
                              Push, Register, Report, Shutdown, Welcome, decode, encode)
 
-FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # -- strategies ----------------------------------------------------------------------
 
 U64 = st.integers(0, 2**64 - 1)
 ANY_INT = st.integers(-(2**63), 2**64 - 1)
 FLOAT = st.floats(allow_nan=True, allow_infinity=True)
-NON_NEG_FLOAT = st.one_of(st.floats(min_value=0.0, allow_infinity=True), st.just(math.nan))
+NON_NEG_FLOAT = st.floats(min_value=0.0, allow_infinity=True)
 TEXT = st.text(max_size=20)
 
 # msgpack-compatible plain values (lists rather than tuples, str keys); no NaN so == works
@@ -206,8 +206,6 @@ def test_missing_version():
     assert refused(frames_with({"op": "ack"})).code == "version"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: decode checks `header.get('v') != VERSION`, so v=True and v=1.0 "
-                                       "pass as version 1 although fields refuse bool/float for int")
 @pytest.mark.parametrize("v", [True, 1.0])
 def test_version_must_be_the_integer_one(v):
     assert refused(frames_with({"v": v, "op": "ack"})).code == "version"
@@ -222,8 +220,6 @@ def test_missing_op():
     assert refused(frames_with({"v": 1})).code == "bad_op"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: decode does OPS.get(header.get('op')); an unhashable op "
-                                       "(list or map) raises TypeError instead of ProtocolError('bad_op')")
 @pytest.mark.parametrize("op", [["push"], {"a": 1}])
 def test_unhashable_op_is_refused(op):
     assert refused(frames_with({"v": 1, "op": op})).code == "bad_op"
@@ -348,7 +344,7 @@ def test_missing_data_length():
 @pytest.mark.parametrize("op, name, value", [
     ("push", "rank", -1), ("push", "step", -1), ("push", "ver", -1), ("push", "gen", -1),
     ("push", "batch", 0), ("push", "batch", -5),
-    ("report", "rank", -1), ("report", "step", -1), ("report", "batch", -1), ("report", "compute_s", -0.5),
+    ("report", "rank", -1), ("report", "step", -1), ("report", "batch", -1), ("report", "compute_s", -0.5), ("report", "wait_s", math.nan),
     ("report", "network_s", -1e-9), ("report", "wait_s", -1), ("report", "staleness", -1),
     ("pull", "at", -1),
     ("register", "role", "boss"), ("register", "capacity", 0.0), ("register", "capacity", -1.0),
@@ -417,7 +413,7 @@ def mutate(raw: bytes, mutations) -> bytes:
     return bytes(b)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(msg=ANY_MESSAGE, mutations=st.lists(MUTATION, min_size=1, max_size=3))
 @example(msg=Ack(), mutations=[("truncate", 3, 0)])
 @example(msg=Pull(req=1), mutations=[("set", 1, 0x02)])

@@ -23,6 +23,10 @@ from .trainer import Trainer, resolve_device
 log = logging.getLogger("omnips.worker")
 
 
+class JobEnded(Exception):
+    """The scheduler closed the job (successfully) while this worker was busy or waiting."""
+
+
 @dataclass(frozen=True)
 class WorkerOptions:
     scheduler: str
@@ -50,16 +54,22 @@ def run(opts: WorkerOptions) -> int:
         cluster = welcome.cluster
         job = JobSpec.from_dict(welcome.job)
         link.dead_after_s = cluster["dead_after_s"]
-        session = _Session(job, welcome.rank, cluster, device, opts, link,
-                           ServerGroup(ctx, cluster["servers"], cluster["ranges"], opts.server_timeout_s))
-        return session.train()
+        session = _Session(job, welcome.rank, cluster, device, opts, link)
+        session.servers = ServerGroup(ctx, cluster["servers"], cluster["ranges"], opts.server_timeout_s,
+                                      on_wait=session.check_scheduler)
+        try:
+            return session.train()
+        except JobEnded:
+            log.info("worker %d: the scheduler closed the job", welcome.rank)
+            return 0
     finally:
         ctx.destroy(linger=1000)
 
 
 class _Session:
-    def __init__(self, job, rank, cluster, device, opts, link, servers):
-        self.job, self.rank, self.opts, self.link, self.servers = job, rank, opts, link, servers
+    def __init__(self, job, rank, cluster, device, opts, link):
+        self.job, self.rank, self.opts, self.link = job, rank, opts, link
+        self.servers: ServerGroup | None = None
         self.total_steps = cluster["total_steps"]
         self.plan = BatchPlan.from_wire(cluster["plan"], job.num_workers)
         train, _ = data.load(job.dataset, job.dataset_args)
@@ -73,7 +83,8 @@ class _Session:
         log.info("worker %d on %s: %s, %d values, batch %d", rank, device, job.mode, self.flat.size,
                  self.plan.batches[rank])
 
-    def train(self) -> int:
+    def train(self) -> None:
+        """Train until the scheduler closes the job (JobEnded) or something fails."""
         if self.rank == 0:
             self.servers.init(self.flat.params)
         self.servers.pull(self.flat.params)
@@ -98,12 +109,11 @@ class _Session:
                           network_s=max(0.0, ex.elapsed_s - ex.held_s), wait_s=ex.held_s, loss=loss,
                           staleness=staleness)
             self.link.send(last)
-            if self._drain_link():
-                return 0
+            self.check_scheduler()
             step += 1
         self.link.send(Report(rank=self.rank, step=step, batch=0, compute_s=0.0, network_s=0.0, wait_s=0.0,
                               loss=last.loss if last else 0.0, done=True))
-        return self._await_shutdown()
+        self._await_shutdown()
 
     def _pad(self, step: int, batch: int, real_s: float) -> float:
         target = self.opts.emulation.target_s(step, batch, real_s)
@@ -111,20 +121,17 @@ class _Session:
             time.sleep(target - real_s)  # the emulated slower device: the delay is the feature
         return max(target, real_s)
 
-    def _drain_link(self) -> bool:
-        """Handle what the scheduler sent; True when it ended the job (cleanly)."""
+    def check_scheduler(self) -> None:
+        """Handle what the scheduler sent; JobEnded when it closed the job, LinkError
+        when it failed it or went silent."""
         while self.link.sock.poll(0):
             if isinstance(self.link.receive(), Shutdown):
-                log.info("worker %d: the scheduler ended the job", self.rank)
-                return True
+                raise JobEnded()
         self.link.check_alive()
-        return False
 
-    def _await_shutdown(self) -> int:
+    def _await_shutdown(self) -> None:
         deadline = time.monotonic() + self.opts.server_timeout_s
         while time.monotonic() < deadline:
-            if self.link.sock.poll(1000) and isinstance(self.link.receive(), Shutdown):
-                log.info("worker %d: done", self.rank)
-                return 0
-            self.link.check_alive()
+            self.link.sock.poll(1000)
+            self.check_scheduler()
         raise LinkError(f"finished, but the scheduler did not close the job within {self.opts.server_timeout_s:g} s")

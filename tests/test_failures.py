@@ -1,0 +1,51 @@
+"""Nothing waits forever: a dead scheduler or server ends the job with a clear reason."""
+
+import json
+import signal
+import time
+
+from helpers import JOB_TIMEOUT_S, start_cluster
+
+from omnips.launch import WorkerSpec
+from omnips.metrics import read_events
+
+SLOW = ["--max-steps", "100000", "--global-batch", "8"]
+
+
+def _wait_for_steps(run_dir, n, timeout_s=60):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and \
+                sum(e["event"] == "step" for e in read_events(run_dir)) >= n:
+            return
+        time.sleep(0.1)  # polling a file another process writes; bounded by the deadline
+    raise AssertionError("training never started")
+
+
+def test_dead_scheduler_ends_servers_and_workers(tmp_path):
+    run_dir = tmp_path / "run"
+    workers = [WorkerSpec(ms_per_step=50.0), WorkerSpec(ms_per_step=50.0)]
+    with start_cluster(run_dir, [*SLOW, "--dead-after", "3", "--heartbeat", "0.5"], workers) as cluster:
+        _wait_for_steps(run_dir, 4)
+        cluster.procs["scheduler"].send_signal(signal.SIGKILL)
+        start = time.monotonic()
+        others = {n: p for n, p in cluster.procs.items() if n != "scheduler"}
+        codes = {n: p.wait(timeout=30) for n, p in others.items()}
+        assert time.monotonic() - start < 20
+    assert all(code == 1 for code in codes.values()), codes
+    for name in others:
+        assert "no word from the scheduler" in (run_dir / "logs" / f"{name}.log").read_text(), name
+
+
+def test_dead_server_fails_the_job_with_a_reason(tmp_path):
+    run_dir = tmp_path / "run"
+    workers = [WorkerSpec(ms_per_step=50.0, extra=("--server-timeout", "3"))] * 2
+    with start_cluster(run_dir, [*SLOW, "--stall-timeout", "6"], workers) as cluster:
+        _wait_for_steps(run_dir, 4)
+        cluster.procs["server0"].send_signal(signal.SIGKILL)
+        code = cluster.procs["scheduler"].wait(timeout=JOB_TIMEOUT_S)
+        worker_codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
+    assert code == 1 and worker_codes == [1, 1]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"].startswith("failed: no progress reported")
+    assert "no answer from server" in (run_dir / "logs" / "worker0.log").read_text()

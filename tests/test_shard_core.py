@@ -1,0 +1,416 @@
+"""server.shard.ShardCore driven directly, no sockets: updates, barriers, refusals, pulls, plans."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omnips import protocol
+from omnips.job import JobSpec
+from omnips.protocol import Ack, Error, Heartbeat, Init, Params, Plan, Pull, Push
+from server.shard import Outgoing, ShardCore
+
+PEERS = [b"w0", b"w1", b"w2"]
+SCHED = b"scheduler"
+
+
+def make_core(mode="bsp", n=6, num_trained=None, lo=0, num_workers=3, global_batch=32, lr=0.1,
+              momentum=0.9, weight_decay=0.01, nesterov=False, init=None, now=0.0):
+    job = JobSpec(mode=mode, num_workers=num_workers, global_batch=global_batch, lr=lr, momentum=momentum,
+                  weight_decay=weight_decay, nesterov=nesterov)
+    job.check()
+    core = ShardCore(job, lo, lo + n, lo + n if num_trained is None else num_trained)
+    if init is not None:
+        out = core.handle(PEERS[0], Init(rank=0, data=np.asarray(init, dtype=np.float32)), now)
+        assert out == [Outgoing(PEERS[0], Ack())]
+    return core
+
+
+def push(rank, step, data, batch=4, ver=None, gen=0):
+    return Push(rank=rank, step=step, ver=step if ver is None else ver, batch=batch, gen=gen,
+                data=np.asarray(data, dtype=np.float32))
+
+
+def snapshot(core: ShardCore) -> dict:
+    """Everything a refused message must leave alone."""
+    buf = getattr(core._opt, "buf", None)
+    return {
+        "values": core.values.copy(),
+        "version": core.version,
+        "initialized": core.initialized,
+        "pending": {r: (peer, p.step, p.batch, p.data.copy(), t) for r, (peer, p, t) in core._pending.items()},
+        "owner": dict(core._owner),
+        "last_step": dict(core._last_step),
+        "pulls": list(core._pulls),
+        "momentum": None if buf is None else buf.clone().numpy(),
+        "updates": core.updates,
+        "staleness": (core.staleness_sum, core.staleness_max),
+    }
+
+
+def assert_same_state(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for k in a:
+        if k == "pending":
+            assert a[k].keys() == b[k].keys()
+            for r in a[k]:
+                pa, pb = a[k][r], b[k][r]
+                assert pa[:3] == pb[:3] and pa[4] == pb[4]
+                np.testing.assert_array_equal(pa[3], pb[3])
+        elif isinstance(a[k], np.ndarray):
+            np.testing.assert_array_equal(a[k], b[k])
+        else:
+            assert a[k] == b[k], k
+
+
+def assert_refused(core, peer, msg, code, now=100.0):
+    before = snapshot(core)
+    out = core.handle(peer, msg, now)
+    assert len(out) == 1 and out[0].to == peer and isinstance(out[0].msg, Error), out
+    assert out[0].msg.code == code, out[0].msg
+    assert_same_state(before, snapshot(core))
+    round_trip(out)
+
+
+def round_trip(outs):
+    """Every reply is a valid wire message."""
+    for o in outs:
+        frames = [bytes(f) for f in protocol.encode(o.msg)]
+        assert type(protocol.decode(frames)) is type(o.msg)
+
+
+class SgdRef:
+    """torch.optim.SGD's rule in float64 numpy (dampening 0, weight decay added to the gradient)."""
+
+    def __init__(self, values, momentum, weight_decay, nesterov=False):
+        self.p = np.asarray(values, dtype=np.float64).copy()
+        self.mu, self.wd, self.nesterov = momentum, weight_decay, nesterov
+        self.buf = None
+
+    def step(self, grad, lr):
+        d = np.asarray(grad, dtype=np.float64) + self.wd * self.p
+        if self.mu:
+            self.buf = d.copy() if self.buf is None else self.mu * self.buf + d
+            d = d + self.mu * self.buf if self.nesterov else self.buf
+        self.p = self.p - lr * d
+
+
+# -- BSP ------------------------------------------------------------------------------
+
+
+@st.composite
+def bsp_case(draw):
+    n = draw(st.integers(1, 24))
+    lo = draw(st.integers(0, 5))
+    num_trained = lo + draw(st.integers(0, n))  # slots past num_trained are model buffers
+    batches = draw(st.lists(st.integers(1, 64), min_size=3, max_size=3))
+    steps = draw(st.integers(1, 3))
+    orders = [draw(st.permutations(range(3))) for _ in range(steps)]
+    momentum = draw(st.sampled_from([0.0, 0.5, 0.9]))
+    weight_decay = draw(st.sampled_from([0.0, 0.01, 0.1]))
+    nesterov = momentum > 0 and draw(st.booleans())
+    seed = draw(st.integers(0, 2**31))
+    return n, lo, num_trained, batches, orders, momentum, weight_decay, nesterov, seed
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=bsp_case())
+def test_bsp_update_is_weighted_mean_then_torch_sgd(case):
+    n, lo, num_trained, batches, orders, momentum, wd, nesterov, seed = case
+    rng = np.random.default_rng(seed)
+    x0 = rng.standard_normal(n).astype(np.float32)
+    lr = 0.1
+    core = make_core(n=n, lo=lo, num_trained=num_trained, global_batch=sum(batches), lr=lr, momentum=momentum,
+                     weight_decay=wd, nesterov=nesterov, init=x0)
+    t = num_trained - lo
+    ref = SgdRef(x0[:t], momentum, wd, nesterov)
+    now = 0.0
+    for step, order in enumerate(orders):
+        grads = rng.standard_normal((3, n)).astype(np.float32)
+        arrivals = {}
+        for k, rank in enumerate(order):
+            now += 0.125
+            arrivals[rank] = now
+            out = core.handle(PEERS[rank], push(rank, step, grads[rank], batch=batches[rank]), now)
+            if k < 2:
+                assert out == [] and core.version == step  # nothing before the last push
+        g = (np.asarray(batches, dtype=np.float64)[:, None] * grads.astype(np.float64)).sum(0) / sum(batches)
+        ref.step(g[:t], lr)
+        expected = np.concatenate([ref.p, g[t:]])  # buffers: the batch-weighted mean, no optimizer
+        # one reply per worker, in rank order, after the barrier
+        assert [o.to for o in out] == PEERS
+        assert core.version == step + 1
+        for rank, o in enumerate(out):
+            assert isinstance(o.msg, Params)
+            assert (o.msg.req, o.msg.version, o.msg.plan) == (step, step + 1, None)
+            assert o.msg.held_s == now - arrivals[rank]
+            np.testing.assert_allclose(o.msg.data, expected, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(core.values, expected, rtol=1e-6, atol=1e-6)
+        round_trip(out)
+    assert core.updates == len(orders)
+
+
+def test_bsp_matches_torch_sgd_on_one_parameter():
+    """The same numbers through torch.optim.SGD itself (not only the numpy rule)."""
+    rng = np.random.default_rng(7)
+    x0 = rng.standard_normal(10).astype(np.float32)
+    batches = [5, 7, 20]
+    core = make_core(n=10, global_batch=32, lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=True, init=x0)
+    p = torch.nn.Parameter(torch.from_numpy(x0.astype(np.float64)))
+    opt = torch.optim.SGD([p], lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=True)
+    for step in range(4):
+        grads = rng.standard_normal((3, 10)).astype(np.float32)
+        for rank in (2, 0, 1):
+            out = core.handle(PEERS[rank], push(rank, step, grads[rank], batch=batches[rank]), float(step))
+        p.grad = torch.from_numpy((np.array(batches, dtype=np.float64)[:, None] * grads).sum(0) / 32)
+        opt.step()
+        assert len(out) == 3
+        np.testing.assert_allclose(core.values, p.detach().numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_buffer_slots_take_the_weighted_mean_and_never_see_the_optimizer():
+    # shard [4, 12) of a model with 8 trained values: local slots 0..3 trained, 4..7 buffers
+    x0 = np.arange(8, dtype=np.float32)
+    core = make_core(n=8, lo=4, num_trained=8, global_batch=6, lr=0.5, momentum=0.9, weight_decay=0.5, init=x0)
+    batches = [1, 2, 3]
+    for step in range(3):
+        data = np.array([[10 * (r + 1) + step + i for i in range(8)] for r in range(3)], dtype=np.float32)
+        for r in range(3):
+            core.handle(PEERS[r], push(r, step, data[r], batch=batches[r]), 0.0)
+        mean = (np.array(batches)[:, None] * data).sum(0) / 6
+        np.testing.assert_allclose(core.values[4:], mean[4:], rtol=1e-6)
+    # the optimizer holds state for the trained slots only
+    assert core._opt.buf.numel() == 4
+    assert core._opt.param.numel() == 4
+
+
+def test_shard_of_buffers_only():
+    core = make_core(n=3, lo=10, num_trained=10, global_batch=4, init=[1, 2, 3])
+    for r, b in enumerate([1, 1, 2]):
+        out = core.handle(PEERS[r], push(r, 0, [r, r, r], batch=b), 0.0)
+    np.testing.assert_allclose(core.values, [1.25] * 3)  # (0*1 + 1*1 + 2*2) / 4
+    assert len(out) == 3
+
+
+def test_empty_shard_works():
+    core = make_core(n=0, init=[])
+    outs = []
+    for r in range(3):
+        outs = core.handle(PEERS[r], push(r, 0, []), 0.0)
+    assert [o.msg.version for o in outs] == [1, 1, 1]
+
+
+# -- refusals leave every piece of state as it was -------------------------------------
+
+
+@pytest.fixture
+def mid_barrier():
+    """BSP after one finished step, with worker 1's push for step 1 pending."""
+    core = make_core(n=4, global_batch=12, init=[1, 2, 3, 4])
+    for r in range(3):
+        core.handle(PEERS[r], push(r, 0, [0.5, -0.5, 1, 2]), 0.0)
+    assert core.version == 1
+    assert core.handle(PEERS[1], push(1, 1, [1, 1, 1, 1]), 1.0) == []
+    return core
+
+
+@pytest.mark.parametrize("peer, msg, code", [
+    (PEERS[2], push(2, 2, [1, 1, 1, 1], ver=1), "bad_step"),  # a step ahead
+    (PEERS[2], push(2, 0, [1, 1, 1, 1], ver=0), "bad_step"),  # a finished step
+    (PEERS[2], push(2, 1, [1, 1, 1, 1], ver=2), "bad_version"),  # computed on a version that does not exist
+    (PEERS[1], push(1, 1, [1, 1, 1, 1]), "duplicate"),
+    (b"w3", push(3, 1, [1, 1, 1, 1]), "bad_rank"),
+    (PEERS[2], push(7, 1, [1, 1, 1, 1]), "bad_rank"),
+    (PEERS[2], push(2, 1, [1, 1, 1]), "bad_length"),
+    (PEERS[2], push(2, 1, [1, 1, 1, 1, 1]), "bad_length"),
+    (PEERS[2], push(2, 1, []), "bad_length"),
+    (PEERS[2], push(2, 1, [1, np.nan, 1, 1]), "non_finite"),
+    (PEERS[2], push(2, 1, [1, 1, np.inf, 1]), "non_finite"),
+    (PEERS[2], push(2, 1, [-np.inf, 1, 1, 1]), "non_finite"),
+    (PEERS[2], push(2, 1, [3e38, 3e38, 1, 1]), "non_finite"),  # finite, but its square sum overflows
+    (b"intruder", push(0, 1, [1, 1, 1, 1]), "rank_taken"),  # rank 0 was bound by its init and pushes
+    (PEERS[2], push(1, 1, [1, 1, 1, 1]), "rank_taken"),  # rank 1 belongs to w1
+    (PEERS[2], Init(rank=2, data=np.zeros(4, np.float32)), "bad_rank"),
+    (PEERS[2], Init(rank=0, data=np.zeros(4, np.float32)), "already_initialized"),
+    (PEERS[0], Init(rank=0, data=np.zeros(4, np.float32)), "already_initialized"),
+    (SCHED, Pull(req=9, at=0), "version_passed"),
+    (PEERS[2], Heartbeat(), "bad_op"),
+    (PEERS[2], Ack(), "bad_op"),
+])
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_refusals_change_nothing(mid_barrier, peer, msg, code):
+    core = mid_barrier
+    assert_refused(core, peer, msg, code)
+    # and the barrier still completes as if the refused message never came
+    a = core.handle(PEERS[0], push(0, 1, [2, 2, 2, 2]), 2.0)
+    b = core.handle(PEERS[2], push(2, 1, [3, 3, 3, 3]), 3.0)
+    assert a == [] and [o.to for o in b] == PEERS and core.version == 2
+    assert [o.msg.held_s for o in b] == [1.0, 2.0, 0.0]
+
+
+def test_refused_push_does_not_bind_its_rank():
+    core = make_core(n=2, init=[0, 0])
+    assert_refused(core, b"evil", push(2, 0, [np.nan, 0]), "non_finite")
+    assert_refused(core, b"evil", push(2, 0, [0]), "bad_length")
+    assert core.handle(PEERS[2], push(2, 0, [1, 1]), 0.0) == []  # the real worker 2 is still welcome
+    assert_refused(core, b"evil", push(2, 0, [1, 1]), "rank_taken")
+
+
+def test_push_before_init_is_refused():
+    core = make_core(n=3)
+    assert_refused(core, PEERS[1], push(1, 0, [1, 2, 3]), "not_ready")
+    assert not core.initialized and core.version == 0
+
+
+@pytest.mark.parametrize("msg, code", [
+    (Init(rank=1, data=np.zeros(3, np.float32)), "bad_rank"),
+    (Init(rank=-1, data=np.zeros(3, np.float32)), "bad_rank"),
+    (Init(rank=0, data=np.zeros(2, np.float32)), "bad_length"),
+    (Init(rank=0, data=np.array([0, np.nan, 0], np.float32)), "non_finite"),
+    (Init(rank=0, data=np.array([0, np.inf, 0], np.float32)), "non_finite"),
+])
+def test_bad_init_is_refused(msg, code):
+    core = make_core(n=3)
+    core.handle(SCHED, Pull(req=1), 0.0)  # a waiting pull must stay waiting
+    assert_refused(core, PEERS[0], msg, code)
+    out = core.handle(PEERS[0], Init(rank=0, data=np.ones(3, np.float32)), 1.0)
+    assert [o.to for o in out] == [PEERS[0], SCHED]
+
+
+# -- ASP --------------------------------------------------------------------------------
+
+
+def test_asp_scales_lr_by_batch_and_records_staleness():
+    x0 = np.array([1, -2, 3, 0.5, 7, 8], dtype=np.float32)  # 4 trained slots, 2 buffer slots
+    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=0.1, momentum=0.9, weight_decay=0.01,
+                     init=x0)
+    ref = SgdRef(x0[:4], 0.9, 0.01)
+    b_ref = 24 / 3
+    rng = np.random.default_rng(3)
+    # (rank, step, ver, batch): pushes that arrive in this order, computed on older versions
+    plan = [(0, 0, 0, 4), (1, 0, 0, 8), (2, 0, 0, 16), (0, 1, 1, 4), (2, 1, 3, 12), (1, 1, 2, 3)]
+    stale = []
+    for rank, step, ver, batch in plan:
+        g = rng.standard_normal(6).astype(np.float32)
+        version = core.version
+        out = core.handle(PEERS[rank], push(rank, step, g, batch=batch, ver=ver), 5.0)
+        stale.append(version - ver)
+        ref.step(g[:4].astype(np.float64), 0.1 * batch / b_ref)
+        assert len(out) == 1 and out[0].to == PEERS[rank]
+        reply = out[0].msg
+        assert isinstance(reply, Params)
+        assert (reply.req, reply.version, reply.held_s, reply.plan) == (step, version + 1, 0.0, None)
+        np.testing.assert_allclose(reply.data[:4], ref.p, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(reply.data[4:], g[4:])  # buffers: the latest pushed values
+        round_trip(out)
+    assert stale == [0, 1, 2, 2, 1, 3]
+    assert core.staleness_sum == sum(stale) and core.staleness_max == 3
+    assert core.updates == len(plan) and core.version == len(plan)
+
+
+def test_asp_refusals():
+    core = make_core(mode="asp", n=2, init=[0, 0], global_batch=6)
+    core.handle(PEERS[0], push(0, 0, [1, 1]), 0.0)
+    core.handle(PEERS[0], push(0, 1, [1, 1], ver=1), 0.0)
+    assert_refused(core, PEERS[0], push(0, 1, [1, 1], ver=1), "duplicate")
+    assert_refused(core, PEERS[0], push(0, 0, [1, 1], ver=0), "duplicate")  # an older step
+    assert_refused(core, PEERS[1], push(1, 0, [1, 1], ver=3), "bad_version")
+    assert_refused(core, PEERS[1], push(1, 0, [1, np.nan]), "non_finite")
+    assert_refused(core, b"other", push(0, 2, [1, 1], ver=2), "rank_taken")
+    assert_refused(core, PEERS[1], push(3, 0, [1, 1]), "bad_rank")
+    out = core.handle(PEERS[0], push(0, 5, [1, 1], ver=2), 0.0)  # a later step is fine (steps may skip)
+    assert out[0].msg.version == 3
+
+
+# -- pulls ----------------------------------------------------------------------------
+
+
+def test_pull_before_init_is_answered_at_init():
+    core = make_core(n=3)
+    assert core.handle(SCHED, Pull(req=5), 1.0) == []
+    assert core.handle(b"w1", Pull(req=6, at=0), 1.5) == []
+    assert core.handle(b"w2", Pull(req=7, at=1), 2.0) == []
+    out = core.handle(PEERS[0], Init(rank=0, data=np.array([1, 2, 3], np.float32)), 3.5)
+    assert out[0] == Outgoing(PEERS[0], Ack())
+    replies = [(o.to, o.msg.req, o.msg.version, o.msg.held_s, o.msg.plan, o.msg.data.tolist()) for o in out[1:]]
+    assert replies == [(SCHED, 5, 0, 2.5, None, [1, 2, 3]), (b"w1", 6, 0, 2.0, None, [1, 2, 3])]
+    assert len(core._pulls) == 1  # the pull at version 1 still waits
+
+
+def test_pull_at_a_future_version_is_answered_exactly_then():
+    core = make_core(n=2, init=[0, 0], global_batch=3, lr=1.0, momentum=0.0, weight_decay=0.0)
+    assert core.handle(SCHED, Pull(req=1, at=2), 10.0) == []
+    assert core.handle(SCHED, Pull(req=2, at=1), 10.5) == []
+    for step in range(3):
+        outs = []
+        for r in range(3):
+            outs += core.handle(PEERS[r], push(r, step, [1, 2], batch=1), 11.0 + step)
+        pulls = [o for o in outs if o.to == SCHED]
+        if step == 0:
+            assert [(o.msg.req, o.msg.version, o.msg.held_s) for o in pulls] == [(2, 1, 0.5)]
+            assert pulls[0].msg.data.tolist() == [-1, -2]
+        elif step == 1:
+            assert [(o.msg.req, o.msg.version, o.msg.held_s) for o in pulls] == [(1, 2, 2.0)]
+            assert pulls[0].msg.data.tolist() == [-2, -4]
+        else:
+            assert pulls == []
+        assert len(outs) == 3 + len(pulls)
+    assert core._pulls == []
+
+
+def test_pull_now_and_at_the_current_version():
+    core = make_core(n=2, init=[4, 5])
+    for msg in (Pull(req=3), Pull(req=4, at=0)):
+        out = core.handle(SCHED, msg, 1.0)
+        assert len(out) == 1 and out[0].to == SCHED
+        assert (out[0].msg.req, out[0].msg.version, out[0].msg.held_s, out[0].msg.plan) == (msg.req, 0, 0.0, None)
+        assert out[0].msg.data.tolist() == [4, 5]
+
+
+def test_pull_at_a_passed_version_is_refused():
+    core = make_core(n=2, init=[0, 0])
+    for r in range(3):
+        core.handle(PEERS[r], push(r, 0, [1, 1]), 0.0)
+    assert core.version == 1
+    assert_refused(core, SCHED, Pull(req=1, at=0), "version_passed")
+
+
+def test_asp_pull_at_a_future_version_is_answered():
+    core = make_core(mode="asp", n=2, init=[0, 0], global_batch=6)
+    assert core.handle(SCHED, Pull(req=1, at=2), 0.0) == []
+    core.handle(PEERS[0], push(0, 0, [1, 1]), 1.0)
+    out = core.handle(PEERS[1], push(1, 0, [1, 1]), 2.0)
+    assert core.version == 2
+    assert [(o.to, o.msg.req, o.msg.version) for o in out if o.to == SCHED] == [(SCHED, 1, 2)]
+
+
+# -- batch plans ride on push replies -------------------------------------------------
+
+
+def test_plan_attached_only_for_older_generations_bsp():
+    core = make_core(n=2, init=[0, 0])
+    core.set_plan(Plan(gen=2, batches=[10, 10, 12]))
+    core.set_plan(Plan(gen=1, batches=[1, 1, 30]))  # older: ignored
+    out = []
+    for r, gen in enumerate([2, 1, 0]):
+        out += core.handle(PEERS[r], push(r, 0, [1, 1], gen=gen), 0.0)
+    plan = {"gen": 2, "batches": [10, 10, 12], "stop": False}
+    assert [o.msg.plan for o in out] == [None, plan, plan]
+    round_trip(out)
+    core.set_plan(Plan(gen=3, batches=[8, 12, 12], stop=True))
+    out = []
+    for r in range(3):
+        out += core.handle(PEERS[r], push(r, 1, [1, 1], gen=2), 0.0)
+    assert [o.msg.plan for o in out] == [{"gen": 3, "batches": [8, 12, 12], "stop": True}] * 3
+    # pulls never carry a plan
+    assert core.handle(SCHED, Pull(req=1), 0.0)[0].msg.plan is None
+
+
+def test_plan_attached_only_for_older_generations_asp():
+    core = make_core(mode="asp", n=2, init=[0, 0], global_batch=6)
+    assert core.handle(PEERS[0], push(0, 0, [1, 1], gen=0), 0.0)[0].msg.plan is None  # no plan yet
+    core.set_plan(Plan(gen=1, batches=[1, 2, 3]))
+    assert core.handle(PEERS[0], push(0, 1, [1, 1], ver=1, gen=0), 0.0)[0].msg.plan == \
+        {"gen": 1, "batches": [1, 2, 3], "stop": False}
+    assert core.handle(PEERS[1], push(1, 0, [1, 1], ver=2, gen=1), 0.0)[0].msg.plan is None
