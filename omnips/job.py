@@ -83,8 +83,11 @@ class JobSpec:
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown job settings: {sorted(unknown)}")
-        spec = cls(**d)
-        spec.check()
+        try:
+            spec = cls(**d)
+            spec.check()
+        except TypeError as exc:  # a setting of the wrong type, e.g. from a damaged config
+            raise ValueError(f"bad job settings: {exc}") from None
         return spec
 
 

@@ -41,6 +41,14 @@ class SchedulerLink:
             raise LinkError(f"expected welcome from the scheduler, got {msg.OP}")
         return msg
 
+    @staticmethod
+    def cluster_fields(welcome: Welcome, **types) -> dict:
+        """welcome.cluster checked to hold each named field with its type."""
+        for key, tp in types.items():
+            if not protocol.type_ok(welcome.cluster.get(key), tp):
+                raise LinkError(f"malformed welcome from the scheduler: {key!r} is not {tp.__name__}")
+        return welcome.cluster
+
     def _next(self, timeout_s: float, what: str) -> protocol.Message:
         """The next message that is not a heartbeat, or LinkError after `timeout_s`."""
         deadline = self.clock() + timeout_s

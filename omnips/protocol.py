@@ -186,9 +186,9 @@ def _non_negative(msg, *names):
             raise ValueError(f"{name} must be >= 0, not {getattr(msg, name)}")
 
 
-def _type_ok(value, tp) -> bool:
+def type_ok(value, tp) -> bool:
     if isinstance(tp, types.UnionType):
-        return any(_type_ok(value, arg) for arg in tp.__args__)
+        return any(type_ok(value, arg) for arg in tp.__args__)
     if tp is type(None):
         return value is None
     if tp is float:
@@ -234,7 +234,7 @@ def decode(frames: list) -> Message:
         raise ProtocolError("bad_header", f"header is not msgpack: {exc}") from None
     if not isinstance(header, dict):
         raise ProtocolError("bad_header", f"header must be a map, not {type(header).__name__}")
-    if not _type_ok(header.get("v"), int) or header["v"] != VERSION:
+    if not type_ok(header.get("v"), int) or header["v"] != VERSION:
         raise ProtocolError("version", f"protocol version {header.get('v')!r}, this process speaks {VERSION}")
     op = header.get("op")
     cls = OPS.get(op) if isinstance(op, str) else None
@@ -253,7 +253,7 @@ def decode(frames: list) -> Message:
                 continue
             raise ProtocolError("bad_field", f"{cls.OP} lacks field {f.name!r}")
         value = header[f.name]
-        if not _type_ok(value, f.type):
+        if not type_ok(value, f.type):
             raise ProtocolError("bad_field", f"{cls.OP}.{f.name} has type {type(value).__name__}, expected {f.type}")
         kwargs[f.name] = value
     msg = cls(**kwargs)
@@ -268,7 +268,7 @@ def _decode_data(header: dict, buf: memoryview) -> np.ndarray:
     if header.get("dt") != DTYPE:
         raise ProtocolError("bad_dtype", f"data dtype {header.get('dt')!r}, expected {DTYPE!r}")
     n = header.get("len")
-    if not _type_ok(n, int) or n < 0:
+    if not type_ok(n, int) or n < 0:
         raise ProtocolError("bad_field", f"data length {n!r} is not a count")
     if buf.nbytes != n * _NP_DTYPE.itemsize:
         raise ProtocolError("bad_length", f"data frame has {buf.nbytes} bytes, header says {n} float32")

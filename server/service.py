@@ -37,11 +37,12 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
         welcome = link.register(Register(role="server", host=pysocket.gethostname(), endpoint=endpoint,
                                          pid=os.getpid()), ack_timeout_s, welcome_timeout_s)
         job = JobSpec.from_dict(welcome.job)
-        lo, hi = welcome.cluster["range"]
-        link.dead_after_s = welcome.cluster["dead_after_s"]
-        core = ShardCore(job, lo, hi, welcome.cluster["num_trained"])
+        cluster = link.cluster_fields(welcome, range=list, dead_after_s=float, num_trained=int, num_params=int)
+        lo, hi = cluster["range"]
+        link.dead_after_s = cluster["dead_after_s"]
+        core = ShardCore(job, lo, hi, cluster["num_trained"])
         log.info("server %d serves [%d, %d) of %d values on %s (%s)", welcome.rank, lo, hi,
-                 welcome.cluster["num_params"], endpoint, job.mode)
+                 cluster["num_params"], endpoint, job.mode)
         return _loop(router, link, core)
     finally:
         ctx.destroy(linger=transport.LINGER_MS)

@@ -61,3 +61,58 @@ def test_bsp_equals_single_process_training(run_job):
     for k in want:
         assert not torch.equal(want[k], models.build("mlp", {}, train, seed=7).state_dict()[k])  # it trained
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5)
+
+
+USER_CODE = '''
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+
+class Blobs(Dataset):
+    """Not a TensorDataset: exercises the generic collate path."""
+
+    def __init__(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.y = torch.randint(0, 3, (n,), generator=g)
+        self.x = torch.randn(n, 2, 4, 4, generator=g) * 0.3 + self.y.view(-1, 1, 1, 1).float()
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def load(n=300):
+    return Blobs(n, 0), Blobs(90, 1)
+
+
+def net(width=8):
+    return nn.Sequential(nn.Conv2d(2, width, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(width * 16, 3))
+'''
+
+
+def test_user_model_and_dataset_factories(run_job, tmp_path):
+    (tmp_path / "userjob").mkdir()
+    (tmp_path / "userjob" / "__init__.py").write_text("")
+    (tmp_path / "userjob" / "parts.py").write_text(USER_CODE)
+    args = ["--model", "userjob.parts:net", "--model-args", '{"width": 6}', "--dataset", "userjob.parts:load",
+            "--dataset-args", '{"n": 240}', "--epochs", "3", "--global-batch", "24", "--lr", "0.05"]
+    run = run_job(args, env={"PYTHONPATH": str(tmp_path)})
+    s = run.summary
+    assert s["num_params"] == 6 * 2 * 9 + 6 + 6 * 16 * 3 + 3
+    assert s["samples"] == 30 * 24 and s["final_test_accuracy"] >= 0.9
+
+
+def test_console_scripts_point_at_the_roles():
+    from importlib.metadata import entry_points
+
+    import scheduler.__main__
+    import server.__main__
+    import worker.__main__
+    from omnips import cli
+
+    scripts = {e.name: e.load() for e in entry_points(group="console_scripts") if e.name.startswith("omnips")}
+    assert scripts == {"omnips": cli.main, "omnips-scheduler": scheduler.__main__.main,
+                       "omnips-server": server.__main__.main, "omnips-worker": worker.__main__.main}

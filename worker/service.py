@@ -51,7 +51,8 @@ def run(opts: WorkerOptions) -> int:
             Register(role="worker", host=pysocket.gethostname(), capacity=opts.capacity, device=str(device),
                      threads=torch.get_num_threads(), pid=os.getpid(), rank=opts.rank),
             opts.ack_timeout_s, opts.welcome_timeout_s)
-        cluster = welcome.cluster
+        cluster = link.cluster_fields(welcome, servers=list, ranges=list, num_params=int, total_steps=int,
+                                      plan=dict, dead_after_s=float)
         job = JobSpec.from_dict(welcome.job)
         link.dead_after_s = cluster["dead_after_s"]
         session = _Session(job, welcome.rank, cluster, device, opts, link)
