@@ -16,15 +16,24 @@ def parse(argv):
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one")
     p.add_argument("--advertise", default=None, help="host name workers use to reach this server")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads for the optimizer update (default 1: it is memory-bound, and a "
+                        "second thread competes with ZeroMQ's I/O thread and with workers on the same host)")
     p.add_argument("--ack-timeout", type=float, default=10.0, help="seconds to wait for the scheduler to answer")
     p.add_argument("--welcome-timeout", type=float, default=300.0, help="seconds to wait for the cluster to form")
     p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.threads < 1:
+        p.error("--threads must be >= 1")
+    return args
 
 
 def main(argv=None) -> int:
     args = parse(argv)
     logs.setup("server", args.log_level)
+    import torch
+
+    torch.set_num_threads(args.threads)
     transport.tune_malloc()
     try:
         return serve(args.scheduler, args.host, args.port, args.advertise, args.ack_timeout, args.welcome_timeout)
