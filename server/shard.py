@@ -133,12 +133,15 @@ class ShardCore:
     # -- updates -----------------------------------------------------------------
     def _apply_bsp(self, now):
         pushes = [self._pending[r] for r in sorted(self._pending)]
-        total = sum(p.batch for _, p, _ in pushes)
-        np.multiply(pushes[0][1].data, pushes[0][1].batch / total, out=self._agg)
-        agg = torch.from_numpy(self._agg)
-        for _, p, _ in pushes[1:]:
-            agg.add_(torch.from_numpy(p.data), alpha=p.batch / total)
-        self._step(self._agg, self.job.lr)
+        if len(pushes) == 1:  # weight 1: step on the pushed values, saving a pass over the shard
+            self._step(pushes[0][1].data, self.job.lr)
+        else:
+            total = sum(p.batch for _, p, _ in pushes)
+            np.multiply(pushes[0][1].data, pushes[0][1].batch / total, out=self._agg)
+            agg = torch.from_numpy(self._agg)
+            for _, p, _ in pushes[1:]:
+                agg.add_(torch.from_numpy(p.data), alpha=p.batch / total)
+            self._step(self._agg, self.job.lr)
         self.version += 1
         self.updates += 1
         self._pending.clear()
