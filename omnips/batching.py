@@ -32,35 +32,105 @@ class BatchPlan:
         return cls(gen, tuple(batches), stop)
 
 
-def largest_remainder(weights, total: int, minimum: int = 0) -> list[int]:
-    """Integers proportional to `weights`, each >= `minimum`, that sum to `total` exactly.
+def initial_batches(batching: str, global_batch: int, capacities, lo: int = 1, hi: int | None = None) -> list[int]:
+    """The starting split: equal (`uniform`), else in proportion to declared capacity
+    (`static`, and the start of `dynamic`), within [lo, hi], summing to `global_batch`."""
+    weights = [1.0] * len(capacities) if batching == "uniform" else [float(c) for c in capacities]
+    if not all(w > 0 and np.isfinite(w) for w in weights):
+        raise ValueError(f"capacities must be finite and > 0: {list(capacities)}")
+    hi = global_batch if hi is None else hi
+    real = equal_time([(0.0, 1.0 / w) for w in weights], global_batch, lo, hi)
+    return integerize(real, global_batch, lo, hi)
 
-    Shares that would fall below `minimum` are pinned there and the rest is split
-    again among the others (water-filling); the real-valued shares are then rounded
-    by largest remainder (ties to the lower index), so none is off by one or more.
-    """
-    w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 1 or len(w) == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-        raise ValueError(f"weights must be finite, >= 0 and not all zero: {weights!r}")
-    if minimum * len(w) > total:
-        raise ValueError(f"{total} cannot give {len(w)} shares at least {minimum} each")
-    pinned = np.zeros(len(w), dtype=bool)
-    while True:
+
+# -- the OmniLearn controller ---------------------------------------------------------
+#
+# Every worker's compute time per step is modelled as a line in its batch size,
+# t_i(b) = a_i + c_i*b (a_i = 0 is the paper's proportional rule: throughput
+# x_i = b_i / t_i stays constant). The plan gives every worker the batch that
+# takes the same time T, with the batches summing to the global batch:
+#     sum_i (T - a_i) / c_i = B  =>  T = (B + sum a_i/c_i) / sum 1/c_i.
+# Bounds are met by water-filling: a worker whose batch falls outside its bounds
+# is pinned there and T is solved again for the others.
+
+CONTROLLERS = ("affine", "proportional")
+
+
+@dataclass(frozen=True)
+class Decision:
+    batches: tuple[int, ...] | None  # None: every change would be inside the deadband
+    targets: tuple[float, ...]  # the real-valued equal-time plan
+    predicted_s: float  # the slowest worker's predicted step time under `batches` (or the current ones)
+
+
+def equal_time(lines, total: int, lo, hi) -> np.ndarray:
+    """Real batches b_i in [lo_i, hi_i], sum = total, equal a_i + c_i*b_i for the unpinned."""
+    a = np.array([ln[0] for ln in lines], dtype=np.float64)
+    c = np.array([ln[1] for ln in lines], dtype=np.float64)
+    lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), a.shape)
+    hi = np.broadcast_to(np.asarray(hi, dtype=np.float64), a.shape)
+    if np.any(c <= 0) or not np.all(np.isfinite(a)) or not np.all(np.isfinite(c)):
+        raise ValueError("every time model needs a finite slope c > 0")
+    if lo.sum() > total or hi.sum() < total or np.any(lo > hi):
+        raise ValueError(f"bounds cannot sum to {total}: lows sum to {lo.sum():g}, highs to {hi.sum():g}")
+    pinned = np.zeros(len(a), dtype=bool)
+    b = np.empty(len(a))
+    for _ in range(2 * len(a) + 2):
         free = ~pinned
-        exact = np.full(len(w), float(minimum))
-        if w[free].sum() > 0:
-            exact[free] = w[free] / w[free].sum() * (total - minimum * pinned.sum())
-        low = free & (exact < minimum)
-        if not low.any():
-            break
-        pinned |= low
-    out = np.floor(exact + 1e-9).astype(np.int64)
-    order = np.argsort(-(exact - out), kind="stable")
-    out[order[:total - int(out.sum())]] += 1
+        if free.any():
+            t = (total - b[pinned].sum() + (a[free] / c[free]).sum()) / (1.0 / c[free]).sum()
+            b[free] = (t - a[free]) / c[free]
+        low, high = free & (b < lo), free & (b > hi)
+        if not low.any() and not high.any():
+            # a pinned worker that the current T would put inside its bounds is freed again
+            want = (t - a) / c if free.any() else b
+            loose = pinned & (want > lo) & (want < hi)
+            if not loose.any():
+                return b
+            pinned &= ~loose
+            continue
+        # pin one side at a time: the side whose worst violation is larger
+        over_low = np.where(low, (lo - b) / np.maximum(lo, 1e-12), 0).max()
+        over_high = np.where(high, (b - hi) / np.maximum(hi, 1e-12), 0).max()
+        side = low if over_low >= over_high else high
+        b[side] = np.where(low, lo, hi)[side]
+        pinned |= side
+    raise RuntimeError("water-filling did not settle")  # unreachable for feasible bounds
+
+
+def integerize(real, total: int, lo, hi) -> list[int]:
+    """Round to integers in [lo_i, hi_i] summing to `total` by largest remainder."""
+    real = np.asarray(real, dtype=np.float64)
+    lo = np.broadcast_to(np.asarray(lo, dtype=np.int64), real.shape)
+    hi = np.broadcast_to(np.asarray(hi, dtype=np.int64), real.shape)
+    out = np.clip(np.floor(real + 1e-9).astype(np.int64), lo, hi)
+    spare = total - int(out.sum())
+    rem = real - out
+    order = np.argsort(-rem, kind="stable")
+    step = 1 if spare > 0 else -1
+    while spare != 0:
+        room = (out < hi) if step > 0 else (out > lo)
+        moved = False
+        for i in (order if step > 0 else order[::-1]):
+            if spare == 0:
+                break
+            if room[i]:
+                out[i] += step
+                spare -= step
+                moved = True
+        if not moved:
+            raise ValueError(f"no integer split of {total} within the bounds")
     return [int(x) for x in out]
 
 
-def initial_batches(batching: str, global_batch: int, capacities) -> list[int]:
-    """The starting split: equal (`uniform`) or in proportion to declared capacity."""
-    weights = [1.0] * len(capacities) if batching == "uniform" else list(capacities)
-    return largest_remainder(weights, global_batch, minimum=1)
+def decide(batches, lines, total: int, lo, hi, deadband: float) -> Decision:
+    """The next batch vector from each worker's time model (a_i, c_i), or none when
+    every worker's change would be smaller than `deadband` (relative)."""
+    targets = equal_time(lines, total, lo, hi)
+    current = np.asarray(batches, dtype=np.float64)
+    a = np.array([ln[0] for ln in lines])
+    c = np.array([ln[1] for ln in lines])
+    if np.all(np.abs(targets - current) / current < deadband):
+        return Decision(None, tuple(targets), float((a + c * current).max()))
+    new = integerize(targets, total, lo, hi)
+    return Decision(tuple(new), tuple(targets), float((a + c * np.asarray(new)).max()))

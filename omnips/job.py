@@ -8,9 +8,11 @@ consistent by hand across command lines. `config.json` in the run directory is
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-MODES = ("bsp", "asp")
+MODES = ("bsp", "asp", "ssp")
 OPTIMIZERS = ("sgd", "adam")
 BATCHINGS = ("uniform", "static", "dynamic")
+CONTROLLERS = ("affine", "proportional")
+STALENESS_LR = ("none", "inverse")
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,13 @@ class JobSpec:
     epochs: float = 10.0
     max_steps: int | None = None
     batching: str = "uniform"
+    controller: str = "affine"
+    adjust_every: int = 10
+    deadband: float = 0.05
+    min_batch: int = 1
+    max_batch: int | None = None
+    staleness: int = 3  # ssp: how many steps a worker may run ahead of the slowest
+    staleness_lr: str = "none"
     seed: int = 0
 
     def check(self) -> None:
@@ -38,15 +47,30 @@ class JobSpec:
         _one_of("mode", self.mode, MODES)
         _one_of("optimizer", self.optimizer, OPTIMIZERS)
         _one_of("batching", self.batching, BATCHINGS)
-        if self.batching == "dynamic":
-            raise ValueError("--batching dynamic (the OmniLearn controller) is not available yet; "
-                             "use uniform or static")
+        _one_of("controller", self.controller, CONTROLLERS)
+        _one_of("staleness-lr", self.staleness_lr, STALENESS_LR)
+        if self.adjust_every < 2:
+            raise ValueError(f"--adjust-every must be >= 2 (the first step after a change is not measured), "
+                             f"not {self.adjust_every}")
+        if not 0 <= self.deadband < 1:
+            raise ValueError(f"--deadband must be in [0, 1), not {self.deadband}")
+        if self.min_batch < 1:
+            raise ValueError(f"--min-batch must be >= 1, not {self.min_batch}")
+        if self.min_batch * self.num_workers > self.global_batch:
+            raise ValueError(f"--min-batch {self.min_batch} x {self.num_workers} workers exceeds "
+                             f"--global-batch {self.global_batch}")
+        if self.max_batch is not None and (self.max_batch < self.min_batch
+                                           or self.max_batch * self.num_workers < self.global_batch):
+            raise ValueError(f"--max-batch {self.max_batch} must be >= --min-batch and let "
+                             f"{self.num_workers} workers hold --global-batch {self.global_batch}")
+        if self.staleness < 0:
+            raise ValueError(f"--staleness must be >= 0, not {self.staleness}")
         if self.num_servers < 1 or self.num_workers < 1:
             raise ValueError("--num-servers and --num-workers must be >= 1")
         if self.global_batch < self.num_workers:
             raise ValueError(f"--global-batch {self.global_batch} is smaller than --num-workers "
                              f"{self.num_workers}: every worker needs at least one sample per step")
-        for name in ("lr", "momentum", "weight_decay", "epochs"):
+        for name in ("lr", "momentum", "weight_decay", "epochs", "deadband"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number, not {getattr(self, name)}")
         if self.seed < 0:
@@ -63,6 +87,11 @@ class JobSpec:
             raise ValueError(f"--max-steps must be >= 1, not {self.max_steps}")
         if self.max_steps is None and not self.epochs > 0:
             raise ValueError(f"--epochs must be > 0, not {self.epochs}")
+
+    @property
+    def batch_bounds(self) -> tuple[int, int]:
+        """[min, max] per-worker batch the job allows."""
+        return self.min_batch, self.max_batch or self.global_batch - (self.num_workers - 1) * self.min_batch
 
     def sample_budget(self, train_size: int) -> int:
         """Samples the job trains on: max_steps global batches, else `epochs` passes."""

@@ -81,10 +81,11 @@ class Report(Message):
     wait_s: float
     loss: float
     staleness: int = 0  # ASP: server versions between this step's pull and its update
+    mem_batch: int = 0  # the most samples this worker can hold in one pass; 0: no known limit
     done: bool = False
 
     def check(self):
-        _non_negative(self, "rank", "step", "batch", "compute_s", "network_s", "wait_s", "staleness")
+        _non_negative(self, "rank", "step", "batch", "compute_s", "network_s", "wait_s", "staleness", "mem_batch")
 
 
 @dataclass(frozen=True)

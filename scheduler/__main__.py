@@ -7,7 +7,7 @@ import sys
 
 from omnips import logs
 from omnips.data import FactoryError
-from omnips.job import BATCHINGS, MODES, OPTIMIZERS, JobSpec
+from omnips.job import BATCHINGS, CONTROLLERS, MODES, OPTIMIZERS, STALENESS_LR, JobSpec
 
 from .service import Scheduler, SchedulerOptions
 
@@ -25,7 +25,12 @@ def _json_object(text: str) -> dict:
 def parser() -> argparse.ArgumentParser:
     d = JobSpec()
     p = argparse.ArgumentParser(prog="omnips-scheduler", description=__doc__)
-    p.add_argument("--mode", choices=MODES, default=d.mode, help="bsp: synchronous; asp: asynchronous")
+    p.add_argument("--mode", choices=MODES, default=d.mode,
+                   help="bsp: synchronous; asp: asynchronous; ssp: asynchronous within --staleness steps")
+    p.add_argument("--staleness", type=int, default=d.staleness,
+                   help="ssp: how many steps a worker may run ahead of the slowest")
+    p.add_argument("--staleness-lr", choices=STALENESS_LR, default=d.staleness_lr,
+                   help="asp/ssp: 'inverse' divides an update's learning rate by 1 + its staleness")
     p.add_argument("--num-servers", type=int, default=d.num_servers)
     p.add_argument("--num-workers", type=int, default=d.num_workers)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
@@ -44,6 +49,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many global batches")
     p.add_argument("--batching", choices=BATCHINGS, default=d.batching,
                    help="uniform: equal batches; static: by declared capacity; dynamic: the controller")
+    p.add_argument("--controller", choices=CONTROLLERS, default=d.controller,
+                   help="dynamic batching: affine (fits t = a + c*b per worker) or proportional (the paper's rule)")
+    p.add_argument("--adjust-every", type=int, default=d.adjust_every,
+                   help="dynamic batching: steps measured per worker between adjustments")
+    p.add_argument("--deadband", type=float, default=d.deadband,
+                   help="dynamic batching: relative batch change below which nothing changes")
+    p.add_argument("--min-batch", type=int, default=d.min_batch, help="smallest per-worker batch")
+    p.add_argument("--max-batch", type=int, default=d.max_batch, help="largest per-worker batch (default: no limit)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--run-dir", default="runs/latest", help="where config.json, metrics.jsonl, summary.json go")
     p.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
@@ -63,7 +76,9 @@ def main(argv=None) -> int:
                       model_args=a.model_args, dataset=a.dataset, dataset_args=a.dataset_args,
                       optimizer=a.optimizer, lr=a.lr, momentum=a.momentum, nesterov=a.nesterov,
                       weight_decay=a.weight_decay, global_batch=a.global_batch, epochs=a.epochs,
-                      max_steps=a.max_steps, batching=a.batching, seed=a.seed)
+                      max_steps=a.max_steps, batching=a.batching, controller=a.controller,
+                      adjust_every=a.adjust_every, deadband=a.deadband, min_batch=a.min_batch,
+                      max_batch=a.max_batch, staleness=a.staleness, staleness_lr=a.staleness_lr, seed=a.seed)
         job.check()
     except ValueError as exc:
         p.error(str(exc))

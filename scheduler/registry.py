@@ -75,7 +75,7 @@ class Registry:
         self.workers = sorted(ranked, key=lambda m: m.rank)
         self.by_peer.update({m.peer: m for m in self.workers})
         batches = initial_batches(self.job.batching, self.job.global_batch,
-                                  [m.info.capacity for m in self.workers])
+                                  [m.info.capacity for m in self.workers], *self.job.batch_bounds)
         self.plan = BatchPlan(0, tuple(batches))
         return [(m.peer, self._worker_welcome(m)) for m in self.workers]
 

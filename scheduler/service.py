@@ -22,6 +22,7 @@ from omnips.metrics import RunDir
 from omnips.protocol import Heartbeat, Params, Plan, ProtocolError, Register, Report, Shutdown
 from omnips.servers import ServerError, ServerGroup
 
+from .control import BatchControl
 from .evaluation import EvalBook, PendingEval
 from .progress import EvalPoint, Progress
 from .registry import Registry
@@ -60,6 +61,7 @@ class Scheduler:
         self.evals = EvalBook(job.num_servers)
         self.final: tuple[float, float] | None = None
         self.servers: ServerGroup | None = None
+        self.control: BatchControl | None = None
         self._plan_logged = False
         self._done_at: float | None = None
         self._complete_at = 0.0
@@ -168,7 +170,9 @@ class Scheduler:
             for worker in self.registry.workers:  # ranks are final only now
                 self._membership(worker)
             plan = self.registry.plan
-            self.run.event("assign", gen=plan.gen, batches=list(plan.batches), step=0)
+            if self.job.batching == "dynamic":
+                self.control = BatchControl(self.job, plan)
+            self.run.event("assign", gen=plan.gen, batches=list(plan.batches), step=0, reason="start")
             log.info("cluster complete; batches %s", list(plan.batches))
 
     def _membership(self, m) -> None:
@@ -202,14 +206,44 @@ class Scheduler:
                 self._ask_eval(EvalPoint(self.progress.samples / self.progress.train_size, None), final=True)
             return
         self.run.event("step", worker=r.rank, step=r.step, batch=r.batch, epoch=self.progress.epochs,
-                       compute_s=r.compute_s,
-                       network_s=r.network_s, wait_s=r.wait_s, loss=r.loss, staleness=r.staleness)
+                       compute_s=r.compute_s, network_s=r.network_s, wait_s=r.wait_s, loss=r.loss,
+                       staleness=r.staleness, mem_batch=r.mem_batch)
         if self.job.mode != "bsp" and self.progress.budget_reached and not self.registry.plan.stop:
             plan = self.registry.plan
-            self.registry.plan = BatchPlan(plan.gen + 1, plan.batches, stop=True)
-            transport.reply(self.router, self.registry.servers[0].peer,
-                            Plan(gen=plan.gen + 1, batches=list(plan.batches), stop=True))
+            self._send_plan(BatchPlan(plan.gen + 1, plan.batches, stop=True))
             log.info("sample budget reached: asking workers to stop")
+        elif self.control is not None and not self.registry.plan.stop:
+            self._control(r)
+
+    def _control(self, r: Report) -> None:
+        self.control.on_step(r.rank, r.batch, r.compute_s)
+        adjustment = None
+        if r.mem_batch and r.mem_batch < self.control.max_batch[r.rank]:
+            log.warning("worker %d can hold at most %d samples", r.rank, r.mem_batch)
+            try:
+                adjustment = self.control.limit(r.rank, r.mem_batch)
+            except ValueError as exc:
+                raise JobFailed(str(exc)) from None
+        elif self.control.ready:
+            adjustment = self.control.replan()
+        if adjustment is None or self.control.plan == self.registry.plan:
+            return  # inside the deadband: nothing to hand out
+        plan, d = self.control.plan, adjustment.decision
+        self.run.event("assign", gen=plan.gen, batches=list(plan.batches), reason=adjustment.reason, step=r.step, measured_batches=list(adjustment.batches),
+                       compute_s=list(adjustment.times),
+                       throughput=[b / t if t > 0 else None for b, t in zip(adjustment.batches, adjustment.times)],
+                       targets=list(d.targets), predicted_step_s=d.predicted_s,
+                       max_batch=list(self.control.max_batch))
+        log.info("new batches %s (predicted step %.1f ms)", list(plan.batches), 1000 * d.predicted_s)
+        self._send_plan(plan)
+
+    def _send_plan(self, plan: BatchPlan) -> None:
+        """Server 0 hands the plan on with its replies: BSP workers all switch at one step."""
+        self.registry.plan = plan
+        if self.control is not None:
+            self.control.plan = plan
+        transport.reply(self.router, self.registry.servers[0].peer,
+                        Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop))
 
     def _ask_eval(self, point: EvalPoint, final: bool) -> None:
         self.servers.send_pull(self.evals.open(point, final), point.at)
@@ -263,4 +297,5 @@ class Scheduler:
             "final_batches": list(plan.batches) if plan else [],
             "final_test_accuracy": acc,
             "final_test_loss": loss,
+            "adjustments": self.control.adjustments if self.control else 0,
         }

@@ -61,7 +61,7 @@ def _loop(router, link: SchedulerLink, core: ShardCore) -> int:
                 log.info("shutdown: %s (%d updates applied)", msg.reason or "job done", core.updates)
                 return 0
             if isinstance(msg, Plan):
-                core.set_plan(msg)
+                _send(router, core.set_plan(msg, time.monotonic()), trackers)
         if router in events:
             peer, *frames = transport.recv_frames(router)
             try:
@@ -72,13 +72,19 @@ def _loop(router, link: SchedulerLink, core: ShardCore) -> int:
                 continue
             if isinstance(msg, (Push, Init)):
                 _wait_for_sends(trackers)  # replies still queued alias the values about to change
-            for out in core.handle(peer.bytes, msg, time.monotonic()):
+            replies = core.handle(peer.bytes, msg, time.monotonic())
+            for out in replies:
                 if isinstance(out.msg, protocol.Error):
                     log.warning("refused %s: %s: %s", msg.OP, out.msg.code, out.msg.text)
-                tracker = transport.reply(router, out.to, out.msg, track=isinstance(out.msg, Params))
-                if tracker is not None:
-                    trackers.append(tracker)
+            _send(router, replies, trackers)
         link.check_alive()
+
+
+def _send(router, replies, trackers: list) -> None:
+    for out in replies:
+        tracker = transport.reply(router, out.to, out.msg, track=isinstance(out.msg, Params))
+        if tracker is not None:
+            trackers.append(tracker)
 
 
 def _wait_for_sends(trackers: list) -> None:

@@ -6,7 +6,9 @@ gets an `Error` reply and leaves every piece of state as it was.
 
 BSP: collect one push per worker for step t, apply g = sum(b_i g_i) / sum(b_i)
 (summed in rank order, so runs are bit-for-bit repeatable), then answer all of
-them with the new shard. ASP: apply each push on arrival with lr * b_i / b_ref.
+them with the new shard. ASP: apply each push on arrival with lr * b_i / b_ref
+(divided by 1 + staleness with --staleness-lr inverse). SSP: as ASP, but the reply
+to a worker's step s waits until s - (the slowest worker's last step) <= S.
 Shard slots past the trained parameters hold model buffers (e.g. normalisation
 statistics): they take the batch-weighted mean of the pushed values (BSP) or the
 latest pushed values (ASP) and never see the optimizer.
@@ -43,7 +45,8 @@ class ShardCore:
         self.plan: Plan | None = None
         self._owner: dict[int, bytes] = {}  # rank -> the connection that speaks for it
         self._pending: dict[int, tuple[bytes, Push, float]] = {}  # BSP pushes for step `version`
-        self._last_step: dict[int, int] = {}  # ASP: newest step applied per rank
+        self._last_step: dict[int, int] = {}  # ASP/SSP: newest step applied per rank
+        self._held: list[tuple[bytes, Push, float]] = []  # SSP replies waiting for the slowest worker
         self._pulls: list[tuple[bytes, Pull, float]] = []  # waiting for init or for `at`
         self.staleness_sum = 0
         self.staleness_max = 0
@@ -59,9 +62,13 @@ class ShardCore:
             return self._init(peer, msg, now)
         return [_error(peer, "bad_op", f"a server does not take {msg.OP!r} from workers")]
 
-    def set_plan(self, plan: Plan) -> None:
+    def set_plan(self, plan: Plan, now: float) -> list[Outgoing]:
         if self.plan is None or plan.gen > self.plan.gen:
             self.plan = plan
+        if plan.stop:  # the job is ending: nobody waits for the slowest any more
+            held, self._held = self._held, []
+            return [self._params(peer, p.step, now - t, p.gen) for peer, p, t in held]
+        return []
 
     # -- ops ---------------------------------------------------------------------
     def _init(self, peer, msg: Init, now):
@@ -98,7 +105,7 @@ class ShardCore:
             if len(self._pending) < self.job.num_workers:
                 return []
             return self._apply_bsp(now)
-        return self._apply_asp(peer, msg) + self._release_pulls(now)
+        return self._apply_asp(peer, msg, now) + self._release_pulls(now)
 
     def _check_push(self, peer, msg: Push) -> Outgoing | None:
         if not self.initialized:
@@ -148,15 +155,24 @@ class ShardCore:
         replies = [self._params(peer, p.step, now - t, p.gen) for peer, p, t in pushes]
         return replies + self._release_pulls(now)
 
-    def _apply_asp(self, peer, msg: Push):
+    def _apply_asp(self, peer, msg: Push, now):
         staleness = self.version - msg.ver
-        self._step(msg.data, self.job.lr * msg.batch / self._b_ref)
+        lr = self.job.lr * msg.batch / self._b_ref
+        if self.job.staleness_lr == "inverse":
+            lr /= 1 + staleness
+        self._step(msg.data, lr)
         self.version += 1
         self.updates += 1
         self._last_step[msg.rank] = msg.step
         self.staleness_sum += staleness
         self.staleness_max = max(self.staleness_max, staleness)
-        return [self._params(peer, msg.step, 0.0, msg.gen)]
+        if self.job.mode == "asp":
+            return [self._params(peer, msg.step, 0.0, msg.gen)]
+        self._held.append((peer, msg, now))
+        slowest = min(self._last_step.get(r, -1) for r in range(self.job.num_workers))
+        ready = [h for h in self._held if h[1].step - slowest <= self.job.staleness]
+        self._held = [h for h in self._held if h[1].step - slowest > self.job.staleness]
+        return [self._params(p_peer, p.step, now - t, p.gen) for p_peer, p, t in ready]
 
     def _step(self, grad: np.ndarray, lr: float):
         """One optimizer step with `grad`; buffer slots simply take grad's values."""

@@ -292,9 +292,16 @@ def test_default_job_is_valid():
 
 
 @pytest.mark.parametrize("changes, match", [
-    ({"batching": "dynamic"}, "dynamic"),
     ({"batching": "magic"}, "batching"),
-    ({"mode": "ssp"}, "mode"),
+    ({"mode": "sync"}, "mode"),
+    ({"controller": "pid"}, "controller"),
+    ({"adjust_every": 1}, "adjust-every"),
+    ({"deadband": 1.0}, "deadband"),
+    ({"min_batch": 0}, "min-batch"),
+    ({"min_batch": 30, "num_workers": 3, "global_batch": 64}, "min-batch"),
+    ({"max_batch": 10, "num_workers": 3, "global_batch": 64}, "max-batch"),
+    ({"staleness": -1}, "staleness"),
+    ({"staleness_lr": "sqrt"}, "staleness-lr"),
     ({"optimizer": "lbfgs"}, "optimizer"),
     ({"global_batch": 3, "num_workers": 4}, "smaller than"),
     ({"num_workers": 0}, "num-workers"),

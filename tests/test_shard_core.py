@@ -390,15 +390,15 @@ def test_asp_pull_at_a_future_version_is_answered():
 
 def test_plan_attached_only_for_older_generations_bsp():
     core = make_core(n=2, init=[0, 0])
-    core.set_plan(Plan(gen=2, batches=[10, 10, 12]))
-    core.set_plan(Plan(gen=1, batches=[1, 1, 30]))  # older: ignored
+    core.set_plan(Plan(gen=2, batches=[10, 10, 12]), 0.0)
+    core.set_plan(Plan(gen=1, batches=[1, 1, 30]), 0.0)  # older: ignored
     out = []
     for r, gen in enumerate([2, 1, 0]):
         out += core.handle(PEERS[r], push(r, 0, [1, 1], gen=gen), 0.0)
     plan = {"gen": 2, "batches": [10, 10, 12], "stop": False}
     assert [o.msg.plan for o in out] == [None, plan, plan]
     round_trip(out)
-    core.set_plan(Plan(gen=3, batches=[8, 12, 12], stop=True))
+    core.set_plan(Plan(gen=3, batches=[8, 12, 12], stop=True), 0.0)
     out = []
     for r in range(3):
         out += core.handle(PEERS[r], push(r, 1, [1, 1], gen=2), 0.0)
@@ -410,7 +410,7 @@ def test_plan_attached_only_for_older_generations_bsp():
 def test_plan_attached_only_for_older_generations_asp():
     core = make_core(mode="asp", n=2, init=[0, 0], global_batch=6)
     assert core.handle(PEERS[0], push(0, 0, [1, 1], gen=0), 0.0)[0].msg.plan is None  # no plan yet
-    core.set_plan(Plan(gen=1, batches=[1, 2, 3]))
+    core.set_plan(Plan(gen=1, batches=[1, 2, 3]), 0.0)
     assert core.handle(PEERS[0], push(0, 1, [1, 1], ver=1, gen=0), 0.0)[0].msg.plan == \
         {"gen": 1, "batches": [1, 2, 3], "stop": False}
     assert core.handle(PEERS[1], push(1, 0, [1, 1], ver=2, gen=1), 0.0)[0].msg.plan is None

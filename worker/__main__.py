@@ -21,6 +21,9 @@ def parse(argv) -> WorkerOptions:
     p.add_argument("--capacity", type=float, default=1.0,
                    help="relative speed declared for --batching static (e.g. core count)")
     p.add_argument("--rank", type=int, default=-1, help="ask for this worker rank (default: the next free one)")
+    p.add_argument("--max-batch", type=int, default=0,
+                   help="most samples this worker can hold in one pass (larger batches run in chunks)")
+    p.add_argument("--fault-oom-above", type=int, default=0, help=argparse.SUPPRESS)  # test knob
     p.add_argument("--slowdown", default="1", help="F, or a schedule STEP:F,STEP:F,... (emulated slower device)")
     p.add_argument("--emulate-ms-per-step", type=float, default=0.0, help="virtual device: fixed ms per step (A)")
     p.add_argument("--emulate-ms-per-sample", type=float, default=0.0, help="virtual device: ms per sample (C)")
@@ -31,6 +34,8 @@ def parse(argv) -> WorkerOptions:
     args = p.parse_args(argv)
     if args.threads < 0:
         p.error("--threads must be >= 0")
+    if args.max_batch < 0 or args.fault_oom_above < 0:
+        p.error("--max-batch must be >= 0")
     if args.rank < -1:
         p.error("--rank must be >= 0")
     if not args.capacity > 0:
@@ -41,7 +46,8 @@ def parse(argv) -> WorkerOptions:
     except ValueError as exc:
         p.error(str(exc))
     logs.setup("worker", args.log_level)
-    return WorkerOptions(args.scheduler, args.device, args.threads, args.capacity, args.rank, emulation,
+    return WorkerOptions(args.scheduler, args.device, args.threads, args.capacity, args.rank, args.max_batch,
+                         args.fault_oom_above, emulation,
                          args.ack_timeout, args.welcome_timeout, args.server_timeout)
 
 
@@ -50,7 +56,7 @@ def main(argv=None) -> int:
     transport.tune_malloc()
     try:
         return run(opts)
-    except (LinkError, ServerError, FactoryError, transport.TransportError, ValueError) as exc:
+    except (LinkError, ServerError, FactoryError, transport.TransportError, ValueError, MemoryError) as exc:
         logging.getLogger("omnips.worker").error("%s", exc)
         return 1
     except KeyboardInterrupt:

@@ -34,6 +34,8 @@ class WorkerOptions:
     threads: int = 0
     capacity: float = 1.0
     rank: int = -1
+    max_batch: int = 0
+    fault_oom_above: int = 0
     emulation: Emulation = Emulation()
     ack_timeout_s: float = 10.0
     welcome_timeout_s: float = 300.0
@@ -78,7 +80,7 @@ class _Session:
         if self.flat.size != cluster["num_params"]:
             raise ValueError(f"this worker's model has {self.flat.size} values, the scheduler's "
                              f"{cluster['num_params']}: the model or its code differs between machines")
-        self.trainer = Trainer(self.flat, data.Batcher(train))
+        self.trainer = Trainer(self.flat, data.Batcher(train), opts.max_batch, opts.fault_oom_above)
         bsp = job.mode == "bsp"
         self.stream = data.SampleStream(len(train), job.seed, stream=0 if bsp else 1 + rank)
         log.info("worker %d on %s: %s, %d values, batch %d", rank, device, job.mode, self.flat.size,
@@ -108,7 +110,7 @@ class _Session:
             staleness = max(v - 1 - b for v, b in zip(ex.versions, before))
             last = Report(rank=self.rank, step=step, batch=batch, compute_s=compute_s,
                           network_s=max(0.0, ex.elapsed_s - ex.held_s), wait_s=ex.held_s, loss=loss,
-                          staleness=staleness)
+                          staleness=staleness, mem_batch=self.trainer.max_batch)
             self.link.send(last)
             self.check_scheduler()
             step += 1

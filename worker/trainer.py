@@ -1,5 +1,6 @@
 """A worker's compute phase: gather a batch, forward, backward, gradients into the flat buffer."""
 
+import logging
 import time
 
 import torch
@@ -7,6 +8,8 @@ import torch
 from omnips import models
 from omnips.data import Batcher
 from omnips.flat import FlatModel
+
+log = logging.getLogger("omnips.worker")
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -27,22 +30,59 @@ def resolve_device(spec: str) -> torch.device:
     return device
 
 
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and ("out of memory" in str(exc) or "can't allocate memory" in str(exc)))
+
+
 class Trainer:
-    def __init__(self, flat: FlatModel, batcher: Batcher):
+    """Computes a step's gradient, in chunks when the batch does not fit in memory.
+
+    The gradient of the mean loss over b samples is the chunks' mean-loss gradients
+    weighted by chunk size / b, so a step done in chunks is the same step. An
+    out-of-memory error halves the chunk and redoes the step; `max_batch` then
+    tells the scheduler how much this worker can hold (and `limit` caps it up front).
+    """
+
+    def __init__(self, flat: FlatModel, batcher: Batcher, max_batch: int = 0, fault_oom_above: int = 0):
         self.flat = flat
         self.batcher = batcher
+        self.max_batch = max_batch  # 0: no known limit
+        self._fault_oom_above = fault_oom_above  # test knob: emulate OOM for larger chunks
         self._cuda = flat.device.type == "cuda"
 
     def compute(self, indices) -> tuple[float, float]:
         """Gradients of the mean loss over `indices` into flat.grads: (loss, seconds)."""
         start = time.perf_counter()
-        x, y = self.batcher(indices)
-        x, y = x.to(self.flat.device, non_blocking=True), y.to(self.flat.device, non_blocking=True)
+        while True:
+            chunk = self.max_batch or len(indices)
+            try:
+                loss = self._gradients(indices, chunk)
+                break
+            except Exception as exc:
+                if not _is_oom(exc):
+                    raise
+                if chunk <= 1:
+                    raise MemoryError("out of memory with a single sample per pass") from None
+                self.max_batch = max(1, min(chunk, len(indices)) // 2)
+                log.warning("out of memory with %d samples per pass: retrying with %d", chunk, self.max_batch)
+                if self._cuda:
+                    torch.cuda.empty_cache()
+        return loss, time.perf_counter() - start
+
+    def _gradients(self, indices, chunk: int) -> float:
         self.flat.zero_grads()
-        loss = models.loss_fn(self.flat.module(x), y)
-        loss.backward()
+        total = 0.0
+        for lo in range(0, len(indices), chunk):
+            part = indices[lo:lo + chunk]
+            if self._fault_oom_above and len(part) > self._fault_oom_above:
+                raise torch.OutOfMemoryError(f"emulated: {len(part)} samples > --fault-oom-above")
+            x, y = self.batcher(part)
+            x, y = x.to(self.flat.device, non_blocking=True), y.to(self.flat.device, non_blocking=True)
+            loss = models.loss_fn(self.flat.module(x), y) * (len(part) / len(indices))
+            loss.backward()
+            total += loss.item()
         self.flat.finish_grads()
         if self._cuda:
             torch.cuda.synchronize(self.flat.device)
-        value = loss.item()
-        return value, time.perf_counter() - start
+        return total

@@ -1,0 +1,90 @@
+"""Dynamic batching: measure each worker over a window, re-plan, hand out the new plan.
+
+Pure logic: `on_step` takes a worker's reported compute time; when every worker
+has a full window at its current batch, `replan` fits the time models and asks
+the controller (omnips/batching.py) for the next batch vector. A worker's first
+step at a new batch size is not measured (it pays for warming up). Reports
+still at an older batch (ASP workers switch at their next reply) are ignored.
+"""
+
+import statistics
+from dataclasses import dataclass
+
+from omnips.batching import BatchPlan, Decision, decide
+from omnips.job import JobSpec
+from omnips.timemodel import TimeModel
+
+
+@dataclass(frozen=True)
+class Adjustment:
+    decision: Decision
+    times: tuple[float, ...]  # each worker's measured (median) compute time in the window
+    batches: tuple[int, ...]  # the batches those times were measured at
+    reason: str
+
+
+class BatchControl:
+    def __init__(self, job: JobSpec, plan: BatchPlan):
+        self.job = job
+        self.plan = plan
+        n = job.num_workers
+        self.models = [TimeModel(affine=job.controller == "affine") for _ in range(n)]
+        lo, hi = job.batch_bounds
+        self.min_batch = lo
+        self.max_batch = [hi] * n  # lowered by a worker's memory limit
+        self._window = [[] for _ in range(n)]
+        self._measured_batch: list[int | None] = [None] * n
+        self.adjustments = 0
+
+    def on_step(self, rank: int, batch: int, compute_s: float) -> None:
+        if batch != self.plan.batches[rank] or not compute_s > 0:
+            return  # still on an older plan
+        if self._measured_batch[rank] != batch:
+            self._measured_batch[rank] = batch  # first step at this size: warm-up, not measured
+            self._window[rank] = []
+            return
+        self._window[rank].append(compute_s)
+
+    @property
+    def ready(self) -> bool:
+        need = self.job.adjust_every - 1
+        return all(len(w) >= need for w in self._window)
+
+    def replan(self, reason: str = "window") -> Adjustment:
+        """Feed the windows to the time models and decide; the plan changes unless the
+        decision falls inside the deadband."""
+        batches = self.plan.batches
+        times = []
+        for rank, window in enumerate(self._window):
+            if window:
+                self.models[rank].observe(batches[rank], statistics.median(window))
+            self._window[rank] = []
+            times.append(statistics.median(window) if window else 0.0)
+        decision = decide(batches, self._lines(), self.job.global_batch, self.min_batch, self.max_batch,
+                          0.0 if reason == "memory" else self.job.deadband)
+        if decision.batches is not None and decision.batches != batches:
+            self.plan = BatchPlan(self.plan.gen + 1, decision.batches)
+            self.adjustments += 1
+        return Adjustment(decision, tuple(times), tuple(batches), reason)
+
+    def limit(self, rank: int, max_batch: int) -> Adjustment | None:
+        """A worker can hold at most `max_batch` samples: lower its bound, and re-plan at
+        once if its batch is now too large."""
+        bound = max(self.min_batch, min(self.max_batch[rank], max_batch))
+        others = sum(self.max_batch) - self.max_batch[rank]
+        if bound + others < self.job.global_batch:
+            raise ValueError(f"worker {rank} can hold only {max_batch} samples: the workers together cannot "
+                             f"hold the global batch {self.job.global_batch}")
+        self.max_batch[rank] = bound
+        if self.plan.batches[rank] <= bound:
+            return None
+        return self.replan("memory")
+
+    def _lines(self) -> list[tuple[float, float]]:
+        """Each worker's time model; one never measured is assumed to take the cluster's
+        typical time at its current batch (the plan it is on is taken as balanced)."""
+        known = [m.line() for m in self.models if m.newest is not None]
+        typical = statistics.median(a + c * b for (a, c), b in
+                                    zip(known, [m.newest[0] for m in self.models if m.newest])) if known else 1.0
+        return [m.line() if m.newest is not None else (0.0, typical / b)
+                for m, b in zip(self.models, self.plan.batches)]
