@@ -54,15 +54,6 @@ class JobSpec:
                              f"not {self.adjust_every}")
         if not 0 <= self.deadband < 1:
             raise ValueError(f"--deadband must be in [0, 1), not {self.deadband}")
-        if self.min_batch < 1:
-            raise ValueError(f"--min-batch must be >= 1, not {self.min_batch}")
-        if self.min_batch * self.num_workers > self.global_batch:
-            raise ValueError(f"--min-batch {self.min_batch} x {self.num_workers} workers exceeds "
-                             f"--global-batch {self.global_batch}")
-        if self.max_batch is not None and (self.max_batch < self.min_batch
-                                           or self.max_batch * self.num_workers < self.global_batch):
-            raise ValueError(f"--max-batch {self.max_batch} must be >= --min-batch and let "
-                             f"{self.num_workers} workers hold --global-batch {self.global_batch}")
         if self.staleness < 0:
             raise ValueError(f"--staleness must be >= 0, not {self.staleness}")
         if self.num_servers < 1 or self.num_workers < 1:
@@ -75,6 +66,15 @@ class JobSpec:
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number, not {getattr(self, name)}")
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, not {self.seed}")
+        if self.min_batch < 1:
+            raise ValueError(f"--min-batch must be >= 1, not {self.min_batch}")
+        if self.min_batch * self.num_workers > self.global_batch:
+            raise ValueError(f"--min-batch {self.min_batch} x {self.num_workers} workers exceeds "
+                             f"--global-batch {self.global_batch}")
+        if self.max_batch is not None and (self.max_batch < self.min_batch
+                                           or self.max_batch * self.num_workers < self.global_batch):
+            raise ValueError(f"--max-batch {self.max_batch} must be >= --min-batch and let "
+                             f"{self.num_workers} workers hold --global-batch {self.global_batch}")
         if not self.lr > 0:
             raise ValueError(f"--lr must be > 0, not {self.lr}")
         if not 0 <= self.momentum < 1:
