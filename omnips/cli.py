@@ -1,4 +1,5 @@
-"""The user's command: `omnips launch` starts a whole local cluster and shows its progress."""
+"""The user's command: `omnips launch` starts a whole local cluster and shows its progress;
+`omnips plot RUN_DIR` draws a run."""
 
 import argparse
 import json
@@ -7,6 +8,7 @@ import time
 from pathlib import Path
 
 from .launch import LaunchError, LocalCluster, WorkerSpec
+from .plot import PlotError, plot_run
 
 PER_WORKER = {  # launcher flag -> (WorkerSpec field, type)
     "capacity": ("capacity", float),
@@ -34,6 +36,7 @@ def launch_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=None, help="default runs/YYYYmmdd-HHMMSS")
     p.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds before the job is stopped")
     p.add_argument("--no-progress", action="store_true", help="print no progress line")
+    p.add_argument("--no-plots", action="store_true", help="do not draw RUN_DIR/plots at the end")
     return p
 
 
@@ -78,7 +81,13 @@ def launch(argv) -> int:
     except KeyboardInterrupt:
         cluster.stop(grace_s=0)
         return 130
-    return report(run_dir, code, cluster)
+    code = report(run_dir, code, cluster)
+    if not args.no_plots:
+        try:
+            print(f"plots: {', '.join(str(p) for p in plot_run(run_dir))}")
+        except PlotError as exc:
+            print(f"plots skipped: {exc}", file=sys.stderr)
+    return code
 
 
 def report(run_dir: Path, code: int, cluster: LocalCluster) -> int:
@@ -159,11 +168,24 @@ class Progress:
             print(self.line(), file=self.out, flush=True)
 
 
+def plot(argv) -> int:
+    p = argparse.ArgumentParser(prog="omnips plot", description="Draw PNGs of a run directory into RUN_DIR/plots.")
+    p.add_argument("run_dir")
+    args = p.parse_args(argv)
+    try:
+        for path in plot_run(args.run_dir):
+            print(path)
+    except PlotError as exc:
+        print(f"omnips plot: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"launch": launch}
+    commands = {"launch": launch, "plot": plot}
     if not argv or argv[0] not in commands:
-        print("usage: omnips launch [options]   (omnips launch --help for the options)", file=sys.stderr)
+        print("usage: omnips launch [options] | omnips plot RUN_DIR   (--help for each)", file=sys.stderr)
         return 2
     return commands[argv[0]](argv[1:])
 

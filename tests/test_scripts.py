@@ -26,6 +26,16 @@ def test_launch_local_runs_a_job_and_prints_the_summary(tmp_path):
     assert summary["steps"] == 15
     # worker i of the command line is rank i: the slowed-down one computes slower
     assert summary["worker_compute_s_per_step"][1] > summary["worker_compute_s_per_step"][0]
+    # plots are drawn at the end
+    for name in ("batch", "compute", "throughput", "accuracy"):
+        png = tmp_path / "run" / "plots" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_plot_refuses_what_is_not_a_run(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "omnips.cli", "plot", str(tmp_path)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1 and "not a run directory" in out.stderr
 
 
 def test_launch_local_refuses_bad_flags(tmp_path):
