@@ -63,6 +63,8 @@ def launch(argv) -> int:
     scheduler_parser().parse_args([*scheduler_args, "--num-workers", str(args.num_workers)])
     workers = worker_specs(args, parser)
     run_dir = Path(args.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
+    if (run_dir / "metrics.jsonl").exists():
+        parser.error(f"run directory {run_dir} already holds a run: choose another --run-dir")
     cluster = LocalCluster(run_dir, scheduler_args, args.num_servers, workers)
     try:
         cluster.start()
@@ -79,8 +81,9 @@ def launch(argv) -> int:
         print(f"omnips launch: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        cluster.stop(grace_s=0)
         return 130
+    finally:
+        cluster.stop(grace_s=0)  # nothing outlives the launcher
     code = report(run_dir, code, cluster)
     if not args.no_plots:
         try:

@@ -11,6 +11,7 @@ import re
 import selectors
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,21 +26,33 @@ class LaunchError(RuntimeError):
 
 
 def read_endpoint(stream, timeout_s: float) -> str | None:
-    """The address a starting scheduler prints on `stream` (its stdout), or None if it
-    exits or stays silent for `timeout_s`."""
+    """The address a starting scheduler prints on `stream` (its stdout pipe), or None if
+    it exits or stays silent for `timeout_s`. Reads the raw descriptor: a buffered
+    readline could hold a second line back from select()."""
     deadline = time.monotonic() + timeout_s
+    fd, seen = stream.fileno(), b""
     with selectors.DefaultSelector() as sel:
-        sel.register(stream, selectors.EVENT_READ)
+        sel.register(fd, selectors.EVENT_READ)
         while time.monotonic() < deadline:
             if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
                 return None
-            line = stream.readline()
-            if not line:  # the scheduler exited before listening
+            chunk = os.read(fd, 4096)
+            if not chunk:  # the scheduler exited before listening
                 return None
-            match = _ENDPOINT.search(line.decode(errors="replace") if isinstance(line, bytes) else line)
+            seen += chunk
+            match = _ENDPOINT.search(seen.decode(errors="replace"))
             if match:
                 return match.group(1)
     return None
+
+
+def _drain(stream, path: Path) -> None:
+    """Copy what the scheduler prints after its address into its log, so that a
+    chatty user model can never fill the pipe and block it."""
+    with open(path, "ab") as log:
+        for chunk in iter(lambda: os.read(stream.fileno(), 65536), b""):
+            log.write(chunk)
+            log.flush()
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,8 @@ class LocalCluster:
             "--num-workers", str(len(self.workers)), "--port", "0", "--run-dir", str(self.run_dir)],
             stdout=subprocess.PIPE)
         self.endpoint = self._read_endpoint(sched, timeout_s)
+        threading.Thread(target=_drain, args=(sched.stdout, self.run_dir / "logs" / "scheduler.out"),
+                         daemon=True).start()
         for s in range(self.num_servers):
             self._spawn(f"server{s}", "server", ["--scheduler", self.endpoint, *self.server_args])
         for i, w in enumerate(self.workers):
@@ -141,9 +156,7 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=5)
-        sched = self.procs.get("scheduler")
-        if sched is not None and sched.stdout is not None:
-            sched.stdout.close()
+
 
     def __enter__(self):
         return self

@@ -54,8 +54,11 @@ class SchedulerLink:
         deadline = self.clock() + timeout_s
         while True:
             left = deadline - self.clock()
-            if left <= 0 or not transport.wait_readable(self.sock, left):
+            if left <= 0:
                 raise LinkError(f"scheduler at {self.endpoint} did not {what} within {timeout_s:g} s")
+            if not transport.wait_readable(self.sock, min(left, 1.0)):
+                self.check_alive()  # the scheduler heartbeats registered processes while they wait
+                continue
             msg = self.receive()
             if msg is not None:
                 return msg

@@ -29,13 +29,20 @@ def write_json_atomic(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+class RunDirInUse(RuntimeError):
+    pass
+
+
 class RunDir:
     def __init__(self, path: str | Path, clock=time.monotonic):
         self.path = Path(path)
+        used = [name for name in ("metrics.jsonl", "summary.json") if (self.path / name).exists()]
+        if used:
+            raise RunDirInUse(f"run directory {self.path} already holds a run ({used[0]}): choose another --run-dir")
         self.path.mkdir(parents=True, exist_ok=True)
         self.clock = clock
         self.t0 = clock()
-        self._events = open(self.path / "metrics.jsonl", "a", buffering=1 << 16)
+        self._events = open(self.path / "metrics.jsonl", "x", buffering=1 << 16)
 
     def write_config(self, config: dict) -> None:
         write_json_atomic(self.path / "config.json", config)

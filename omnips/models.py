@@ -106,8 +106,10 @@ def loss_fn(output, target):
 
 
 @torch.no_grad()
-def evaluate(module: nn.Module, batcher, size: int, device="cpu", batch: int = 1024) -> tuple[float, float]:
-    """(accuracy, mean loss) over the first `size` samples that `batcher` serves."""
+def evaluate(module: nn.Module, batcher, size: int, device="cpu", batch: int = 1024,
+             tick=None) -> tuple[float, float]:
+    """(accuracy, mean loss) over the first `size` samples that `batcher` serves;
+    `tick()` runs between batches (the scheduler keeps its heartbeats going there)."""
     was_training = module.training
     module.eval()
     correct, total_loss = 0, 0.0
@@ -117,5 +119,7 @@ def evaluate(module: nn.Module, batcher, size: int, device="cpu", batch: int = 1
         y = y.to(device)
         total_loss += F.cross_entropy(out, y, reduction="sum").item()
         correct += (out.argmax(dim=1) == y).sum().item()
+        if tick is not None:
+            tick()
     module.train(was_training)
     return correct / size, total_loss / size

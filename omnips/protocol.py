@@ -56,8 +56,8 @@ class Register(Message):
             raise ValueError(f"role must be 'server' or 'worker', not {self.role!r}")
         if self.role == "server" and not self.endpoint:
             raise ValueError("a server must register its endpoint")
-        if not self.capacity > 0:
-            raise ValueError(f"capacity must be > 0, not {self.capacity}")
+        if not 0 < self.capacity < float("inf"):
+            raise ValueError(f"capacity must be finite and > 0, not {self.capacity}")
 
 
 @dataclass(frozen=True)
@@ -183,8 +183,8 @@ OPS = {cls.OP: cls for cls in (Register, Welcome, Report, Heartbeat, Shutdown, E
 
 def _non_negative(msg, *names):
     for name in names:
-        if not getattr(msg, name) >= 0:  # also refuses NaN
-            raise ValueError(f"{name} must be >= 0, not {getattr(msg, name)}")
+        if not 0 <= getattr(msg, name) < float("inf"):  # also refuses NaN
+            raise ValueError(f"{name} must be finite and >= 0, not {getattr(msg, name)}")
 
 
 def type_ok(value, tp) -> bool:

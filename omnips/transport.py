@@ -69,23 +69,25 @@ def connect(sock: zmq.Socket, endpoint: str) -> None:
 
 
 def send(sock: zmq.Socket, msg: protocol.Message, to: bytes | None = None,
-         track: bool = False) -> zmq.MessageTracker | None:
+         track: bool = False, snapshot: bool = False) -> zmq.MessageTracker | None:
     """Send `msg` (to ROUTER peer `to`) without blocking; a full queue raises ZMQError(EAGAIN).
 
     A data frame goes zero-copy: the caller must not change the array until the
-    returned tracker (track=True) is done, or until the peer has answered.
+    returned tracker (track=True) is done, or until the peer has answered; with
+    snapshot=True it is copied at once instead.
     """
     frames = protocol.encode(msg)
     parts = ([to] if to is not None else []) + frames
     for part in parts[:-1]:
         sock.send(part, flags=zmq.NOBLOCK | zmq.SNDMORE)
-    return sock.send(parts[-1], flags=zmq.NOBLOCK, copy=len(frames) == 1, track=track and len(frames) > 1)
+    zero_copy = len(frames) > 1 and not snapshot
+    return sock.send(parts[-1], flags=zmq.NOBLOCK, copy=not zero_copy, track=track and zero_copy)
 
 
-def reply(sock: zmq.Socket, to: bytes, msg: protocol.Message, track: bool = False):
+def reply(sock: zmq.Socket, to: bytes, msg: protocol.Message, track: bool = False, snapshot: bool = False):
     """Send to a ROUTER peer; a vanished or flooded peer is logged, never raised."""
     try:
-        return send(sock, msg, to=to, track=track)
+        return send(sock, msg, to=to, track=track, snapshot=snapshot)
     except zmq.ZMQError as exc:
         log.warning("dropped %s to peer %r: %s", msg.OP, to, exc.strerror)
         return None

@@ -3,11 +3,15 @@
 import argparse
 import json
 import logging
+import signal
 import sys
+import time
 
-from omnips import logs
+from omnips import logs, transport
 from omnips.data import FactoryError
 from omnips.job import BATCHINGS, CONTROLLERS, MODES, OPTIMIZERS, STALENESS_LR, JobSpec
+
+from omnips.metrics import RunDirInUse
 
 from .service import Scheduler, SchedulerOptions
 
@@ -58,7 +62,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--min-batch", type=int, default=d.min_batch, help="smallest per-worker batch")
     p.add_argument("--max-batch", type=int, default=d.max_batch, help="largest per-worker batch (default: no limit)")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--run-dir", default="runs/latest", help="where config.json, metrics.jsonl, summary.json go")
+    p.add_argument("--run-dir", default=None,
+                   help="where config.json, metrics.jsonl, summary.json go (default runs/YYYYmmdd-HHMMSS); "
+                        "a directory that holds another run is refused")
     p.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
     p.add_argument("--dead-after", type=float, default=30.0, help="seconds of silence before a process gives up")
     p.add_argument("--register-timeout", type=float, default=300.0, help="seconds for the cluster to form")
@@ -82,14 +88,25 @@ def main(argv=None) -> int:
         job.check()
     except ValueError as exc:
         p.error(str(exc))
-    opts = SchedulerOptions(a.host, a.port, a.run_dir, a.heartbeat, a.dead_after, a.register_timeout,
+    for name in ("heartbeat", "dead_after", "register_timeout", "stall_timeout"):
+        if not 0 < getattr(a, name) < 1e6:
+            p.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
+    if a.dead_after <= 2 * a.heartbeat:
+        p.error("--dead-after must be more than twice --heartbeat")
+    transport.tune_malloc()
+    opts = SchedulerOptions(a.host, a.port, a.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"), a.heartbeat, a.dead_after, a.register_timeout,
                             a.stall_timeout)
     try:
         scheduler = Scheduler(job, opts)
-    except (FactoryError, ValueError, OSError) as exc:
+    except (FactoryError, ValueError, OSError, RunDirInUse) as exc:
         logging.getLogger("omnips.scheduler").error("%s", exc)
         return 1
+    signal.signal(signal.SIGTERM, _interrupt)  # a terminated job still writes its summary
     return scheduler.serve()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

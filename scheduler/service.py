@@ -30,13 +30,14 @@ from .registry import Registry
 log = logging.getLogger("omnips.scheduler")
 
 POLL_MS = 100
+EVALS_AHEAD = 32
 
 
 @dataclass(frozen=True)
 class SchedulerOptions:
     host: str = "127.0.0.1"
     port: int = 0
-    run_dir: str = "runs/latest"
+    run_dir: str = "runs/run"
     heartbeat_s: float = 1.0
     dead_after_s: float = 30.0
     register_timeout_s: float = 300.0
@@ -61,14 +62,17 @@ class Scheduler:
         self.evals = EvalBook(job.num_servers)
         self.final: tuple[float, float] | None = None
         self.servers: ServerGroup | None = None
+        self._bsp_points: list[EvalPoint] = []
         self.control: BatchControl | None = None
         self._plan_logged = False
         self._done_at: float | None = None
         self._complete_at = 0.0
+        self._next_beat = 0.0
         self.run = RunDir(opts.run_dir)
         self.run.write_config(job.to_dict())
         self.ctx = zmq.Context()
         self.router = transport.socket(self.ctx, zmq.ROUTER)
+        self.router.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_HEADER_BYTES)  # the scheduler takes headers only
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
 
@@ -102,7 +106,6 @@ class Scheduler:
 
     def _loop(self) -> None:
         start = time.monotonic()
-        next_beat = start
         while not (self.progress.all_done and self.final is not None):
             events = dict(self.poller.poll(POLL_MS))
             now = time.monotonic()
@@ -112,12 +115,18 @@ class Scheduler:
                 for s, sock in enumerate(self.servers.socks):
                     if sock in events:
                         self._on_server(s, transport.recv_frames(sock))
-            if now >= next_beat:
-                for member in self.registry.by_peer.values():
-                    transport.reply(self.router, member.peer, Heartbeat())
-                next_beat = now + self.opts.heartbeat_s
-                self.run.flush()
+            self._heartbeat()
             self._check_timeouts(start, now)
+
+    def _heartbeat(self) -> None:
+        """Heartbeats to every member when due; also called during long evaluations."""
+        now = time.monotonic()
+        if now < self._next_beat:
+            return
+        for member in self.registry.by_peer.values():
+            transport.reply(self.router, member.peer, Heartbeat())
+        self._next_beat = now + self.opts.heartbeat_s
+        self.run.flush()
 
     def _check_timeouts(self, start: float, now: float) -> None:
         if not self.registry.complete:
@@ -186,10 +195,20 @@ class Scheduler:
         for sock in self.servers.socks:
             self.poller.register(sock, zmq.POLLIN)
         if self.job.mode == "bsp":
-            for point in self.progress.bsp_eval_points():
-                self._ask_eval(point, final=point.at == self.progress.total_steps)
+            self._bsp_points = list(self.progress.bsp_eval_points())
+            self._ask_bsp_evals()
+
+    def _ask_bsp_evals(self) -> None:
+        """Keep EVALS_AHEAD evaluation pulls waiting at the servers: every one is a
+        queued message there, and an unconnected DEALER holds only its high-water mark."""
+        while self._bsp_points and len(self.evals.pending) < EVALS_AHEAD:
+            point = self._bsp_points.pop(0)
+            self._ask_eval(point, final=point.at == self.progress.total_steps)
 
     def _on_report(self, peer: bytes, r: Report) -> None:
+        if not self.registry.complete:
+            transport.reply(self.router, peer, protocol.Error(code="not_started", text="the job has not started"))
+            return
         member = self.registry.by_peer.get(peer)
         if member is None or member.role != "worker" or member.rank != r.rank:
             transport.reply(self.router, peer, protocol.Error(code="bad_rank", text="report from an unregistered peer or the wrong rank"))
@@ -225,7 +244,10 @@ class Scheduler:
             except ValueError as exc:
                 raise JobFailed(str(exc)) from None
         elif self.control.ready:
-            adjustment = self.control.replan()
+            try:
+                adjustment = self.control.replan()
+            except ValueError as exc:
+                raise JobFailed(f"dynamic batching failed: {exc}") from None
         if adjustment is None or self.control.plan == self.registry.plan:
             return  # inside the deadband: nothing to hand out
         plan, d = self.control.plan, adjustment.decision
@@ -246,7 +268,10 @@ class Scheduler:
                         Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop))
 
     def _ask_eval(self, point: EvalPoint, final: bool) -> None:
-        self.servers.send_pull(self.evals.open(point, final), point.at)
+        try:
+            self.servers.send_pull(self.evals.open(point, final), point.at)
+        except zmq.ZMQError as exc:
+            raise JobFailed(f"cannot ask the servers for an evaluation: {exc}") from None
 
     def _on_server(self, s: int, frames: list) -> None:
         try:
@@ -266,7 +291,7 @@ class Scheduler:
             lo, hi = self.registry.ranges[s]
             np.copyto(self.flat.params[lo:hi], msg.data)
         self.flat.load_params()
-        acc, loss = models.evaluate(self.flat.module, self.test_batcher, self.test_size)
+        acc, loss = models.evaluate(self.flat.module, self.test_batcher, self.test_size, tick=self._heartbeat)
         versions = [e.shards[s].version for s in sorted(e.shards)]
         self.run.event("eval", epoch=e.point.epoch, versions=versions, test_accuracy=acc, test_loss=loss,
                        final=e.final)
@@ -274,6 +299,7 @@ class Scheduler:
         if e.final:
             self.final = (acc, loss)
             self._export_model()
+        self._ask_bsp_evals()
 
     def _export_model(self) -> None:
         path = Path(self.run.path) / "model.pt"

@@ -25,6 +25,9 @@ def parse(argv):
     args = p.parse_args(argv)
     if args.threads < 1:
         p.error("--threads must be >= 1")
+    for name in ("ack_timeout", "welcome_timeout"):
+        if not 0 < getattr(args, name) < 1e6:
+            p.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
     return args
 
 

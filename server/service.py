@@ -41,6 +41,8 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
         lo, hi = cluster["range"]
         link.dead_after_s = cluster["dead_after_s"]
         core = ShardCore(job, lo, hi, cluster["num_trained"])
+        # the largest message a worker sends is a push of this shard: refuse anything bigger
+        router.setsockopt(zmq.MAXMSGSIZE, (hi - lo) * 4 + protocol.MAX_HEADER_BYTES)
         log.info("server %d serves [%d, %d) of %d values on %s (%s)", welcome.rank, lo, hi,
                  cluster["num_params"], endpoint, job.mode)
         return _loop(router, link, core)
@@ -77,12 +79,14 @@ def _loop(router, link: SchedulerLink, core: ShardCore) -> int:
                 if isinstance(out.msg, protocol.Error):
                     log.warning("refused %s: %s: %s", msg.OP, out.msg.code, out.msg.text)
             _send(router, replies, trackers)
-        link.check_alive()
+        if not link.sock.poll(0):  # read what the scheduler sent before judging its silence
+            link.check_alive()
 
 
 def _send(router, replies, trackers: list) -> None:
     for out in replies:
-        tracker = transport.reply(router, out.to, out.msg, track=isinstance(out.msg, Params))
+        tracker = transport.reply(router, out.to, out.msg, track=isinstance(out.msg, Params) and not out.snapshot,
+                                  snapshot=out.snapshot)
         if tracker is not None:
             trackers.append(tracker)
 

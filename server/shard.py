@@ -29,6 +29,10 @@ from omnips.protocol import Ack, Error, Init, Message, Params, Plan, Pull, Push
 class Outgoing:
     to: bytes
     msg: Message
+    snapshot: bool = False  # send a copy of the data: the receiver may never read it (pulls)
+
+
+MAX_WAITING_PULLS = 1024  # the scheduler keeps a few dozen evaluation pulls waiting
 
 
 class ShardCore:
@@ -89,9 +93,11 @@ class ShardCore:
 
     def _pull(self, peer, msg: Pull, now):
         if self.initialized and (msg.at is None or msg.at == self.version):
-            return [self._params(peer, msg.req, 0.0, None)]
+            return [self._params(peer, msg.req, 0.0, None, snapshot=True)]
         if msg.at is not None and msg.at < self.version:
             return [_error(peer, "version_passed", f"pull at version {msg.at}, shard is at {self.version}")]
+        if len(self._pulls) >= MAX_WAITING_PULLS:
+            return [_error(peer, "busy", f"{MAX_WAITING_PULLS} pulls are already waiting")]
         self._pulls.append((peer, msg, now))
         return []
 
@@ -182,18 +188,19 @@ class ShardCore:
         np.copyto(self.values[t:], grad[t:])
 
     # -- replies -----------------------------------------------------------------
-    def _params(self, peer, req, held_s, gen_seen):
+    def _params(self, peer, req, held_s, gen_seen, snapshot=False):
         plan = None
         if self.plan is not None and gen_seen is not None and gen_seen < self.plan.gen:
             plan = {"gen": self.plan.gen, "batches": self.plan.batches, "stop": self.plan.stop}
-        return Outgoing(peer, Params(req=req, version=self.version, held_s=held_s, plan=plan, data=self.values))
+        return Outgoing(peer, Params(req=req, version=self.version, held_s=held_s, plan=plan, data=self.values),
+                        snapshot)
 
     def _release_pulls(self, now):
         ready, waiting = [], []
         for entry in self._pulls:
             (ready if entry[1].at in (None, self.version) else waiting).append(entry)
         self._pulls = waiting
-        return [self._params(peer, m.req, now - t, None) for peer, m, t in ready]
+        return [self._params(peer, m.req, now - t, None, snapshot=True) for peer, m, t in ready]
 
 
 def _finite(data: np.ndarray) -> bool:

@@ -38,8 +38,13 @@ def parse(argv) -> WorkerOptions:
         p.error("--max-batch must be >= 0")
     if args.rank < -1:
         p.error("--rank must be >= 0")
-    if not args.capacity > 0:
-        p.error("--capacity must be > 0")
+    if not 0 < args.capacity < float("inf"):
+        p.error("--capacity must be finite and > 0")
+    for name in ("ack_timeout", "welcome_timeout", "server_timeout"):
+        if not 0 < getattr(args, name) < 1e6:
+            p.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
+    if not (0 <= args.emulate_ms_per_step < 1e7 and 0 <= args.emulate_ms_per_sample < 1e7):
+        p.error("--emulate-ms-per-step/--emulate-ms-per-sample must be between 0 and 1e7")
     try:
         emulation = Emulation(tuple(parse_schedule(args.slowdown)), args.emulate_ms_per_step,
                               args.emulate_ms_per_sample)
