@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from omnips.batching import BatchPlan, Decision, decide
 from omnips.job import JobSpec
-from omnips.timemodel import TimeModel
+from omnips.timemodel import CHANGE, TimeModel
+
+CHANGE_STEPS = 3  # consecutive far-off steps that trigger an early re-plan
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,18 @@ class BatchControl:
 
     @property
     def ready(self) -> bool:
+        """Every worker has a full window, or one worker's speed has clearly changed:
+        its last CHANGE_STEPS measurements all miss its model by more than CHANGE."""
         need = self.job.adjust_every - 1
-        return all(len(w) >= need for w in self._window)
+        return all(len(w) >= need for w in self._window) or any(
+            self._changed(rank) for rank in range(len(self._window)))
+
+    def _changed(self, rank: int) -> bool:
+        window, model = self._window[rank], self.models[rank]
+        if len(window) < CHANGE_STEPS or model.newest is None:
+            return False
+        predicted = model.predict(self.plan.batches[rank])
+        return all(abs(t - predicted) > CHANGE * predicted for t in window[-CHANGE_STEPS:])
 
     def replan(self, reason: str = "window") -> Adjustment:
         """Feed the windows to the time models and decide; the plan changes unless the
