@@ -110,6 +110,8 @@ def _free_port_in_use():
 
 
 def test_startup_errors_are_one_clear_line(tmp_path):
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "summary.json").write_text("{}")
     holder = _free_port_in_use()
     port = holder.getsockname()[1]
     cases = {
@@ -126,6 +128,9 @@ def test_startup_errors_are_one_clear_line(tmp_path):
                          "slowdown below 1"),
         "no_cuda": (["-m", "worker", "--scheduler", "tcp://127.0.0.1:1", "--device", "cuda"], 1,
                     "no usable CUDA device"),
+        "cluster_never_forms": (["-m", "scheduler", "--register-timeout", "2", "--heartbeat", "0.5",
+                                 "--run-dir", str(tmp_path / "r")], 1, "cluster incomplete after 2 s"),
+        "used_run_dir": (["-m", "scheduler", "--run-dir", str(tmp_path / "used")], 1, "already holds a run"),
         "bad_model_args": (["-m", "scheduler", "--model-args", "[1]"], 2, "must be a JSON object"),
     }
     procs = {name: subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
