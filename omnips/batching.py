@@ -50,8 +50,8 @@ def initial_batches(batching: str, global_batch: int, capacities, lo: int = 1, h
 # x_i = b_i / t_i stays constant). The plan gives every worker the batch that
 # takes the same time T, with the batches summing to the global batch:
 #     sum_i (T - a_i) / c_i = B  =>  T = (B + sum a_i/c_i) / sum 1/c_i.
-# Bounds are met by water-filling: a worker whose batch falls outside its bounds
-# is pinned there and T is solved again for the others.
+# Bounds are met by water-filling: a worker whose batch would fall outside its
+# bounds is held there and the others share the rest at a common T.
 
 CONTROLLERS = ("affine", "proportional")
 
@@ -64,38 +64,35 @@ class Decision:
 
 
 def equal_time(lines, total: int, lo, hi) -> np.ndarray:
-    """Real batches b_i in [lo_i, hi_i], sum = total, equal a_i + c_i*b_i for the unpinned."""
+    """Real batches b_i = clip((T - a_i) / c_i, lo_i, hi_i) summing to `total`.
+
+    Water-filling solved exactly: the sum is piecewise linear and non-decreasing in
+    T, with a kink where a worker reaches a bound (T = a_i + c_i*lo_i or a_i + c_i*hi_i).
+    A sweep over the sorted kinks finds the segment where it meets `total`, so every
+    worker inside its bounds gets the same predicted time T, O(n log n).
+    """
     a = np.array([ln[0] for ln in lines], dtype=np.float64)
     c = np.array([ln[1] for ln in lines], dtype=np.float64)
     lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), a.shape)
     hi = np.broadcast_to(np.asarray(hi, dtype=np.float64), a.shape)
-    if np.any(c <= 0) or not np.all(np.isfinite(a)) or not np.all(np.isfinite(c)):
+    if len(a) == 0 or np.any(c <= 0) or not np.all(np.isfinite(a)) or not np.all(np.isfinite(c)):
         raise ValueError("every time model needs a finite slope c > 0")
-    if lo.sum() > total or hi.sum() < total or np.any(lo > hi):
+    if np.any(lo > hi) or lo.sum() > total or hi.sum() < total:
         raise ValueError(f"bounds cannot sum to {total}: lows sum to {lo.sum():g}, highs to {hi.sum():g}")
-    pinned = np.zeros(len(a), dtype=bool)
-    b = np.empty(len(a))
-    for _ in range(2 * len(a) + 2):
-        free = ~pinned
-        if free.any():
-            t = (total - b[pinned].sum() + (a[free] / c[free]).sum()) / (1.0 / c[free]).sum()
-            b[free] = (t - a[free]) / c[free]
-        low, high = free & (b < lo), free & (b > hi)
-        if not low.any() and not high.any():
-            # a pinned worker that the current T would put inside its bounds is freed again
-            want = (t - a) / c if free.any() else b
-            loose = pinned & (want > lo) & (want < hi)
-            if not loose.any():
-                return b
-            pinned &= ~loose
-            continue
-        # pin one side at a time: the side whose worst violation is larger
-        over_low = np.where(low, (lo - b) / np.maximum(lo, 1e-12), 0).max()
-        over_high = np.where(high, (b - hi) / np.maximum(hi, 1e-12), 0).max()
-        side = low if over_low >= over_high else high
-        b[side] = np.where(low, lo, hi)[side]
-        pinned |= side
-    raise RuntimeError("water-filling did not settle")  # unreachable for feasible bounds
+    kinks = np.concatenate([a + c * lo, a + c * hi])
+    slope_change = np.concatenate([1.0 / c, -1.0 / c])  # a worker starts, then stops, growing with T
+    order = np.argsort(kinks, kind="stable")
+    t, level, slope = kinks[order[0]], lo.sum(), 0.0
+    for k in order:
+        if kinks[k] > t:
+            reach = level + slope * (kinks[k] - t)
+            if reach >= total:
+                break
+            t, level = kinks[k], reach
+        slope += slope_change[k]
+    if slope > 0:
+        t += (total - level) / slope
+    return np.clip((t - a) / c, lo, hi)
 
 
 def integerize(real, total: int, lo, hi) -> list[int]:
