@@ -127,7 +127,9 @@ def decide(batches, lines, total: int, lo, hi, deadband: float) -> Decision:
     current = np.asarray(batches, dtype=np.float64)
     a = np.array([ln[0] for ln in lines])
     c = np.array([ln[1] for ln in lines])
-    if np.all(np.abs(targets - current) / current < deadband):
+    # inside the deadband: no worker would move by more than deadband * b_i, nor by a
+    # whole sample (a target between two integers must not flip between them)
+    if deadband > 0 and np.all(np.abs(targets - current) < np.maximum(deadband * current, 1.0)):
         return Decision(None, tuple(targets), float((a + c * current).max()))
     new = integerize(targets, total, lo, hi)
     return Decision(tuple(new), tuple(targets), float((a + c * np.asarray(new)).max()))

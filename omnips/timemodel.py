@@ -6,7 +6,7 @@ apart, it is a weighted least-squares fit (older points weigh less: the
 worker's speed may drift); otherwise, or for the paper's rule, the line through
 the origin and the newest point (a = 0: constant throughput).
 
-A measurement far from the model's prediction means the worker's speed changed
+A measurement far from a trustworthy prediction means the worker's speed changed
 (throttling, another job on the machine, an emulated slowdown). Such changes
 scale compute time as a whole, so the older points are rescaled by the same
 ratio rather than thrown away: the fit stays usable at once, and the next
@@ -32,7 +32,7 @@ class TimeModel:
     def observe(self, batch: int, seconds: float) -> None:
         if batch < 1 or not seconds > 0 or not np.isfinite(seconds):
             raise ValueError(f"a measurement needs batch >= 1 and time > 0, got ({batch}, {seconds})")
-        if self.newest is not None:
+        if self.trusted_at(batch):
             predicted = self.predict(batch)
             if abs(seconds - predicted) > CHANGE * predicted:
                 ratio = seconds / predicted
@@ -44,18 +44,26 @@ class TimeModel:
         self.points[batch] = [seconds, 1.0]
         self.newest = (batch, seconds)
 
+    def _fitted(self) -> bool:
+        bs = list(self.points)
+        return self.affine and len(bs) >= 2 and max(bs) - min(bs) >= MIN_SPREAD * max(bs)
+
+    def trusted_at(self, batch: int) -> bool:
+        """Whether a prediction at `batch` can tell a speed change from the batch change
+        itself: the line is a real fit, or `batch` is close to a measured size."""
+        return self.newest is not None and (
+            self._fitted() or any(abs(batch - b) <= MIN_SPREAD * b for b in self.points))
+
     def line(self) -> tuple[float, float]:
         """(a, c) of the current model; needs at least one observation."""
         if self.newest is None:
             raise ValueError("no measurement yet")
         b0, t0 = self.newest
         proportional = (0.0, t0 / b0)
-        if not self.affine or len(self.points) < 2:
+        if not self._fitted():
             return proportional
         bs = np.array(list(self.points), dtype=np.float64)
         ts, ws = np.array(list(self.points.values())).T
-        if (bs.max() - bs.min()) < MIN_SPREAD * bs.max():
-            return proportional
         mb, mt = np.average(bs, weights=ws), np.average(ts, weights=ws)
         c = np.sum(ws * (bs - mb) * (ts - mt)) / np.sum(ws * (bs - mb) ** 2)
         a = mt - c * mb

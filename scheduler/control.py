@@ -57,7 +57,7 @@ class BatchControl:
 
     def _changed(self, rank: int) -> bool:
         window, model = self._window[rank], self.models[rank]
-        if len(window) < CHANGE_STEPS or model.newest is None:
+        if len(window) < CHANGE_STEPS or not model.trusted_at(self.plan.batches[rank]):
             return False
         predicted = model.predict(self.plan.batches[rank])
         return all(abs(t - predicted) > CHANGE * predicted for t in window[-CHANGE_STEPS:])

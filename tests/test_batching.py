@@ -1,107 +1,263 @@
-"""Batch plans and the integer split of the global batch."""
+"""Batch plans, the starting split, and the OmniLearn controller's pure arithmetic:
+the equal-time plan (`equal_time`), its integer split (`integerize`) and `decide`."""
 
 import math
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnips.batching import BatchPlan, initial_batches, largest_remainder
+from omnips.batching import BatchPlan, Decision, decide, equal_time, initial_batches, integerize
 
 FAST = settings(max_examples=40, deadline=None)
 
-# weights as a user or the controller would give them: capacities, throughputs (no ulp-level ties)
-WEIGHT = st.one_of(st.integers(0, 1000).map(float), st.floats(0.001, 1000.0).map(lambda x: round(x, 3)))
-WEIGHTS = st.lists(WEIGHT, min_size=1, max_size=12).filter(lambda w: sum(w) > 0)
+
+# -- a reference solution --------------------------------------------------------------
+
+def water_fill(lines, total, lo, hi):
+    """The equal-time plan, computed independently: find T with
+    sum_i clip((T - a_i)/c_i, lo_i, hi_i) = total by bisection (the sum is monotone in T),
+    then solve T exactly for the workers left strictly inside their bounds."""
+    a = np.array([ln[0] for ln in lines], dtype=np.float64)
+    c = np.array([ln[1] for ln in lines], dtype=np.float64)
+    lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), a.shape)
+    hi = np.broadcast_to(np.asarray(hi, dtype=np.float64), a.shape)
+    t_lo, t_hi = float((a + c * lo).min()) - 1.0, float((a + c * hi).max()) + 1.0
+    for _ in range(200):
+        mid = (t_lo + t_hi) / 2
+        if np.clip((mid - a) / c, lo, hi).sum() < total:
+            t_lo = mid
+        else:
+            t_hi = mid
+    b = np.clip((t_hi - a) / c, lo, hi)
+    free = (b > lo) & (b < hi)
+    if free.any():
+        t = (total - b[~free].sum() + (a[free] / c[free]).sum()) / (1.0 / c[free]).sum()
+        b[free] = (t - a[free]) / c[free]
+    return b
 
 
-def exact_shares(weights, total):
-    w = np.asarray(weights, dtype=np.float64)
-    return w / w.sum() * total
+def check_equal_time(lines, total, lo, hi, real):
+    """What the equal-time plan must be: bounds, the exact sum, equal times for the
+    unpinned workers, and pins that are consistent with that time (a worker held at
+    its lower bound is no faster than the rest, one held at its upper bound no slower)."""
+    a = np.array([ln[0] for ln in lines])
+    c = np.array([ln[1] for ln in lines])
+    lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), a.shape)
+    hi = np.broadcast_to(np.asarray(hi, dtype=np.float64), a.shape)
+    assert real.shape == a.shape
+    assert np.all(real >= lo - 1e-9) and np.all(real <= hi + 1e-9), (real, lo, hi)
+    assert math.isclose(real.sum(), total, rel_tol=1e-9, abs_tol=1e-9), (real, total)
+    times = a + c * real
+    tol = 1e-9 * max(1.0, float(np.abs(times).max()))
+    free = (real > lo + 1e-9) & (real < hi - 1e-9)
+    if free.any():
+        level = times[free]
+        assert level.max() - level.min() <= tol, ("unpinned workers must take the same time", real, times)
+        t = float(level.mean())
+        at_lo, at_hi = ~free & np.isclose(real, lo) & (lo < hi), ~free & np.isclose(real, hi) & (lo < hi)
+        assert np.all(times[at_lo] >= t - tol), ("a worker held at its lower bound is faster than the rest",
+                                                 real, times)
+        assert np.all(times[at_hi] <= t + tol), ("a worker held at its upper bound is slower than the rest",
+                                                 real, times)
+    np.testing.assert_allclose(real, water_fill(lines, total, lo, hi), rtol=1e-7, atol=1e-7 * total)
 
+
+# -- strategies ------------------------------------------------------------------------
+
+LINE = st.tuples(st.one_of(st.just(0.0), st.floats(0.0, 100.0)), st.floats(0.01, 10.0))
+
+
+@st.composite
+def problems(draw, per_worker_hi=True, binding_hi=True):
+    """(lines, total, lo, hi) with feasible bounds; hi a list by worker (or the total)."""
+    lines = draw(st.lists(LINE, min_size=1, max_size=8))
+    n = len(lines)
+    lo = draw(st.integers(1, 5))
+    if not binding_hi:
+        total = draw(st.integers(lo * n, 600))
+        return lines, total, lo, total
+    if per_worker_hi:
+        hi = draw(st.lists(st.integers(lo, lo + 300), min_size=n, max_size=n))
+    else:
+        hi = [draw(st.integers(lo, lo + 300))] * n
+    total = draw(st.integers(lo * n, sum(hi)))
+    return lines, total, lo, (hi if per_worker_hi else hi[0])
+
+
+def faster(lines, j, i):
+    """Worker j is at least as fast as worker i at every batch size, and not identical."""
+    (aj, cj), (ai, ci) = lines[j], lines[i]
+    return aj <= ai and cj <= ci and (aj, cj) != (ai, ci)
+
+
+# -- equal_time ----------------------------------------------------------------------
+
+@settings(max_examples=80, deadline=None)
+@given(problem=problems(binding_hi=False))
+def test_equal_time_with_only_the_lower_bound_binding(problem):
+    lines, total, lo, hi = problem
+    check_equal_time(lines, total, lo, hi, equal_time(lines, total, lo, hi))
+
+
+@settings(max_examples=150, deadline=None)
+@given(problem=problems())
+def test_equal_time_with_per_worker_upper_bounds(problem):
+    """Regression: the old pin-one-side-at-a-time loop missed the total (every worker
+    pinned) or kept a fast worker at its lower bound once upper bounds bound."""
+    lines, total, lo, hi = problem
+    check_equal_time(lines, total, lo, hi, equal_time(lines, total, lo, hi))
+
+
+@settings(max_examples=80, deadline=None)
+@given(problem=problems(per_worker_hi=False))
+def test_equal_time_with_a_common_upper_bound(problem):
+    lines, total, lo, hi = problem
+    check_equal_time(lines, total, lo, hi, equal_time(lines, total, lo, hi))
+
+
+def test_equal_time_sums_to_the_total_when_every_worker_is_pinned_once():
+    # worker 1 has a big overhead, worker 0 is capped: the answer is [40, 24]
+    real = equal_time([(0.0, 1.0), (100.0, 1.0)], 64, 1, 40)
+    assert real.sum() == pytest.approx(64)
+    np.testing.assert_allclose(real, [40, 24])
+
+
+def test_equal_time_does_not_leave_a_fast_worker_at_its_lower_bound():
+    lines = [(10.0, 0.5), (0.0, 0.5), (0.0, 5.0)]
+    real = equal_time(lines, 8, 1, 4)
+    # T ~ 10.909: worker 0 takes (T - 10)/0.5, worker 1 is capped at 4, worker 2 takes T/5
+    np.testing.assert_allclose(real, water_fill(lines, 8, 1, 4))
+    assert decide([3, 3, 2], lines, 8, 1, 4, 0.05).batches == (2, 4, 2)  # slowest step 11, not 15
+
+
+def test_equal_time_with_a_worker_exactly_at_its_bound():
+    """Regression: a worker whose equal-time batch is its bound up to rounding (a fitted
+    slope of 0.4999999999999999 puts worker 3 at 1.0) made the old loop pin and free it in
+    turn until it raised RuntimeError."""
+    lines = [(0.0, 10.5 / 19), (0.0, 10.5 / 11), (0.0, 50.5), (10.0, 0.4999999999999999)]
+    np.testing.assert_allclose(equal_time(lines, 32, 1, 32), [19, 11, 1, 1])
+    assert decide([19, 11, 1, 1], lines, 32, 1, 32, 0.05).batches is None
+
+
+def test_equal_time_known_answers():
+    # no overheads: in proportion to speed (1/c)
+    np.testing.assert_allclose(equal_time([(0, 1), (0, 1), (0, 2)], 10, 0, 10), [4, 4, 2])
+    # overheads: T = (B + sum a/c) / sum 1/c = (12 + 10) / 2 = 11
+    np.testing.assert_allclose(equal_time([(10, 1), (0, 1)], 12, 1, 12), [1, 11])
+    np.testing.assert_allclose(equal_time([(2, 1), (0, 1)], 12, 1, 12), [5, 7])
+    # a worker whose equal-time batch is below the minimum is held there
+    np.testing.assert_allclose(equal_time([(100, 1), (0, 1), (0, 1)], 12, 2, 12), [2, 5, 5])
+    # an upper bound that binds hands the rest to the others
+    np.testing.assert_allclose(equal_time([(0, 1), (0, 1), (0, 4)], 18, 1, [4, 12, 12]), [4, 11.2, 2.8])
+
+
+@pytest.mark.parametrize("lines, total, lo, hi", [
+    ([(0, 1), (0, 1)], 10, 6, 10),  # the minima exceed the total
+    ([(0, 1), (0, 1)], 10, 1, 4),  # the maxima cannot hold it
+    ([(0, 1), (0, 1)], 10, 1, [9, 0]),  # a worker whose maximum is below the minimum
+    ([(0, 1), (0, 1)], 10, [1, 6], [9, 5]),
+    ([(0, 1), (0, 0)], 10, 1, 10),  # no slope
+    ([(0, 1), (0, -1)], 10, 1, 10),
+    ([(0, 1), (float("nan"), 1)], 10, 1, 10),
+    ([(0, 1), (0, float("inf"))], 10, 1, 10),
+])
+def test_equal_time_refuses_what_cannot_work(lines, total, lo, hi):
+    with pytest.raises(ValueError):
+        equal_time(lines, total, lo, hi)
+    with pytest.raises(ValueError):
+        decide([5, 5], lines, total, lo, hi, 0.05)
+
+
+# -- integerize -------------------------------------------------------------------------
 
 @FAST
-@given(weights=WEIGHTS, total=st.integers(0, 10_000), minimum=st.integers(0, 50))
-def test_sums_exactly_and_respects_the_minimum(weights, total, minimum):
-    assume(minimum * len(weights) <= total)
-    out = largest_remainder(weights, total, minimum)
-    assert len(out) == len(weights)
+@given(problem=problems(binding_hi=False))
+def test_integerize_rounds_the_exact_plan(problem):
+    lines, total, lo, hi = problem
+    real = water_fill(lines, total, lo, hi)
+    out = integerize(real, total, lo, hi)
     assert all(type(x) is int for x in out)
     assert sum(out) == total
-    assert min(out) >= minimum
+    assert all(lo <= b <= hi for b in out)
+    # each is the floor or the ceiling of its real batch
+    assert all(math.floor(r - 1e-9) <= b <= math.ceil(r + 1e-9) for b, r in zip(out, real)), (out, real)
 
 
-@FAST
-@given(weights=WEIGHTS, total=st.integers(0, 10_000))
-def test_within_one_of_the_exact_share(weights, total):
-    exact = exact_shares(weights, total)
-    out = largest_remainder(weights, total)
-    assert np.all(np.abs(np.array(out) - exact) < 1), (out, exact)
-    # and it rounds: each is the floor or the ceiling of its share
-    assert all(math.floor(e - 1e-9) <= o <= math.ceil(e + 1e-9) for o, e in zip(out, exact))
+def test_integerize_known_splits():
+    assert integerize([10 / 3] * 3, 10, 1, 10) == [4, 3, 3]  # ties go to the lower index
+    assert integerize([3.5, 1.75, 1.75], 7, 1, 7) == [3, 2, 2]  # largest remainders first
+    assert integerize([2.6, 2.4, 5.0], 10, 1, 10) == [3, 2, 5]
+    assert integerize(np.array([3.0, 1.0]), 4, 1, 4) == [3, 1]
+    assert integerize([2.9999999999, 1.0000000001], 4, 1, 4) == [3, 1]  # no spurious remainder
+    assert integerize([4.6, 4.4], 9, 1, [4, 9]) == [4, 5]  # the bound wins over the remainder
 
 
-@FAST
-@given(weights=WEIGHTS, total=st.integers(0, 10_000), data=st.data())
-def test_minimum_that_does_not_bind_changes_nothing(weights, total, data):
-    smallest = min(exact_shares(weights, total))
-    minimum = data.draw(st.integers(0, max(0, math.floor(smallest - 1e-6))))
-    assume(minimum <= smallest - 1e-6 or minimum == 0)
-    assert largest_remainder(weights, total, minimum) == largest_remainder(weights, total)
-
-
-@FAST
-@given(weights=WEIGHTS, total=st.integers(0, 10_000), minimum=st.integers(0, 20))
-def test_monotone_in_weight(weights, total, minimum):
-    assume(minimum * len(weights) <= total)
-    out = largest_remainder(weights, total, minimum)
-    for i, wi in enumerate(weights):
-        for j, wj in enumerate(weights):
-            if wi > wj:
-                assert out[i] >= out[j], (weights, out)
-            if wi == wj:
-                assert abs(out[i] - out[j]) <= 1
-
-
-@FAST
-@given(weights=WEIGHTS, total=st.integers(1, 10_000), minimum=st.integers(1, 20))
-def test_pinned_workers_get_exactly_the_minimum(weights, total, minimum):
-    """Water-filling: a worker whose share falls below the minimum is held at it, no more."""
-    assume(minimum * len(weights) <= total)
-    out = largest_remainder(weights, total, minimum)
-    for w, o in zip(weights, out):
-        if w == 0:
-            assert o == minimum
-
-
-def test_known_splits():
-    assert largest_remainder([1, 1, 1], 10) == [4, 3, 3]  # ties go to the lower index
-    assert largest_remainder([1, 2, 3], 12) == [2, 4, 6]
-    assert largest_remainder([0.5, 0.25, 0.25], 7) == [3, 2, 2]  # 3.5, 1.75, 1.75
-    assert largest_remainder([100, 1, 1], 12, minimum=2) == [8, 2, 2]
-    assert largest_remainder([0, 0, 5], 9, minimum=1) == [1, 1, 7]
-    assert largest_remainder(np.array([3.0, 1.0]), 4) == [3, 1]
-
-
-@pytest.mark.parametrize("weights", [[], [0, 0], [-1, 2], [1, float("nan")], [1, float("inf")], [[1, 2], [3, 4]],
-                                     [0.0]])
-def test_bad_weights_are_refused(weights):
-    with pytest.raises(ValueError, match="weights"):
-        largest_remainder(weights, 10)
-
-
-def test_impossible_minimum_is_refused():
-    with pytest.raises(ValueError, match="at least 4"):
-        largest_remainder([1, 1, 1], 11, minimum=4)
+def test_integerize_refuses_an_impossible_split():
     with pytest.raises(ValueError):
-        largest_remainder([1, 1], -1)
+        integerize([1.5, 1.5], 3, 1, 1)
+    with pytest.raises(ValueError):
+        integerize([3.0, 3.0], 4, 3, 5)
 
 
-def test_scalar_weights_are_refused_with_value_error():
-    with pytest.raises(ValueError, match="weights"):
-        largest_remainder(5.0, 10)
+# -- decide ----------------------------------------------------------------------------
 
+@settings(max_examples=80, deadline=None)
+@given(problem=problems(), data=st.data())
+def test_decide_sums_exactly_within_per_worker_bounds(problem, data):
+    lines, total, lo, hi = problem
+    n = len(lines)
+    his = hi if isinstance(hi, list) else [hi] * n
+    current = data.draw(st.lists(st.integers(1, 400), min_size=n, max_size=n))
+    d = decide(current, lines, total, lo, hi, 0.0)  # deadband 0: always a plan
+    assert isinstance(d, Decision) and d.batches is not None
+    assert all(type(b) is int for b in d.batches)
+    assert sum(d.batches) == total
+    assert all(lo <= b <= h for b, h in zip(d.batches, his)), (d.batches, his)
+    assert len(d.targets) == n
+
+
+@settings(max_examples=100, deadline=None)
+@given(problem=problems())
+def test_decide_gives_a_faster_worker_no_smaller_batch(problem):
+    lines, total, lo, hi = problem
+    his = hi if isinstance(hi, list) else [hi] * len(lines)
+    d = decide([1] * len(lines), lines, total, lo, hi, 0.0)
+    check_equal_time(lines, total, lo, hi, np.array(d.targets))
+    for i in range(len(lines)):
+        for j in range(len(lines)):
+            if his[i] != his[j]:
+                continue
+            if faster(lines, j, i):
+                assert d.batches[j] >= d.batches[i], (lines, his, d.batches)
+            if lines[i] == lines[j]:
+                assert abs(d.batches[i] - d.batches[j]) <= 1
+
+
+def test_decide_faster_worker_example_under_caps():
+    d = decide([21, 21, 21], [(100.0, 1.0), (99.0, 1.0), (0.0, 1.0)], 63, 1, [100, 100, 10], 0.05)
+    assert d.batches == (26, 27, 10)
+
+
+def test_decide_deadband():
+    lines = [(0.0, 1.0), (0.0, 1.0)]
+    # already balanced: nothing to do, and the prediction is for the current plan
+    d = decide([32, 32], lines, 64, 1, 64, 0.05)
+    assert d.batches is None and d.targets == (32.0, 32.0) and d.predicted_s == 32.0
+    # worker 1 is 8 % slower: targets 33.23 / 30.77, 3.8 % off: inside a 5 % deadband, outside a 3 % one
+    skew = [(0.0, 1.0), (0.0, 1.08)]
+    d = decide([32, 32], skew, 64, 1, 64, 0.05)
+    assert d.batches is None and d.targets == pytest.approx((64 / (1 + 1 / 1.08), 64 / 1.08 / (1 + 1 / 1.08)))
+    assert d.predicted_s == pytest.approx(32 * 1.08)
+    assert decide([32, 32], skew, 64, 1, 64, 0.03).batches == (33, 31)
+    # a decision outside the deadband that rounds back to the current plan is still a decision
+    d = decide([33, 31], skew, 64, 1, 64, 0.0)
+    assert d.batches == (33, 31)
+    assert d.predicted_s == pytest.approx(max(33, 31 * 1.08))
+
+
+# -- the starting split ----------------------------------------------------------------
 
 @FAST
 @given(num_workers=st.integers(1, 16), extra=st.integers(0, 2000))
@@ -109,24 +265,63 @@ def test_uniform_start_is_equal(num_workers, extra):
     global_batch = num_workers + extra
     capacities = [float(i + 1) for i in range(num_workers)]  # ignored by uniform
     out = initial_batches("uniform", global_batch, capacities)
+    assert all(type(x) is int for x in out)
     assert sum(out) == global_batch and min(out) >= 1
     assert max(out) - min(out) <= 1
-    assert out == sorted(out, reverse=True)
+    assert out == sorted(out, reverse=True)  # the extra samples go to the lowest ranks
 
 
 @FAST
-@given(capacities=st.lists(st.integers(1, 64).map(float), min_size=1, max_size=8), extra=st.integers(0, 2000))
+@given(capacities=st.lists(st.integers(1, 64), min_size=1, max_size=8), extra=st.integers(0, 2000))
 def test_static_start_follows_capacity(capacities, extra):
     global_batch = len(capacities) + extra
     out = initial_batches("static", global_batch, capacities)
     assert sum(out) == global_batch and min(out) >= 1
-    assert out == largest_remainder(capacities, global_batch, minimum=1)
+    exact = water_fill([(0.0, 1.0 / w) for w in capacities], global_batch, 1, global_batch)
+    assert np.all(np.abs(np.array(out) - exact) < 1), (out, exact)
+    for i, ci in enumerate(capacities):
+        for j, cj in enumerate(capacities):
+            if ci > cj:
+                assert out[i] >= out[j]
+            if ci == cj:
+                assert abs(out[i] - out[j]) <= 1
 
 
-def test_static_vs_uniform_example():
+@FAST
+@given(capacities=st.lists(st.integers(1, 64), min_size=1, max_size=8), lo=st.integers(1, 8),
+       data=st.data())
+def test_start_respects_the_bounds(capacities, lo, data):
+    n = len(capacities)
+    hi = data.draw(st.integers(lo, lo + 200))
+    global_batch = data.draw(st.integers(lo * n, hi * n))
+    for batching in ("uniform", "static", "dynamic"):
+        out = initial_batches(batching, global_batch, capacities, lo, hi)
+        assert sum(out) == global_batch
+        assert all(lo <= b <= hi for b in out), (batching, out, lo, hi)
+
+
+def test_start_examples():
+    assert initial_batches("static", 64, [10, 20, 34]) == [10, 20, 34]
+    assert initial_batches("dynamic", 64, [10, 20, 34]) == [10, 20, 34]
+    assert initial_batches("uniform", 64, [10, 20, 34]) == [22, 21, 21]
     assert initial_batches("uniform", 64, [1, 3]) == [32, 32]
     assert initial_batches("static", 64, [1, 3]) == [16, 48]
     assert initial_batches("static", 4, [1, 1000, 1, 1]) == [1, 1, 1, 1]
+    assert initial_batches("static", 64, [1, 1, 100], lo=1, hi=30) == [17, 17, 30]
+    assert initial_batches("static", 12, [1, 100], lo=3) == [3, 9]
+
+
+@pytest.mark.parametrize("capacities", [[0, 1], [-1, 2], [1, float("nan")], [1, float("inf")], [0.0]])
+def test_bad_capacities_are_refused(capacities):
+    with pytest.raises(ValueError, match="capacities"):
+        initial_batches("static", 10, capacities)
+
+
+def test_start_refuses_impossible_bounds():
+    with pytest.raises(ValueError):
+        initial_batches("uniform", 10, [1, 1, 1], lo=4)
+    with pytest.raises(ValueError):
+        initial_batches("static", 10, [1, 1], lo=1, hi=4)
 
 
 # -- plans on the wire ---------------------------------------------------------------

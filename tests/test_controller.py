@@ -1,0 +1,450 @@
+"""The OmniLearn controller in closed loop: time models (omnips/timemodel.py) fed with
+simulated step times, `decide` (omnips/batching.py), and the scheduler's window
+bookkeeping (scheduler/control.py)."""
+
+import random
+
+import pytest
+from hypothesis import Phase, assume, given, settings
+from hypothesis import strategies as st
+
+from omnips.batching import BatchPlan, decide, equal_time, initial_batches, integerize
+from omnips.job import JobSpec
+from omnips.timemodel import TimeModel
+from scheduler.control import Adjustment, BatchControl
+
+DEADBAND = 0.05
+# derandomized so that runs repeat; no shrinking phase (a failure is reported as found)
+SEARCH = settings(max_examples=200, deadline=None, derandomize=True, database=None, phases=[Phase.generate])
+
+# the brief's strong-overhead cluster: two workers with a big fixed cost per step, two without
+STRONG = ([50.0, 50.0, 1.0, 1.0], [0.5, 1.0, 2.0, 4.0], 128)
+
+
+def exact_plan(a, c, total):
+    """The equal-time integer plan computed from the true lines."""
+    return integerize(equal_time(list(zip(a, c)), total, 1, total), total, 1, total)
+
+
+def off_by(batches, plan):
+    return max(abs(x - y) for x, y in zip(batches, plan))
+
+
+class Cluster:
+    """Workers whose step takes t_i(b) = a_i + c_i*b; each window feeds every worker's time
+    into its TimeModel and asks `decide` for the next plan (bounds [1, total])."""
+
+    def __init__(self, a, c, total, affine=True, deadband=DEADBAND):
+        self.a, self.c, self.total, self.deadband = list(a), list(c), total, deadband
+        self.models = [TimeModel(affine=affine) for _ in a]
+        self.batches = initial_batches("uniform", total, [1] * len(a))
+        self.changes = 0
+
+    def window(self, noise=None) -> bool:
+        """One measurement window and decision; True when the plan changed."""
+        for i, model in enumerate(self.models):
+            t = self.a[i] + self.c[i] * self.batches[i]
+            model.observe(self.batches[i], t * (noise() if noise else 1.0))
+        d = decide(self.batches, [m.line() for m in self.models], self.total, 1, self.total, self.deadband)
+        if d.batches is None or list(d.batches) == self.batches:
+            return False
+        assert sum(d.batches) == self.total and min(d.batches) >= 1
+        self.batches = list(d.batches)
+        self.changes += 1
+        return True
+
+
+def adjustments_to_settle(a, c, total, affine=True, limit=30):
+    """Plan changes until a fixed point: `decide` keeps the plan, or the plan is within one
+    sample of the exact equal-time plan. None if neither happens within `limit` windows."""
+    cluster, target = Cluster(a, c, total, affine), exact_plan(a, c, total)
+    if off_by(cluster.batches, target) <= 1:
+        return 0
+    for _ in range(limit):
+        if not cluster.window():
+            return cluster.changes
+        if off_by(cluster.batches, target) <= 1:
+            return cluster.changes
+    return None
+
+
+def adjustments_to_reach(a, c, total, affine=True, limit=30):
+    """Plan changes until the plan is within one sample of the exact equal-time plan (None: never)."""
+    cluster, target = Cluster(a, c, total, affine), exact_plan(a, c, total)
+    for _ in range(limit + 1):
+        if off_by(cluster.batches, target) <= 1:
+            return cluster.changes
+        cluster.window()
+    return None
+
+
+@st.composite
+def clusters(draw):
+    """2..8 workers, overheads 1..50 ms, 0.1..5 ms a sample, a global batch of 8n..512."""
+    n = draw(st.integers(2, 8))
+    a = draw(st.lists(st.floats(1.0, 50.0), min_size=n, max_size=n))
+    c = draw(st.lists(st.floats(0.1, 5.0), min_size=n, max_size=n))
+    total = draw(st.integers(8 * n, 512))
+    return a, c, total
+
+
+# -- convergence -------------------------------------------------------------------------
+
+def test_affine_controller_reaches_the_equal_time_plan_where_the_proportional_one_stops_short():
+    a, c, total = [40.0, 2.0, 2.0], [0.5, 1.0, 2.0], 96
+    assert exact_plan(a, c, total) == [22, 49, 25]
+    assert adjustments_to_reach(a, c, total, affine=True) == 2
+    # the proportional rule under-shoots, and the deadband stops it 3 samples short
+    assert adjustments_to_reach(a, c, total, affine=False) is None
+    cluster = Cluster(a, c, total, affine=False)
+    for _ in range(20):
+        cluster.window()
+    assert cluster.batches == [25, 47, 24]
+
+
+def test_strong_overheads_affine_beats_proportional():
+    a, c, total = STRONG
+    target = exact_plan(a, c, total)
+    assert target == [49, 24, 37, 18]
+    affine = adjustments_to_reach(a, c, total, affine=True)
+    proportional = adjustments_to_reach(a, c, total, affine=False)
+    # three, not two: worker 1 moves 32 -> 31 first, too little (< 10 %) for a fit
+    assert affine is not None and affine <= 3
+    assert proportional is None or proportional > affine
+    assert proportional is None  # it never gets there: the deadband freezes it
+    # and the affine plan, once there, stays there
+    cluster = Cluster(a, c, total)
+    for _ in range(20):
+        cluster.window()
+    assert cluster.batches == target
+    stuck = Cluster(a, c, total, affine=False)
+    for _ in range(20):
+        stuck.window()
+    assert off_by(stuck.batches, target) > 1
+
+
+@SEARCH
+@given(cluster=clusters())
+def test_affine_converges_in_two_adjustments_when_first_moves_allow_a_fit(cluster):
+    """With every worker's first move spanning >= 10 % (so that every model can fit a
+    line at the second decision), the second adjustment lands on the equal-time plan."""
+    a, c, total = cluster
+    first = Cluster(a, c, total)
+    start = list(first.batches)
+    first.window()
+    assume(all(abs(x - y) >= 0.1 * max(x, y) for x, y in zip(start, first.batches)))
+    settled = adjustments_to_settle(a, c, total)
+    assert settled is not None and settled <= 2, (settled, exact_plan(a, c, total))
+
+
+@SEARCH
+@given(cluster=clusters())
+def test_affine_converges_in_at_most_three_adjustments(cluster):
+    """Two when the first move gives every worker a fit (next test); a worker that
+    first moves by under 10 % is still on its proportional line at the second."""
+    a, c, total = cluster
+    settled = adjustments_to_settle(a, c, total)
+    assert settled is not None and settled <= 3, (settled, exact_plan(a, c, total))
+
+
+@settings(max_examples=25, deadline=None)
+@given(cluster=clusters())
+def test_every_plan_on_the_way_is_valid(cluster):
+    a, c, total = cluster
+    for affine in (True, False):
+        sim = Cluster(a, c, total, affine)
+        for _ in range(8):
+            sim.window()
+            assert sum(sim.batches) == total and all(1 <= b <= total for b in sim.batches)
+
+
+# -- the deadband ----------------------------------------------------------------------
+
+def noisy_windows(a, c, total, seed, deadband, windows=50, amplitude=0.03):
+    """Converge on exact times, then `windows` windows with +-3 % multiplicative noise:
+    (plan changes, the furthest any worker got from the converged plan)."""
+    cluster = Cluster(a, c, total)
+    for _ in range(12):
+        cluster.window()
+    converged = list(cluster.batches)
+    cluster.deadband, cluster.changes, drift = deadband, 0, 0
+    rng = random.Random(seed)
+    for _ in range(windows):
+        cluster.window(lambda: 1.0 + rng.uniform(-amplitude, amplitude))
+        drift = max(drift, off_by(cluster.batches, converged))
+    return cluster.changes, drift
+
+
+@pytest.mark.parametrize("a, c, total", [([20.0, 5.0], [1.0, 3.0], 64), ([5.0, 5.0, 5.0], [1.0, 2.0, 3.0], 120)])
+def test_deadband_holds_a_converged_plan_under_noise(a, c, total):
+    with_band = [noisy_windows(a, c, total, seed, DEADBAND) for seed in range(10)]
+    without = [noisy_windows(a, c, total, seed, 0.0)[0] for seed in range(10)]
+    # typically no change at all; never more than two, never more than a sample away
+    assert sum(ch for ch, _ in with_band) <= 5, with_band
+    assert all(ch <= 2 and drift <= 1 for ch, drift in with_band), with_band
+    # without the deadband, the same noise moves the plan again and again
+    assert min(without) >= 5, without
+
+
+def test_deadband_limits_churn_with_strong_overheads():
+    """With big overheads a fitted line turns 3 % of time noise into ~9 % of batch (a/(c*b)
+    amplifies it), so the deadband cannot hold every window; it still bounds the churn."""
+    a, c, total = STRONG
+    with_band = [noisy_windows(a, c, total, seed, DEADBAND) for seed in range(5)]
+    without = [noisy_windows(a, c, total, seed, 0.0)[0] for seed in range(5)]
+    assert all(ch <= 8 and drift <= 2 for ch, drift in with_band), with_band
+    assert min(without) >= 30, without
+    assert sum(ch for ch, _ in with_band) * 4 < sum(without)
+
+
+def test_exact_times_settle_for_good():
+    cluster = Cluster([1.0, 0.0], [5.0, 1.0], 16)
+    for _ in range(10):
+        cluster.window()
+    before = cluster.changes
+    for _ in range(20):
+        cluster.window()
+    assert cluster.changes == before, cluster.batches
+
+
+def test_deadband_holds_a_small_batch_worker_under_noise():
+    a, c, total = [0.0] * 4, [0.5, 1.0, 2.0, 4.0], 128  # plan [68, 34, 17, 9]
+    with_band = [noisy_windows(a, c, total, seed, DEADBAND) for seed in range(3)]
+    assert all(ch <= 2 and drift <= 1 for ch, drift in with_band), with_band
+
+
+# -- the time model ----------------------------------------------------------------------
+
+def affine_model(a, c, b1, b2, affine=True):
+    model = TimeModel(affine=affine)
+    model.observe(b1, a + c * b1)
+    model.observe(b2, a + c * b2)
+    return model
+
+
+LINES = st.tuples(st.floats(0.0, 50.0), st.floats(0.1, 5.0), st.integers(20, 300))
+
+
+def near_pair(b1):
+    """A second batch size spanning >= 10 % but < 20 % of the first."""
+    return round(b1 * 1.15)
+
+
+@settings(max_examples=40, deadline=None)
+@given(line=LINES)
+def test_two_sizes_give_the_exact_line(line):
+    a, c, b1 = line
+    model = affine_model(a, c, b1, near_pair(b1))
+    fa, fc = model.line()
+    assert fa == pytest.approx(a, rel=1e-9, abs=1e-9) and fc == pytest.approx(c, rel=1e-9)
+
+
+def test_two_far_apart_sizes_give_the_exact_line():
+    model = affine_model(50.0, 1.0, 32, 16)
+    assert model.line() == pytest.approx((50.0, 1.0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(line=LINES, factor=st.one_of(st.floats(0.25, 0.75), st.floats(1.3, 8.0)), at_old=st.booleans())
+def test_speed_change_is_followed_after_one_window(line, factor, at_old):
+    a, c, b1 = line
+    b2 = near_pair(b1)
+    model = affine_model(a, c, b1, b2)
+    at = b1 if at_old else b2
+    model.observe(at, factor * (a + c * at))
+    for b in (1, b1, b2, 2 * b2, 1000):
+        assert model.predict(b) == pytest.approx(factor * (a + c * b), rel=0.01)
+
+
+def test_a_small_change_is_taken_as_noise_at_first():
+    """Below 20 % (CHANGE) a new time is not a speed change: the newest point is honoured,
+    the older ones are not rescaled."""
+    model = affine_model(20.0, 1.0, 60, 100)
+    assert model.line() == pytest.approx((20.0, 1.0))
+    model.observe(100, 1.1 * 120)
+    assert model.predict(100) == pytest.approx(132)
+    assert model.predict(60) == pytest.approx(80)  # the old speed
+
+
+def test_fit_needs_two_sizes_spanning_ten_percent():
+    # one point: the line through it and the origin
+    model = TimeModel()
+    model.observe(40, 60.0)
+    assert model.line() == (0.0, 1.5)
+    # the same size again: the newest point wins
+    model.observe(40, 62.0)
+    assert model.line() == (0.0, 62.0 / 40)
+    # 100 and 91 span 9 %: still proportional, through the newest point
+    assert affine_model(5.0, 1.0, 100, 91).line() == (0.0, 96.0 / 91)
+    # 100 and 90 span 10 %: a fit
+    assert affine_model(5.0, 1.0, 100, 90).line() == pytest.approx((5.0, 1.0))
+    # the paper's rule never fits
+    assert affine_model(5.0, 1.0, 100, 50, affine=False).line() == (0.0, 55.0 / 50)
+
+
+def test_negative_intercept_and_slope_are_clamped():
+    # t = -10 + 2b: the fitted intercept is negative -> a = 0, c = weighted mean of t/b
+    model = affine_model(-10.0, 2.0, 20, 23)
+    a, c = model.line()
+    assert a == 0.0
+    assert c == pytest.approx((0.5 * 30 / 20 + 1.0 * 36 / 23) / 1.5)
+    assert a + c * 23 == pytest.approx(36, rel=0.05)
+    # time falling with batch: no usable slope -> the proportional line through the newest point
+    model = TimeModel()
+    model.observe(20, 40.0)
+    model.observe(23, 38.0)
+    assert model.line() == (0.0, 38.0 / 23)
+
+
+@pytest.mark.parametrize("batch, seconds", [
+    (0, 1.0), (-1, 1.0), (1, 0.0), (1, -1.0), (1, float("nan")), (1, float("inf")), (1, -float("inf")),
+])
+def test_bad_observations_are_refused(batch, seconds):
+    model = TimeModel()
+    model.observe(10, 20.0)
+    with pytest.raises(ValueError):
+        model.observe(batch, seconds)
+    assert model.line() == (0.0, 2.0)  # untouched
+
+
+def test_no_line_before_a_measurement():
+    with pytest.raises(ValueError):
+        TimeModel().line()
+    with pytest.raises(ValueError):
+        TimeModel().predict(4)
+
+
+# -- the scheduler's bookkeeping --------------------------------------------------------------
+
+def control(num_workers=3, global_batch=60, adjust_every=4, **kw):
+    job = JobSpec(batching="dynamic", num_workers=num_workers, global_batch=global_batch,
+                  adjust_every=adjust_every, **kw)
+    job.check()
+    plan = BatchPlan(0, tuple(initial_batches("dynamic", global_batch, [1] * num_workers, *job.batch_bounds)))
+    return BatchControl(job, plan)
+
+
+def run_window(ctl, times, first=True):
+    """Each worker reports adjust_every - 1 measured steps (plus the unmeasured first)."""
+    for rank, t in enumerate(times):
+        steps = ctl.job.adjust_every if first else ctl.job.adjust_every - 1
+        for _ in range(steps):
+            ctl.on_step(rank, ctl.plan.batches[rank], t)
+
+
+def test_ready_needs_every_worker_to_have_a_full_window():
+    ctl = control()
+    assert ctl.plan == BatchPlan(0, (20, 20, 20))
+    assert not ctl.ready
+    for rank in range(3):
+        ctl.on_step(rank, 20, 1.0)  # the first step at a batch size: not measured
+    for _ in range(2):
+        for rank in range(3):
+            ctl.on_step(rank, 20, 1.0)
+    assert not ctl.ready  # 2 of 3 measured steps
+    ctl.on_step(0, 20, 1.0)
+    ctl.on_step(1, 20, 1.0)
+    assert not ctl.ready  # worker 2 still short
+    ctl.on_step(2, 19, 1.0)  # a report at another batch size does not count
+    ctl.on_step(2, 20, 0.0)  # nor a report without a time
+    ctl.on_step(2, 20, -1.0)
+    assert not ctl.ready
+    ctl.on_step(2, 20, 1.0)
+    assert ctl.ready
+
+
+def test_first_step_and_stale_reports_are_not_measured():
+    ctl = control(num_workers=2, global_batch=40, adjust_every=2)
+    ctl.on_step(0, 20, 100.0)  # first step: warm-up
+    ctl.on_step(0, 25, 7.0)  # not its batch
+    ctl.on_step(0, 20, 2.0)
+    ctl.on_step(1, 20, 100.0)
+    ctl.on_step(1, 20, 2.0)
+    assert ctl.ready
+    adj = ctl.replan()
+    assert isinstance(adj, Adjustment)
+    assert adj.times == (2.0, 2.0) and adj.batches == (20, 20) and adj.reason == "window"
+    assert adj.decision.batches is None  # balanced: inside the deadband
+    assert ctl.plan == BatchPlan(0, (20, 20)) and ctl.adjustments == 0
+
+
+def test_replan_moves_the_plan_and_the_generation_only_on_change():
+    ctl = control()
+    run_window(ctl, [1.0, 1.0, 1.0])
+    adj = ctl.replan()
+    assert adj.decision.batches is None and ctl.plan.gen == 0  # balanced
+    assert not ctl.ready  # the windows start again
+    run_window(ctl, [1.0, 1.0, 2.0], first=False)  # same batches: no warm-up step to drop
+    assert ctl.ready
+    adj = ctl.replan()
+    assert adj.times == (1.0, 1.0, 2.0) and adj.batches == (20, 20, 20)
+    assert sum(adj.decision.batches) == 60 and ctl.plan.batches == adj.decision.batches
+    assert ctl.plan.gen == 1 and ctl.adjustments == 1
+    assert ctl.plan.batches == (24, 24, 12)  # throughputs 20, 20, 10
+    # a worker whose batch changed drops its first step at the new size again
+    for rank, b in enumerate(ctl.plan.batches):
+        for _ in range(ctl.job.adjust_every - 1):
+            ctl.on_step(rank, b, 1.0)
+    assert not ctl.ready
+    for rank, b in enumerate(ctl.plan.batches):
+        ctl.on_step(rank, b, 1.0)
+    assert ctl.ready
+
+
+def test_control_loop_converges_on_affine_workers():
+    a, c, total = [40.0, 2.0, 2.0], [0.5, 1.0, 2.0], 96
+    ctl = control(num_workers=3, global_batch=total, adjust_every=3)
+    for _ in range(6):
+        run_window(ctl, [ai + ci * b for ai, ci, b in zip(a, c, ctl.plan.batches)])
+        assert ctl.ready
+        ctl.replan()
+        assert sum(ctl.plan.batches) == total
+    assert list(ctl.plan.batches) == exact_plan(a, c, total)
+    assert ctl.adjustments == 2 and ctl.plan.gen == 2
+
+
+def test_limit_lowers_the_bound_and_replans_at_once():
+    ctl = control(deadband=0.5)  # a wide deadband that a memory limit must ignore
+    run_window(ctl, [1.0, 1.0, 1.0])
+    # a limit above the current batch: the bound drops, the plan stays
+    assert ctl.limit(0, 30) is None
+    assert ctl.max_batch[0] == 30 and ctl.plan == BatchPlan(0, (20, 20, 20))
+    # one sample too many (5 %, well inside the deadband): re-planned at once anyway
+    adj = ctl.limit(0, 19)
+    assert adj is not None and adj.reason == "memory"
+    assert ctl.plan.batches[0] <= 19 and sum(ctl.plan.batches) == 60
+    assert ctl.plan.gen == 1
+    assert ctl.max_batch[0] == 19
+    # a limit never raises the bound again
+    assert ctl.limit(0, 50) is None and ctl.max_batch[0] == 19
+    # the bound holds in later plans even when worker 0 is by far the fastest
+    run_window(ctl, [0.1, 5.0, 5.0])
+    ctl.replan()
+    assert ctl.plan.batches[0] <= 19 and sum(ctl.plan.batches) == 60
+
+
+def test_limit_before_any_measurement_keeps_the_others_balanced():
+    ctl = control()
+    adj = ctl.limit(0, 10)
+    assert adj is not None
+    assert ctl.plan == BatchPlan(1, (10, 25, 25))
+
+
+def test_limit_refuses_when_the_workers_cannot_hold_the_global_batch():
+    ctl = control(num_workers=2, global_batch=60)
+    assert ctl.max_batch == [59, 59]
+    ctl.limit(0, 1)  # 1 + 59 still holds 60
+    assert ctl.plan.batches == (1, 59)
+    with pytest.raises(ValueError):
+        ctl.limit(1, 58)
+    assert ctl.max_batch == [1, 59] and ctl.plan.batches == (1, 59)  # unchanged
+
+
+def test_max_batch_setting_bounds_the_plan():
+    ctl = control(num_workers=2, global_batch=64, max_batch=40)
+    assert ctl.max_batch == [40, 40]
+    run_window(ctl, [0.1, 10.0])
+    ctl.replan()
+    assert ctl.plan.batches == (40, 24)
+    with pytest.raises(ValueError):
+        ctl.limit(1, 23)
