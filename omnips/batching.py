@@ -121,15 +121,23 @@ def integerize(real, total: int, lo, hi) -> list[int]:
 
 
 def decide(batches, lines, total: int, lo, hi, deadband: float) -> Decision:
-    """The next batch vector from each worker's time model (a_i, c_i), or none when
-    every worker's change would be smaller than `deadband` (relative)."""
+    """The next batch vector from each worker's time model (a_i, c_i), or none when the
+    change is not worth it: no worker's batch would move by more than `deadband`
+    (relative; half a sample at least, so a target between two integers cannot flip
+    the plan), or every move is within one sample and the step would not get
+    predictably faster by more than `deadband` (noise on a small worker's time must
+    not churn it between two sizes)."""
     targets = equal_time(lines, total, lo, hi)
     current = np.asarray(batches, dtype=np.float64)
     a = np.array([ln[0] for ln in lines])
     c = np.array([ln[1] for ln in lines])
-    # inside the deadband: no worker would move by more than deadband * b_i, nor by a
-    # whole sample (a target between two integers must not flip between them)
-    if deadband > 0 and np.all(np.abs(targets - current) < np.maximum(deadband * current, 1.0)):
-        return Decision(None, tuple(targets), float((a + c * current).max()))
+    now_s = float((a + c * current).max())
     new = integerize(targets, total, lo, hi)
-    return Decision(tuple(new), tuple(targets), float((a + c * np.asarray(new)).max()))
+    new_s = float((a + c * np.asarray(new)).max())
+    if deadband > 0:
+        gap = np.abs(targets - current)
+        small = np.all((gap < deadband * current) | (gap <= 0.5))
+        marginal = np.all(gap < np.maximum(deadband * current, 1.0)) and now_s <= new_s * (1 + deadband)
+        if small or marginal:
+            return Decision(None, tuple(targets), now_s)
+    return Decision(tuple(new), tuple(targets), new_s)

@@ -210,7 +210,11 @@ def test_exact_times_settle_for_good():
 def test_deadband_holds_a_small_batch_worker_under_noise():
     a, c, total = [0.0] * 4, [0.5, 1.0, 2.0, 4.0], 128  # plan [68, 34, 17, 9]
     with_band = [noisy_windows(a, c, total, seed, DEADBAND) for seed in range(3)]
-    assert all(ch <= 2 and drift <= 1 for ch, drift in with_band), with_band
+    without = [noisy_windows(a, c, total, seed, 0.0)[0] for seed in range(3)]
+    # the 9-sample worker's target wanders by about half a sample: at most 3 one-sample
+    # moves in 50 windows, where without the deadband the plan changes most windows
+    assert all(ch <= 3 and drift <= 1 for ch, drift in with_band), with_band
+    assert min(without) >= 10, without
 
 
 # -- the time model ----------------------------------------------------------------------
