@@ -96,27 +96,22 @@ def equal_time(lines, total: int, lo, hi) -> np.ndarray:
 
 
 def integerize(real, total: int, lo, hi) -> list[int]:
-    """Round to integers in [lo_i, hi_i] summing to `total` by largest remainder."""
+    """Round to integers in [lo_i, hi_i] summing to `total`, each within one of `real`:
+    the samples left after rounding down go to the largest remainders (ties to the
+    lower index)."""
     real = np.asarray(real, dtype=np.float64)
     lo = np.broadcast_to(np.asarray(lo, dtype=np.int64), real.shape)
     hi = np.broadcast_to(np.asarray(hi, dtype=np.int64), real.shape)
     out = np.clip(np.floor(real + 1e-9).astype(np.int64), lo, hi)
     spare = total - int(out.sum())
-    rem = real - out
-    order = np.argsort(-rem, kind="stable")
     step = 1 if spare > 0 else -1
-    while spare != 0:
-        room = (out < hi) if step > 0 else (out > lo)
-        moved = False
-        for i in (order if step > 0 else order[::-1]):
-            if spare == 0:
-                break
-            if room[i]:
-                out[i] += step
-                spare -= step
-                moved = True
-        if not moved:
-            raise ValueError(f"no integer split of {total} within the bounds")
+    room = (out < hi) if step > 0 else (out > lo)
+    remainder = real - out
+    order = np.lexsort((np.arange(len(out)), -remainder if step > 0 else remainder))
+    chosen = [i for i in order if room[i]][:abs(spare)]
+    if len(chosen) < abs(spare):
+        raise ValueError(f"no integer split of {total} within the bounds")
+    out[chosen] += step
     return [int(x) for x in out]
 
 

@@ -49,10 +49,10 @@ class TimeModel:
         return self.affine and len(bs) >= 2 and max(bs) - min(bs) >= MIN_SPREAD * max(bs)
 
     def trusted_at(self, batch: int) -> bool:
-        """Whether a prediction at `batch` can tell a speed change from the batch change
-        itself: the line is a real fit, or `batch` is close to a measured size."""
-        return self.newest is not None and (
-            self._fitted() or any(abs(batch - b) <= MIN_SPREAD * b for b in self.points))
+        """Whether a miss at `batch` is a speed change rather than the batch change itself
+        (or a poor fit): only near a size already measured. Elsewhere a new point simply
+        joins the fit."""
+        return any(abs(batch - b) <= MIN_SPREAD * b for b in self.points)
 
     def line(self) -> tuple[float, float]:
         """(a, c) of the current model; needs at least one observation."""

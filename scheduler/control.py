@@ -45,7 +45,12 @@ class BatchControl:
             self._measured_batch[rank] = batch  # first step at this size: warm-up, not measured
             self._window[rank] = []
             return
-        self._window[rank].append(compute_s)
+        window = self._window[rank]
+        if window and abs(compute_s - statistics.median(window)) > CHANGE * statistics.median(window):
+            # the worker's speed changed inside the window: a median across the change would be
+            # a time it never had (and a fit through it a wrong slope): start the window anew
+            window.clear()
+        window.append(compute_s)
 
     @property
     def ready(self) -> bool:
