@@ -103,8 +103,3 @@ class FlatModel:
         self._dev_g[nt:].copy_(self._dev_p[nt:])
         if self._dev_g is not self._host_g:
             self._host_g.copy_(self._dev_g)
-
-    def load_flat(self, values: np.ndarray) -> None:
-        """Set the whole model from a flat vector in this layout."""
-        np.copyto(self.params, values)
-        self.load_params()

@@ -60,7 +60,8 @@ def _loop(router, link: SchedulerLink, core: ShardCore) -> int:
         if link.sock in events:
             msg = link.receive()
             if isinstance(msg, Shutdown):
-                log.info("shutdown: %s (%d updates applied)", msg.reason or "job done", core.updates)
+                log.info("shutdown: %s (%d updates applied, staleness mean %.2f max %d)", msg.reason or "job done",
+                         core.updates, core.staleness_sum / max(1, core.updates), core.staleness_max)
                 return 0
             if isinstance(msg, Plan):
                 _send(router, core.set_plan(msg, time.monotonic()), trackers)

@@ -50,7 +50,8 @@ def test_parameters_are_views_of_the_flat_buffer():
     with torch.no_grad():
         assert net(x).tolist() == [[1, 2, 3], [1, 2, 3]]
     new = np.random.default_rng(0).standard_normal(flat.size).astype(np.float32)
-    flat.load_flat(new)
+    np.copyto(flat.params, new)
+    flat.load_params()
     np.testing.assert_array_equal(net[0].weight.detach().numpy().reshape(-1), new[:20])
 
 

@@ -97,7 +97,7 @@ class _Session:
         while not self.plan.stop and not (bsp and step >= self.total_steps):
             batch = self.plan.batches[self.rank]
             if bsp:
-                start = step * self.job.global_batch + sum(self.plan.batches[:self.rank])
+                start = data.bsp_slice_start(step * self.job.global_batch, self.plan.batches, self.rank)
             else:
                 start, asp_pos = asp_pos, asp_pos + batch
             loss, real_s = self.trainer.compute(self.stream.take(start, batch))
