@@ -20,7 +20,7 @@ FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChe
 U64 = st.integers(0, 2**64 - 1)
 ANY_INT = st.integers(-(2**63), 2**64 - 1)
 FLOAT = st.floats(allow_nan=True, allow_infinity=True)
-NON_NEG_FLOAT = st.floats(min_value=0.0, allow_infinity=True)
+NON_NEG_FLOAT = st.floats(min_value=0.0, allow_infinity=False)
 TEXT = st.text(max_size=20)
 
 # msgpack-compatible plain values (lists rather than tuples, str keys); no NaN so == works
@@ -40,7 +40,7 @@ def wire_data(draw, max_size=24):
 STRATEGIES = {
     "register": st.builds(
         Register, role=st.just("worker"), host=TEXT, endpoint=TEXT,
-        capacity=st.floats(min_value=1e-300, allow_infinity=True), device=TEXT, threads=ANY_INT, pid=ANY_INT)
+        capacity=st.floats(min_value=1e-300, allow_infinity=False), device=TEXT, threads=ANY_INT, pid=ANY_INT)
     | st.builds(Register, role=st.just("server"), host=TEXT, endpoint=TEXT.filter(bool),
                 capacity=st.floats(min_value=1e-300, max_value=1e300), device=TEXT, threads=ANY_INT, pid=ANY_INT),
     "welcome": st.builds(Welcome, rank=ANY_INT, job=DICTS, cluster=DICTS),
@@ -348,7 +348,7 @@ def test_missing_data_length():
     ("report", "network_s", -1e-9), ("report", "wait_s", -1), ("report", "staleness", -1),
     ("pull", "at", -1),
     ("register", "role", "boss"), ("register", "capacity", 0.0), ("register", "capacity", -1.0),
-    ("register", "capacity", math.nan), ("register", "endpoint", ""),
+    ("register", "capacity", math.nan), ("register", "capacity", math.inf), ("register", "endpoint", ""),
 ])
 def test_out_of_range_values(op, name, value):
     frames = [bytes(f) for f in encode(SAMPLE[op])]
