@@ -92,12 +92,12 @@ class ServerGroup:
             if not events:
                 names = ", ".join(self.endpoints[s] for s in sorted(waiting))
                 raise ServerError(f"no answer from server(s) {names} within {self.timeout_s:g} s", "timeout")
-            for s in list(waiting):
-                if self.socks[s] not in events:
+            for s, sock in enumerate(self.socks):
+                if sock not in events:
                     continue
-                msg = self.decode_reply(s, transport.recv_frames(self.socks[s]))
-                if not isinstance(msg, want) or (req is not None and msg.req != req):
-                    continue  # a late answer to an earlier, abandoned request
+                msg = self.decode_reply(s, transport.recv_frames(sock))
+                if s not in waiting or not isinstance(msg, want) or (req is not None and msg.req != req):
+                    continue  # a late answer to an earlier, abandoned request: read and dropped
                 if isinstance(msg, Params):
                     self.accept(s, msg, into)
                     plan = msg.plan if _newer(msg.plan, plan) else plan

@@ -6,8 +6,10 @@ import logging
 import signal
 import sys
 import time
+from dataclasses import fields
 
 from omnips import logs, transport
+from omnips.flags import seconds
 from omnips.data import FactoryError
 from omnips.job import BATCHINGS, CONTROLLERS, MODES, OPTIMIZERS, STALENESS_LR, JobSpec
 
@@ -65,10 +67,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=None,
                    help="where config.json, metrics.jsonl, summary.json go (default runs/YYYYmmdd-HHMMSS); "
                         "a directory that holds another run is refused")
-    p.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
-    p.add_argument("--dead-after", type=float, default=30.0, help="seconds of silence before a process gives up")
-    p.add_argument("--register-timeout", type=float, default=300.0, help="seconds for the cluster to form")
-    p.add_argument("--stall-timeout", type=float, default=300.0, help="seconds without progress before failing")
+    p.add_argument("--heartbeat", type=seconds, default=1.0, help="seconds between heartbeats")
+    p.add_argument("--dead-after", type=seconds, default=30.0, help="seconds of silence before a process gives up")
+    p.add_argument("--register-timeout", type=seconds, default=300.0, help="seconds for the cluster to form")
+    p.add_argument("--stall-timeout", type=seconds, default=300.0, help="seconds without progress before failing")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -78,19 +80,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     logs.setup("scheduler", a.log_level)
     try:
-        job = JobSpec(mode=a.mode, num_servers=a.num_servers, num_workers=a.num_workers, model=a.model,
-                      model_args=a.model_args, dataset=a.dataset, dataset_args=a.dataset_args,
-                      optimizer=a.optimizer, lr=a.lr, momentum=a.momentum, nesterov=a.nesterov,
-                      weight_decay=a.weight_decay, global_batch=a.global_batch, epochs=a.epochs,
-                      max_steps=a.max_steps, batching=a.batching, controller=a.controller,
-                      adjust_every=a.adjust_every, deadband=a.deadband, min_batch=a.min_batch,
-                      max_batch=a.max_batch, staleness=a.staleness, staleness_lr=a.staleness_lr, seed=a.seed)
+        job = JobSpec(**{f.name: getattr(a, f.name) for f in fields(JobSpec)})  # one flag per setting
         job.check()
     except ValueError as exc:
         p.error(str(exc))
-    for name in ("heartbeat", "dead_after", "register_timeout", "stall_timeout"):
-        if not 0 < getattr(a, name) < 1e6:
-            p.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
     if a.dead_after <= 2 * a.heartbeat:
         p.error("--dead-after must be more than twice --heartbeat")
     transport.tune_malloc()

@@ -5,6 +5,7 @@ import logging
 import sys
 
 from omnips import logs, transport
+from omnips.flags import seconds
 from omnips.link import LinkError
 
 from .service import serve
@@ -19,15 +20,12 @@ def parse(argv):
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads for the optimizer update (default 1: it is memory-bound, and a "
                         "second thread competes with ZeroMQ's I/O thread and with workers on the same host)")
-    p.add_argument("--ack-timeout", type=float, default=10.0, help="seconds to wait for the scheduler to answer")
-    p.add_argument("--welcome-timeout", type=float, default=300.0, help="seconds to wait for the cluster to form")
+    p.add_argument("--ack-timeout", type=seconds, default=10.0, help="seconds to wait for the scheduler to answer")
+    p.add_argument("--welcome-timeout", type=seconds, default=300.0, help="seconds to wait for the cluster to form")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     if args.threads < 1:
         p.error("--threads must be >= 1")
-    for name in ("ack_timeout", "welcome_timeout"):
-        if not 0 < getattr(args, name) < 1e6:
-            p.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
     return args
 
 

@@ -4,7 +4,10 @@ import argparse
 import logging
 import sys
 
+import zmq
+
 from omnips import logs, transport
+from omnips.flags import seconds
 from omnips.data import FactoryError
 from omnips.link import LinkError
 from omnips.servers import ServerError
@@ -27,9 +30,9 @@ def parse(argv) -> WorkerOptions:
     p.add_argument("--slowdown", default="1", help="F, or a schedule STEP:F,STEP:F,... (emulated slower device)")
     p.add_argument("--emulate-ms-per-step", type=float, default=0.0, help="virtual device: fixed ms per step (A)")
     p.add_argument("--emulate-ms-per-sample", type=float, default=0.0, help="virtual device: ms per sample (C)")
-    p.add_argument("--ack-timeout", type=float, default=10.0, help="seconds to wait for the scheduler to answer")
-    p.add_argument("--welcome-timeout", type=float, default=300.0, help="seconds to wait for the cluster to form")
-    p.add_argument("--server-timeout", type=float, default=120.0, help="seconds to wait for a server's reply")
+    p.add_argument("--ack-timeout", type=seconds, default=10.0, help="seconds to wait for the scheduler to answer")
+    p.add_argument("--welcome-timeout", type=seconds, default=300.0, help="seconds to wait for the cluster to form")
+    p.add_argument("--server-timeout", type=seconds, default=120.0, help="seconds to wait for a server's reply")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     if args.threads < 0:
@@ -40,9 +43,6 @@ def parse(argv) -> WorkerOptions:
         p.error("--rank must be >= 0")
     if not 0 < args.capacity < float("inf"):
         p.error("--capacity must be finite and > 0")
-    for name in ("ack_timeout", "welcome_timeout", "server_timeout"):
-        if not 0 < getattr(args, name) < 1e6:
-            p.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
     if not (0 <= args.emulate_ms_per_step < 1e7 and 0 <= args.emulate_ms_per_sample < 1e7):
         p.error("--emulate-ms-per-step/--emulate-ms-per-sample must be between 0 and 1e7")
     try:
@@ -61,7 +61,8 @@ def main(argv=None) -> int:
     transport.tune_malloc()
     try:
         return run(opts)
-    except (LinkError, ServerError, FactoryError, transport.TransportError, ValueError, MemoryError) as exc:
+    except (LinkError, ServerError, FactoryError, transport.TransportError, ValueError, MemoryError,
+            zmq.ZMQError) as exc:
         logging.getLogger("omnips.worker").error("%s", exc)
         return 1
     except KeyboardInterrupt:
