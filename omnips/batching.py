@@ -56,6 +56,23 @@ def initial_batches(batching: str, global_batch: int, capacities, lo: int = 1, h
 CONTROLLERS = ("affine", "proportional")
 
 
+MEMORY_USE = 0.8  # share of a worker's free memory a plan may fill: room for the allocator and the host
+BACKWARD_FACTOR = 2.0  # peak over saved activations: backward holds their gradients alongside
+
+
+def memory_batch(free_bytes: int, sample_bytes: int, sharing: int = 1, limit: int = 0) -> int:
+    """The largest batch a worker's memory holds: its share of the device's free memory
+    (workers on one host's RAM, or one GPU, split it), at most its own `limit` when set,
+    over the per-sample footprint."""
+    if free_bytes < 0 or sample_bytes <= 0 or sharing < 1 or limit < 0:
+        raise ValueError(f"{free_bytes} B free, {sample_bytes} B per sample, shared by {sharing}, limit {limit}: "
+                         "needs bytes >= 0, a footprint > 0 and sharing >= 1")
+    usable = free_bytes / sharing
+    if limit:
+        usable = min(usable, limit)
+    return int(MEMORY_USE * usable // (BACKWARD_FACTOR * sample_bytes))
+
+
 @dataclass(frozen=True)
 class Decision:
     batches: tuple[int, ...] | None  # None: every change would be inside the deadband
@@ -121,7 +138,9 @@ def decide(batches, lines, total: int, lo, hi, deadband: float) -> Decision:
     (relative; half a sample at least, so a target between two integers cannot flip
     the plan), or every move is within one sample and the step would not get
     predictably faster by more than `deadband` (noise on a small worker's time must
-    not churn it between two sizes)."""
+    not churn it between two sizes), or the slowest worker is held at its lower bound
+    now and in the new plan, so that no plan can be faster and the step would not get
+    faster by more than `deadband` (re-balancing the others buys nothing)."""
     targets = equal_time(lines, total, lo, hi)
     current = np.asarray(batches, dtype=np.float64)
     a = np.array([ln[0] for ln in lines])
@@ -132,7 +151,11 @@ def decide(batches, lines, total: int, lo, hi, deadband: float) -> Decision:
     if deadband > 0:
         gap = np.abs(targets - current)
         small = np.all((gap < deadband * current) | (gap <= 0.5))
-        marginal = np.all(gap < np.maximum(deadband * current, 1.0)) and now_s <= new_s * (1 + deadband)
-        if small or marginal:
+        no_gain = now_s <= new_s * (1 + deadband)
+        marginal = np.all(gap < np.maximum(deadband * current, 1.0)) and no_gain
+        slowest = int(np.argmax(a + c * current))
+        floor = np.broadcast_to(np.asarray(lo, dtype=np.float64), current.shape)[slowest]
+        pinned = current[slowest] <= floor and new[slowest] <= floor and no_gain
+        if small or marginal or pinned:
             return Decision(None, tuple(targets), now_s)
     return Decision(tuple(new), tuple(targets), new_s)

@@ -12,3 +12,19 @@ def seconds(text: str) -> float:
     if not 0 < value < 1e6:
         raise argparse.ArgumentTypeError("must be a positive number of seconds")
     return value
+
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def size(text: str) -> int:
+    """A positive number of bytes, with an optional K, M, G or T suffix (powers of 1024)."""
+    body = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = body[-1] if body[-1:] in ("K", "M", "G", "T") else ""
+    try:
+        value = float(body[:-1] if unit else body) * _UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: use bytes or a K, M, G or T suffix") from None
+    if not 1 <= value < 2**60:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be from 1 byte to 1 EiB")
+    return int(value)

@@ -48,8 +48,10 @@ class Register(Message):
     threads: int = 0
     pid: int = 0
     rank: int = -1  # a worker's requested rank; -1 takes the next free one
+    memory_limit: int = 0  # bytes a worker's step may fill at most (--memory-limit); 0: what is free
 
     def check(self):
+        _non_negative(self, "threads", "pid", "memory_limit")
         if self.rank < -1:
             raise ValueError(f"requested rank must be >= 0 (or -1 for any), not {self.rank}")
         if self.role not in ("server", "worker"):
@@ -82,10 +84,13 @@ class Report(Message):
     loss: float
     staleness: int = 0  # ASP: server versions between this step's pull and its update
     mem_batch: int = 0  # the most samples this worker can hold in one pass; 0: no known limit
+    mem_free: int = 0  # bytes free on the worker's device (host RAM for the CPU) now; 0: not measured
+    sample_bytes: int = 0  # bytes autograd keeps per sample; 0: not measured
     done: bool = False
 
     def check(self):
-        _non_negative(self, "rank", "step", "batch", "compute_s", "network_s", "wait_s", "staleness", "mem_batch")
+        _non_negative(self, "rank", "step", "batch", "compute_s", "network_s", "wait_s", "staleness", "mem_batch",
+                      "mem_free", "sample_bytes")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ class BatchControl:
         self.models = [TimeModel(affine=job.controller == "affine") for _ in range(n)]
         lo, hi = job.batch_bounds
         self.min_batch = lo
-        self.max_batch = [hi] * n  # lowered by a worker's memory limit
+        self.hard_max = [hi] * n  # the job's bound, --max-batch on the worker, an out-of-memory step: only falls
+        self.memory_max: list[int | None] = [None] * n  # from the worker's free memory: follows it
         self._window = [[] for _ in range(n)]
         self._measured_batch: list[int | None] = [None] * n
         self.adjustments = 0
@@ -84,18 +85,37 @@ class BatchControl:
             self.adjustments += 1
         return Adjustment(decision, tuple(times), tuple(batches), reason)
 
+    @property
+    def max_batch(self) -> list[int]:
+        return [h if m is None else min(h, m) for h, m in zip(self.hard_max, self.memory_max)]
+
     def limit(self, rank: int, max_batch: int) -> Adjustment | None:
-        """A worker can hold at most `max_batch` samples: lower its bound, and re-plan at
-        once if its batch is now too large."""
-        bound = max(self.min_batch, min(self.max_batch[rank], max_batch))
-        others = sum(self.max_batch) - self.max_batch[rank]
-        if bound + others < self.job.global_batch:
+        """A worker can hold at most `max_batch` samples in one pass (its --max-batch, or an
+        out-of-memory step): lower its bound for good, and re-plan at once if its batch is
+        now too large. ValueError when the workers together could no longer hold the global batch."""
+        bound = max(self.min_batch, min(self.hard_max[rank], max_batch))
+        if not self._holds(rank, min(bound, self.max_batch[rank])):
             raise ValueError(f"worker {rank} can hold only {max_batch} samples: the workers together cannot "
                              f"hold the global batch {self.job.global_batch}")
-        self.max_batch[rank] = bound
-        if self.plan.batches[rank] <= bound:
-            return None
-        return self.replan("memory")
+        self.hard_max[rank] = bound
+        return self._enforce(rank)
+
+    def estimate(self, rank: int, max_batch: int) -> tuple[bool, Adjustment | None]:
+        """A worker's free memory holds about `max_batch` samples: bound it there (up or
+        down), re-planning at once if its batch is over. An estimate that would leave the
+        workers unable to hold the global batch is not applied (False): the worker then
+        finds its real limit by running out of memory, and computes in chunks."""
+        bound = max(self.min_batch, max_batch)
+        if not self._holds(rank, min(bound, self.hard_max[rank])):
+            return False, None
+        self.memory_max[rank] = bound
+        return True, self._enforce(rank)
+
+    def _holds(self, rank: int, bound: int) -> bool:
+        return bound + sum(self.max_batch) - self.max_batch[rank] >= self.job.global_batch
+
+    def _enforce(self, rank: int) -> Adjustment | None:
+        return self.replan("memory") if self.plan.batches[rank] > self.max_batch[rank] else None
 
     def _lines(self) -> list[tuple[float, float]]:
         """Each worker's time model; one never measured is assumed to take the cluster's

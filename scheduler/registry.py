@@ -67,6 +67,11 @@ class Registry:
             out += self._complete()
         return out
 
+    def sharing(self, rank: int) -> int:
+        """How many workers draw on worker `rank`'s memory: those on its host's RAM, or its GPU."""
+        me = self.workers[rank].info
+        return sum(1 for m in self.workers if (m.info.host, m.info.device) == (me.host, me.device))
+
     def _complete(self):
         asked = {m.info.rank for m in self.workers}
         free = iter(r for r in range(self.job.num_workers) if r not in asked)

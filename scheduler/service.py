@@ -15,7 +15,7 @@ import torch
 import zmq
 
 from omnips import data, models, protocol, transport
-from omnips.batching import BatchPlan
+from omnips.batching import BatchPlan, memory_batch
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
 from omnips.metrics import RunDir
@@ -64,6 +64,7 @@ class Scheduler:
         self.servers: ServerGroup | None = None
         self._bsp_points: list[EvalPoint] = []
         self.control: BatchControl | None = None
+        self._memory_warned: set[int] = set()  # ranks whose memory estimate could not be applied
         self._plan_logged = False
         self._done_at: float | None = None
         self._complete_at = 0.0
@@ -226,7 +227,8 @@ class Scheduler:
             return
         self.run.event("step", worker=r.rank, step=r.step, batch=r.batch, epoch=self.progress.epochs,
                        compute_s=r.compute_s, network_s=r.network_s, wait_s=r.wait_s, loss=r.loss,
-                       staleness=r.staleness, mem_batch=r.mem_batch)
+                       staleness=r.staleness, mem_batch=r.mem_batch, mem_free=r.mem_free,
+                       sample_bytes=r.sample_bytes)
         if self.job.mode != "bsp" and self.progress.budget_reached and not self.registry.plan.stop:
             plan = self.registry.plan
             self._send_plan(BatchPlan(plan.gen + 1, plan.batches, stop=True))
@@ -237,13 +239,22 @@ class Scheduler:
     def _control(self, r: Report) -> None:
         self.control.on_step(r.rank, r.batch, r.compute_s)
         adjustment = None
-        if r.mem_batch and r.mem_batch < self.control.max_batch[r.rank]:
+        estimate = memory_batch(r.mem_free, r.sample_bytes, self.registry.sharing(r.rank),
+                                self.registry.workers[r.rank].info.memory_limit) \
+            if r.mem_free and r.sample_bytes else None
+        if r.mem_batch and r.mem_batch < self.control.hard_max[r.rank]:
             log.warning("worker %d can hold at most %d samples", r.rank, r.mem_batch)
             try:
                 adjustment = self.control.limit(r.rank, r.mem_batch)
             except ValueError as exc:
                 raise JobFailed(str(exc)) from None
-        elif self.control.ready:
+        elif estimate is not None and estimate != self.control.memory_max[r.rank]:
+            applied, adjustment = self.control.estimate(r.rank, estimate)
+            if not applied and r.rank not in self._memory_warned:
+                self._memory_warned.add(r.rank)
+                log.warning("worker %d's free memory holds about %d samples, too few for the others to hold the "
+                            "global batch: not applied (it will compute in chunks if it runs out)", r.rank, estimate)
+        if adjustment is None and self.control.ready:
             try:
                 adjustment = self.control.replan()
             except ValueError as exc:

@@ -139,12 +139,25 @@ def test_affine_converges_in_two_adjustments_when_first_moves_allow_a_fit(cluste
 
 @SEARCH
 @given(cluster=clusters())
-def test_affine_converges_in_at_most_three_adjustments(cluster):
+def test_affine_converges_in_at_most_four_adjustments(cluster):
     """Two when the first move gives every worker a fit (next test); a worker that
-    first moves by under 10 % is still on its proportional line at the second."""
+    first moves by under 10 % is still on its proportional line at the second, and one
+    that moves by under 10 % twice at the third (of 10,000 random clusters: 2 or fewer
+    in 93 %, 3 in 7 %, 4 in 0.1 %)."""
     a, c, total = cluster
     settled = adjustments_to_settle(a, c, total)
-    assert settled is not None and settled <= 3, (settled, exact_plan(a, c, total))
+    assert settled is not None and settled <= 4, (settled, exact_plan(a, c, total))
+
+
+def test_no_rebalancing_behind_a_worker_held_at_its_lower_bound():
+    # worker 0's fixed cost alone (48.8 ms) exceeds the others' equal time: at one sample it
+    # is the slowest whatever the plan, so moving samples among the others buys nothing
+    a = [48.84, 22.31, 34.11, 22.77, 35.30]
+    c = [0.357, 2.477, 3.135, 0.239, 0.311]
+    cluster = Cluster(a, c, 51)
+    while cluster.window():
+        assert cluster.changes <= 2
+    assert cluster.batches[0] == 1 and cluster.changes == 2
 
 
 @settings(max_examples=25, deadline=None)
@@ -442,6 +455,37 @@ def test_limit_refuses_when_the_workers_cannot_hold_the_global_batch():
     with pytest.raises(ValueError):
         ctl.limit(1, 58)
     assert ctl.max_batch == [1, 59] and ctl.plan.batches == (1, 59)  # unchanged
+
+
+def test_memory_estimate_bounds_the_plan_and_follows_the_worker():
+    ctl = control(deadband=0.5)
+    run_window(ctl, [1.0, 1.0, 1.0])
+    assert ctl.estimate(0, 30) == (True, None)  # above the batch: bound only
+    assert ctl.max_batch[0] == 30 and ctl.plan.batches == (20, 20, 20)
+    applied, adj = ctl.estimate(0, 12)  # below it: re-planned at once, deadband or not
+    assert applied and adj.reason == "memory" and ctl.plan.batches[0] <= 12 and sum(ctl.plan.batches) == 60
+    # memory freed: the bound rises again (unlike an out-of-memory limit), the plan waits for a window
+    assert ctl.estimate(0, 45) == (True, None) and ctl.max_batch[0] == 45
+    run_window(ctl, [0.1, 5.0, 5.0])
+    ctl.replan()
+    assert 12 < ctl.plan.batches[0] <= 45
+
+
+def test_memory_estimate_under_a_hard_limit_keeps_the_lower_one():
+    ctl = control()
+    ctl.limit(1, 15)
+    assert ctl.estimate(1, 40) == (True, None)
+    assert ctl.max_batch[1] == 15  # the out-of-memory limit still rules
+    ctl.limit(1, 50)
+    assert ctl.max_batch[1] == 15
+
+
+def test_memory_estimate_that_cannot_hold_the_global_batch_is_not_applied():
+    ctl = control(num_workers=2, global_batch=60)
+    ctl.limit(0, 10)
+    before = (ctl.plan, ctl.max_batch)
+    assert ctl.estimate(1, 40) == (False, None)  # 10 + 40 < 60
+    assert (ctl.plan, ctl.max_batch) == before
 
 
 def test_max_batch_setting_bounds_the_plan():

@@ -51,6 +51,22 @@ def test_out_of_memory_lowers_the_bound_and_nothing_is_lost(run_job):
     assert "out of memory" in (run.dir / "logs" / "worker0.log").read_text()
 
 
+def test_free_memory_bounds_a_workers_batch(run_job):
+    # mlp on digits keeps 1072 B per sample for backward; 0.8 * 81000 B / (2 * 1072 B) -> 30 samples
+    workers = [WorkerSpec(ms_per_step=2, ms_per_sample=1, extra=("--memory-limit", "81000")),
+               WorkerSpec(ms_per_step=2, ms_per_sample=4)]
+    run = run_job([*BASE, "--max-steps", "30"], workers)
+    s = run.summary
+    assert s["status"] == "completed" and s["samples"] == 30 * 64
+    steps = [e for e in run.events if e["event"] == "step"]
+    assert {e["sample_bytes"] for e in steps} == {1072} and all(e["mem_free"] > 0 for e in steps)
+    assigns = _assigns(run)
+    assert assigns[1]["reason"] == "memory" and assigns[1]["max_batch"][0] == 30
+    # the fast worker would get 51 of 64 (as in the test above); its memory holds 30
+    assert all(e["batches"][0] <= 30 for e in assigns[1:]) and s["final_batches"] == [30, 34]
+    assert "out of memory" not in (run.dir / "logs" / "worker0.log").read_text()  # bounded before, not after
+
+
 def test_ssp_keeps_workers_within_the_staleness_bound(run_job):
     workers = [WorkerSpec(ms_per_step=2), WorkerSpec(ms_per_step=12)]
     run = run_job(["--mode", "ssp", "--staleness", "2", "--max-steps", "40", "--global-batch", "32"], workers)

@@ -24,3 +24,16 @@ def test_every_job_setting_has_its_scheduler_flag():
     from omnips.job import JobSpec
     args = scheduler_parser().parse_args([])
     assert all(hasattr(args, f.name) for f in fields(JobSpec))
+
+
+@pytest.mark.parametrize("text,want", [("1000", 1000), ("300K", 300 * 1024), ("2G", 2 * 2**30), ("1.5g", 3 * 2**29),
+                                       ("4GiB", 4 * 2**30), ("512MB", 512 * 2**20)])
+def test_sizes_take_binary_suffixes(text, want):
+    assert worker_parse(["--scheduler", "tcp://127.0.0.1:1", "--memory-limit", text]).memory_limit == want
+
+
+@pytest.mark.parametrize("text", ["", "G", "lots", "0", "-1G", "nan", "inf", "2X"])
+def test_a_size_that_is_not_a_positive_byte_count_is_refused(text, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        worker_parse(["--scheduler", "tcp://127.0.0.1:1", f"--memory-limit={text}"])
+    assert exit_.value.code == 2 and "size" in capsys.readouterr().err

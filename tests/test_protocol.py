@@ -40,12 +40,14 @@ def wire_data(draw, max_size=24):
 STRATEGIES = {
     "register": st.builds(
         Register, role=st.just("worker"), host=TEXT, endpoint=TEXT,
-        capacity=st.floats(min_value=1e-300, allow_infinity=False), device=TEXT, threads=ANY_INT, pid=ANY_INT)
+        capacity=st.floats(min_value=1e-300, allow_infinity=False), device=TEXT, threads=U64, pid=U64,
+        memory_limit=U64)
     | st.builds(Register, role=st.just("server"), host=TEXT, endpoint=TEXT.filter(bool),
-                capacity=st.floats(min_value=1e-300, max_value=1e300), device=TEXT, threads=ANY_INT, pid=ANY_INT),
+                capacity=st.floats(min_value=1e-300, max_value=1e300), device=TEXT, threads=U64, pid=U64),
     "welcome": st.builds(Welcome, rank=ANY_INT, job=DICTS, cluster=DICTS),
     "report": st.builds(Report, rank=U64, step=U64, batch=U64, compute_s=NON_NEG_FLOAT, network_s=NON_NEG_FLOAT,
-                        wait_s=NON_NEG_FLOAT, loss=FLOAT, staleness=U64, done=st.booleans()),
+                        wait_s=NON_NEG_FLOAT, loss=FLOAT, staleness=U64, mem_batch=U64, mem_free=U64,
+                        sample_bytes=U64, done=st.booleans()),
     "heartbeat": st.just(Heartbeat()),
     "shutdown": st.builds(Shutdown, ok=st.booleans(), reason=TEXT),
     "error": st.builds(Error, code=TEXT, text=TEXT),
@@ -346,6 +348,8 @@ def test_missing_data_length():
     ("push", "batch", 0), ("push", "batch", -5),
     ("report", "rank", -1), ("report", "step", -1), ("report", "batch", -1), ("report", "compute_s", -0.5), ("report", "wait_s", math.nan),
     ("report", "network_s", -1e-9), ("report", "wait_s", -1), ("report", "staleness", -1),
+    ("report", "mem_free", -1), ("report", "sample_bytes", -1), ("register", "memory_limit", -1),
+    ("register", "threads", -2), ("register", "pid", -1),
     ("pull", "at", -1),
     ("register", "role", "boss"), ("register", "capacity", 0.0), ("register", "capacity", -1.0),
     ("register", "capacity", math.nan), ("register", "capacity", math.inf), ("register", "endpoint", ""),

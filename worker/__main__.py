@@ -7,7 +7,7 @@ import sys
 import zmq
 
 from omnips import logs, transport
-from omnips.flags import seconds
+from omnips.flags import seconds, size
 from omnips.data import FactoryError
 from omnips.link import LinkError
 from omnips.servers import ServerError
@@ -26,6 +26,8 @@ def parse(argv) -> WorkerOptions:
     p.add_argument("--rank", type=int, default=-1, help="ask for this worker rank (default: the next free one)")
     p.add_argument("--max-batch", type=int, default=0,
                    help="most samples this worker can hold in one pass (larger batches run in chunks)")
+    p.add_argument("--memory-limit", type=size, default=0, metavar="SIZE",
+                   help="most memory a step may fill, e.g. 2G (default: the device's free memory)")
     p.add_argument("--fault-oom-above", type=int, default=0, help=argparse.SUPPRESS)  # test knob
     p.add_argument("--slowdown", default="1", help="F, or a schedule STEP:F,STEP:F,... (emulated slower device)")
     p.add_argument("--emulate-ms-per-step", type=float, default=0.0, help="virtual device: fixed ms per step (A)")
@@ -52,7 +54,7 @@ def parse(argv) -> WorkerOptions:
         p.error(str(exc))
     logs.setup("worker", args.log_level)
     return WorkerOptions(args.scheduler, args.device, args.threads, args.capacity, args.rank, args.max_batch,
-                         args.fault_oom_above, emulation,
+                         args.memory_limit, args.fault_oom_above, emulation,
                          args.ack_timeout, args.welcome_timeout, args.server_timeout)
 
 

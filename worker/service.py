@@ -17,6 +17,7 @@ from omnips.link import LinkError, SchedulerLink
 from omnips.protocol import Register, Report, Shutdown
 from omnips.servers import ServerGroup
 
+from . import memory
 from .emulation import Emulation
 from .trainer import Trainer, resolve_device
 
@@ -35,6 +36,7 @@ class WorkerOptions:
     capacity: float = 1.0
     rank: int = -1
     max_batch: int = 0
+    memory_limit: int = 0  # bytes; 0: what the device has free
     fault_oom_above: int = 0
     emulation: Emulation = Emulation()
     ack_timeout_s: float = 10.0
@@ -51,7 +53,8 @@ def run(opts: WorkerOptions) -> int:
         link = SchedulerLink(ctx, opts.scheduler)
         welcome = link.register(
             Register(role="worker", host=pysocket.gethostname(), capacity=opts.capacity, device=str(device),
-                     threads=torch.get_num_threads(), pid=os.getpid(), rank=opts.rank),
+                     threads=torch.get_num_threads(), pid=os.getpid(), rank=opts.rank,
+                     memory_limit=opts.memory_limit),
             opts.ack_timeout_s, opts.welcome_timeout_s)
         cluster = link.cluster_fields(welcome, servers=list, ranges=list, num_params=int, total_steps=int,
                                       plan=dict, dead_after_s=float)
@@ -80,7 +83,10 @@ class _Session:
         if self.flat.size != cluster["num_params"]:
             raise ValueError(f"this worker's model has {self.flat.size} values, the scheduler's "
                              f"{cluster['num_params']}: the model or its code differs between machines")
-        self.trainer = Trainer(self.flat, data.Batcher(train), opts.max_batch, opts.fault_oom_above)
+        batcher = data.Batcher(train)
+        self.trainer = Trainer(self.flat, batcher, opts.max_batch, opts.fault_oom_above)
+        # before the first pull, which overwrites whatever the probe touched
+        self.sample_bytes = memory.sample_bytes(self.flat.module, batcher, range(len(train)), device)
         bsp = job.mode == "bsp"
         self.stream = data.SampleStream(len(train), job.seed, stream=0 if bsp else 1 + rank)
         log.info("worker %d on %s: %s, %d values, batch %d", rank, device, job.mode, self.flat.size,
@@ -110,7 +116,9 @@ class _Session:
             staleness = max(v - 1 - b for v, b in zip(ex.versions, before))
             last = Report(rank=self.rank, step=step, batch=batch, compute_s=compute_s,
                           network_s=max(0.0, ex.elapsed_s - ex.held_s), wait_s=ex.held_s, loss=loss,
-                          staleness=staleness, mem_batch=self.trainer.max_batch)
+                          staleness=staleness, mem_batch=self.trainer.max_batch,
+                          mem_free=memory.free_bytes(self.flat.device),
+                          sample_bytes=self.sample_bytes)
             self.link.send(last)
             self.check_scheduler()
             step += 1

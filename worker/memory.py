@@ -1,0 +1,66 @@
+"""What a worker measures of its memory: the bytes it can use now, and what one sample costs.
+
+The scheduler turns the two into a batch bound (omnips.batching.memory_batch); an
+out-of-memory error in a step remains the backstop (worker/trainer.py).
+"""
+
+import os
+
+import torch
+
+from omnips import models
+from omnips.data import Batcher
+
+MEMINFO = "/proc/meminfo"
+PROBE = (2, 4)  # the two probe batch sizes: their difference cancels what does not grow with the batch
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory a step could fill now: free device memory plus the allocator's cached free
+    blocks on CUDA, available RAM on the CPU."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return available_ram()
+
+
+def available_ram(meminfo: str = MEMINFO) -> int:
+    """The kernel's estimate of memory available without swapping (MemAvailable), or the
+    free pages where /proc/meminfo has no such line (an underestimate: no page cache)."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def sample_bytes(module: torch.nn.Module, batcher: Batcher, indices, device: torch.device) -> int:
+    """Bytes autograd keeps for backward per sample: the tensors saved in forward passes
+    of PROBE[0] and PROBE[1] samples, counted once per storage, their difference per
+    sample. Weights saved for backward cancel out; the random state is left as it was
+    (a probe must not shift dropout masks), and the gradients it leaves are discarded
+    by the next step's zeroing."""
+    small, large = PROBE
+    if len(indices) < large:
+        raise ValueError(f"the memory probe needs {large} samples, the data set has {len(indices)}")
+    sizes = [_saved_bytes(module, batcher, indices[:k], device) for k in PROBE]
+    return max(1, (sizes[1] - sizes[0]) // (large - small))
+
+
+def _saved_bytes(module, batcher, indices, device) -> int:
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    x, y = batcher(indices)
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = models.loss_fn(module(x.to(device)), y.to(device))
+        loss.backward()
+    return sum(storages.values())
