@@ -2,7 +2,7 @@
 """Dynamic batching on emulated heterogeneous clusters: uniform vs static vs the controller.
 
 One invocation trains, for each scenario below, BSP on digits (mlp, 4 workers, one
-server, --global-batch 64, --lr 0.05, --seed 0, one torch thread per worker) with the
+server, --global-batch 128, --lr 0.05, --seed 0, one torch thread per worker) with the
 batching variants
 
 * uniform: equal batches;
@@ -33,7 +33,7 @@ Afterwards the schedule is also replayed through the scheduler's controller obje
 (scheduler/control.py) without processes, for several alignments of its measurement
 windows against the speed changes: a live run sees only one of them.
 
-    python benchmarks/heterogeneity.py [--epochs 4] [--schedule-steps 200] [--quick] [--keep-runs]
+    python benchmarks/heterogeneity.py [--epochs 15] [--schedule-steps 200] [--quick] [--keep-runs]
         [--only HL8,schedule] [--variants uniform,affine] [--ms-per-step 3] [--ms-per-sample 4]
 
 Prints a line per run and the tables; writes benchmarks/results/heterogeneity.md.
@@ -70,7 +70,6 @@ LEVELS = {  # relative speeds ("cores") of the 4 workers
 SCHEDULE = ("HL1", "HL2", "HL4", "HL8", "HL8", "HL4", "HL2", "HL1")
 REFERENCE_SPEED = 12  # speed at which a sample costs C ms (F = 1)
 VARIANTS = ("uniform", "static", "proportional", "affine")
-GLOBAL_BATCH = 64
 JOB_TIMEOUT_S = 300
 
 TARGET_STATIC_EFF = 0.90
@@ -114,7 +113,7 @@ def schedule_scenario(steps: int) -> Scenario:
 
 
 def scheduler_args(variant: str, scenario: Scenario, args) -> list[str]:
-    common = ["--mode", "bsp", "--model", "mlp", "--dataset", "digits", "--global-batch", str(GLOBAL_BATCH),
+    common = ["--mode", "bsp", "--model", "mlp", "--dataset", "digits", "--global-batch", str(args.global_batch),
               "--lr", "0.05", "--seed", "0", *scenario.budget]
     if variant in ("uniform", "static"):
         return [*common, "--batching", variant]
@@ -238,9 +237,9 @@ def replay_schedule(controller: str, phase: int, args, steps: int) -> tuple[floa
     from omnips.job import JobSpec
     from scheduler.control import BatchControl
 
-    job = JobSpec(num_workers=4, global_batch=GLOBAL_BATCH, batching="dynamic", controller=controller,
+    job = JobSpec(num_workers=4, global_batch=args.global_batch, batching="dynamic", controller=controller,
                   adjust_every=args.adjust_every, deadband=args.deadband, max_steps=steps + phase)
-    plan = BatchPlan(0, (16, 16, 16, 16))
+    plan = BatchPlan(0, tuple(initial_batches("uniform", args.global_batch, [1] * 4)))
     control = BatchControl(job, plan)
     block = steps // len(SCHEDULE)
     pending = []
@@ -264,13 +263,22 @@ def replay_schedule(controller: str, phase: int, args, steps: int) -> tuple[floa
 
 
 REPLAY_PHASES = range(8)  # two measurement windows' worth of alignments
-REPLAY_OVERHEAD = (19.0, 3.0)  # a larger fixed overhead A with the same 67 ms at b = 16
+REPLAY_SMALL_A = 3.0  # the contrast: a small fixed overhead, C raised to keep the step time at an equal share
+
+
+def share(args) -> float:
+    return args.global_batch / 4
+
+
+def small_overhead(args) -> tuple[float, float]:
+    step = args.ms_per_step + args.ms_per_sample * share(args)
+    return REPLAY_SMALL_A, (step - REPLAY_SMALL_A) / share(args)
 
 
 def replay_lines(args) -> list[str]:
     lines = ["| A ms | C ms | controller | " + " | ".join(f"phase {k}" for k in REPLAY_PHASES) + " |",
              "|---:|---:|---|" + "---:|" * len(REPLAY_PHASES)]
-    for a_ms, c_ms in ((args.ms_per_step, args.ms_per_sample), REPLAY_OVERHEAD):
+    for a_ms, c_ms in ((args.ms_per_step, args.ms_per_sample), small_overhead(args)):
         other = argparse.Namespace(**{**vars(args), "ms_per_step": a_ms, "ms_per_sample": c_ms})
         for controller in ("proportional", "affine"):
             cells = [replay_schedule(controller, k, other, args.schedule_steps) for k in REPLAY_PHASES]
@@ -337,7 +345,7 @@ def targets(results: list[dict], args) -> tuple[list[str], list[tuple[str, bool]
                             f"{'fewer' if ok else 'not fewer'} |")
     u, a = by.get(("HL8", "uniform")), by.get(("HL8", "affine"))
     if u and a:
-        th = theoretical_reduction(LEVELS["HL8"], args.ms_per_step, args.ms_per_sample, GLOBAL_BATCH)
+        th = theoretical_reduction(LEVELS["HL8"], args.ms_per_step, args.ms_per_sample, args.global_batch)
         measured = 1 - a["summary"]["wall_s"] / u["summary"]["wall_s"]
         ok = measured >= TARGET_REDUCTION_SHARE * th["reduction"]
         rows.append(f"| HL8 time reduction affine vs uniform | >= {TARGET_REDUCTION_SHARE:.1f} x {th['reduction']:.1%} "
@@ -352,9 +360,9 @@ def theory_lines(args) -> list[str]:
              "best integer batches | its step ms | capacity split | its step ms |",
              "|---|---|---:|---:|---|---:|---|---:|---|---:|"]
     for level, speeds in LEVELS.items():
-        th = theoretical_reduction(speeds, args.ms_per_step, args.ms_per_sample, GLOBAL_BATCH)
+        th = theoretical_reduction(speeds, args.ms_per_step, args.ms_per_sample, args.global_batch)
         (ib, it) = th["integer"]
-        cap = initial_batches("static", GLOBAL_BATCH, speeds)
+        cap = initial_batches("static", args.global_batch, speeds)
         cap_ms = max(factor(s) * (args.ms_per_step + args.ms_per_sample * b) for s, b in zip(speeds, cap))
         lines.append(f"| {level} | {'/'.join(f'{factor(s):.3g}' for s in speeds)} | {th['uniform_ms']:.1f} | "
                      f"{th['ideal_ms']:.1f} | {'/'.join(f'{b:.1f}' for b in th['batches'])} | {th['reduction']:.1%} | "
@@ -367,7 +375,7 @@ def noise_lines(results: list[dict]) -> list[str]:
     same = [r["efficiency"] for r in results if r["scenario"] == "HL1"]
     if len(same) < 2:
         return []
-    return ["", f"At HL1 every variant trains with 16/16/16/16: their efficiencies ({min(same):.3f} to "
+    return ["", f"At HL1 every variant trains with equal batches: their efficiencies ({min(same):.3f} to "
                 f"{max(same):.3f}) show the run-to-run noise of this host."]
 
 
@@ -410,7 +418,7 @@ def render(results, args, total_s, scenarios, revisions) -> str:
                                          f" at the start, {revisions[1]} at the end (the code changed during the run)"),
         f"- command: `python benchmarks/heterogeneity.py {' '.join(sys.argv[1:])}` ({total_s:.0f} s in all)",
         f"- job: BSP, 4 workers (1 torch thread each), 1 server, mlp on digits (1438 train / 359 test), "
-        f"--global-batch {GLOBAL_BATCH}, sgd --lr 0.05 momentum 0.9, --seed 0",
+        f"--global-batch {args.global_batch}, sgd --lr 0.05 momentum 0.9, --seed 0",
         f"- static levels: --epochs {args.epochs:g}"
         + (f"; dynamic schedule: --max-steps {args.schedule_steps}, blocks of {args.schedule_steps // len(SCHEDULE)} steps "
            f"{' -> '.join(SCHEDULE)}" if sched else ""),
@@ -418,7 +426,7 @@ def render(results, args, total_s, scenarios, revisions) -> str:
         f"start: {'declared capacities (= speeds at a static level, equal in the schedule)' if args.dynamic_start == 'capacity' else 'equal batches'}",
         f"- emulation (virtual device, same on every worker): A = --emulate-ms-per-step {args.ms_per_step:g} ms, "
         f"C = --emulate-ms-per-sample {args.ms_per_sample:g} ms; worker of speed s has slowdown F = 12/s, so a step's "
-        f"compute phase lasts F*(A + C*b) ms (b = 16 at speed 12: {args.ms_per_step + 16 * args.ms_per_sample:g} ms)",
+        f"compute phase lasts F*(A + C*b) ms (b = {share(args):g} at speed 12: {args.ms_per_step + share(args) * args.ms_per_sample:g} ms)",
         "- levels (relative speeds): " + ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in LEVELS.items()),
         "- static: --capacity = the worker's speed (HL1 capacities, i.e. equal, for the schedule)",
         "",
@@ -463,8 +471,9 @@ def render(results, args, total_s, scenarios, revisions) -> str:
                   "after next; phase k starts with k extra HL1 steps, which moves the measurement windows "
                   "against the speed changes (in a live run that alignment depends on how reports interleave). "
                   "Cells: balance (ideal / slowest-worker compute, summed over steps) / adjustments. The second "
-                  f"pair of rows uses a larger fixed overhead (A = {REPLAY_OVERHEAD[0]:g} ms, C = {REPLAY_OVERHEAD[1]:g} ms: "
-                  "also 67 ms at b = 16), where a line through the origin no longer describes a worker.", "",
+                  f"pair of rows uses a small fixed overhead (A = {small_overhead(args)[0]:g} ms, "
+                  f"C = {small_overhead(args)[1]:.3g} ms: the same step time at b = {share(args):g}), where a line "
+                  "through the origin describes a worker almost exactly and the proportional rule is nearly as good.", "",
                   *replay_lines(args)]
     lines += ["", "## Batch plans of the dynamic variants (step: batches)", "", *assign_lines(results)]
     return "\n".join(lines) + "\n"
@@ -472,13 +481,14 @@ def render(results, args, total_s, scenarios, revisions) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epochs", type=float, default=None, help="budget of the static levels (default 4, --quick 2)")
+    p.add_argument("--epochs", type=float, default=None, help="budget of the static levels (default 15, --quick 4)")
     p.add_argument("--schedule-steps", type=int, default=None,
                    help="budget (--max-steps) of the dynamic schedule (default 200, --quick 80)")
     p.add_argument("--adjust-every", type=int, default=5)
     p.add_argument("--deadband", type=float, default=0.05)
-    p.add_argument("--ms-per-step", type=float, default=3.0, help="A, emulated fixed ms per step")
-    p.add_argument("--ms-per-sample", type=float, default=4.0, help="C, emulated ms per sample at speed 12")
+    p.add_argument("--global-batch", type=int, default=128)
+    p.add_argument("--ms-per-step", type=float, default=30.0, help="A, emulated fixed ms per step")
+    p.add_argument("--ms-per-sample", type=float, default=3.0, help="C, emulated ms per sample at speed 12")
     p.add_argument("--dynamic-start", choices=("capacity", "uniform"), default="capacity",
                    help="the dynamic variants' declared capacities: the speeds (paper: by core count) or all equal")
     p.add_argument("--quick", action="store_true", help="smoke run: HL8 and a short schedule only")
@@ -488,7 +498,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=HERE / "results" / "heterogeneity.md")
     args = p.parse_args(argv)
     if args.epochs is None:
-        args.epochs = 2.0 if args.quick else 4.0
+        args.epochs = 4.0 if args.quick else 15.0
     if args.schedule_steps is None:
         args.schedule_steps = 80 if args.quick else 200
     names = ["HL8", "schedule"] if args.quick else [*LEVELS, "schedule"]
