@@ -7,7 +7,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """Generation `gen` of the per-worker batch sizes; `stop` ends the job (ASP)."""
+    """Generation `gen` of the per-worker batch sizes (0: a vacant rank); `stop` ends the job (ASP)."""
 
     gen: int
     batches: tuple[int, ...]
@@ -24,9 +24,9 @@ class BatchPlan:
         gen, batches, stop = d.get("gen"), d.get("batches"), d.get("stop", False)
         if not isinstance(gen, int) or isinstance(gen, bool) or gen < 0:
             raise ValueError(f"plan generation {gen!r} is not a count")
-        if (not isinstance(batches, list) or len(batches) != num_workers
-                or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in batches)):
-            raise ValueError(f"plan needs {num_workers} batch sizes >= 1, got {batches!r}")
+        if (not isinstance(batches, list) or len(batches) != num_workers or not any(batches)
+                or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in batches)):
+            raise ValueError(f"plan needs {num_workers} batch sizes >= 0, not all 0, got {batches!r}")
         if not isinstance(stop, bool):
             raise ValueError(f"plan stop flag {stop!r} is not a bool")
         return cls(gen, tuple(batches), stop)
@@ -41,6 +41,14 @@ def initial_batches(batching: str, global_batch: int, capacities, lo: int = 1, h
     hi = global_batch if hi is None else hi
     real = equal_time([(0.0, 1.0 / w) for w in weights], global_batch, lo, hi)
     return integerize(real, global_batch, lo, hi)
+
+
+def spread(values, ranks, n: int) -> tuple[int, ...]:
+    """`values` of the workers at `ranks` placed in a vector of `n` ranks, 0 for the vacant."""
+    out = [0] * n
+    for rank, v in zip(ranks, values):
+        out[rank] = int(v)
+    return tuple(out)
 
 
 # -- the OmniLearn controller ---------------------------------------------------------

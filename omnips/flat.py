@@ -103,3 +103,11 @@ class FlatModel:
         self._dev_g[nt:].copy_(self._dev_p[nt:])
         if self._dev_g is not self._host_g:
             self._host_g.copy_(self._dev_g)
+
+
+def all_finite(data: np.ndarray) -> bool:
+    """True when every value is finite and the sum of squares does not overflow float32.
+
+    One BLAS dot (4 ms for 44 MB here) instead of isfinite's temporary mask (65 ms).
+    """
+    return bool(np.isfinite(np.dot(data, data))) if data.size else True

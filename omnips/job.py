@@ -13,13 +13,15 @@ OPTIMIZERS = ("sgd", "adam")
 BATCHINGS = ("uniform", "static", "dynamic")
 CONTROLLERS = ("affine", "proportional")
 STALENESS_LR = ("none", "inverse")
+NAN_POLICIES = ("fail", "skip")
 
 
 @dataclass(frozen=True)
 class JobSpec:
     mode: str = "bsp"
     num_servers: int = 1
-    num_workers: int = 2
+    num_workers: int = 2  # ranks; with min_workers, the most workers at once
+    min_workers: int | None = None  # start with this many; None: all num_workers
     model: str = "mlp"
     model_args: dict = field(default_factory=dict)
     dataset: str = "digits"
@@ -40,6 +42,7 @@ class JobSpec:
     max_batch: int | None = None
     staleness: int = 3  # ssp: how many steps a worker may run ahead of the slowest
     staleness_lr: str = "none"
+    nan_policy: str = "fail"  # a worker's non-finite gradient: end the job, or drop that gradient
     seed: int = 0
 
     def check(self) -> None:
@@ -49,6 +52,7 @@ class JobSpec:
         _one_of("batching", self.batching, BATCHINGS)
         _one_of("controller", self.controller, CONTROLLERS)
         _one_of("staleness-lr", self.staleness_lr, STALENESS_LR)
+        _one_of("nan-policy", self.nan_policy, NAN_POLICIES)
         if self.adjust_every < 2:
             raise ValueError(f"--adjust-every must be >= 2 (the first step after a change is not measured), "
                              f"not {self.adjust_every}")
@@ -58,6 +62,8 @@ class JobSpec:
             raise ValueError(f"--staleness must be >= 0, not {self.staleness}")
         if self.num_servers < 1 or self.num_workers < 1:
             raise ValueError("--num-servers and --num-workers must be >= 1")
+        if self.min_workers is not None and not 1 <= self.min_workers <= self.num_workers:
+            raise ValueError(f"--min-workers must be in 1..--num-workers ({self.num_workers}), not {self.min_workers}")
         if self.global_batch < self.num_workers:
             raise ValueError(f"--global-batch {self.global_batch} is smaller than --num-workers "
                              f"{self.num_workers}: every worker needs at least one sample per step")
@@ -72,9 +78,9 @@ class JobSpec:
             raise ValueError(f"--min-batch {self.min_batch} x {self.num_workers} workers exceeds "
                              f"--global-batch {self.global_batch}")
         if self.max_batch is not None and (self.max_batch < self.min_batch
-                                           or self.max_batch * self.num_workers < self.global_batch):
+                                           or self.max_batch * self.start_workers < self.global_batch):
             raise ValueError(f"--max-batch {self.max_batch} must be >= --min-batch and let "
-                             f"{self.num_workers} workers hold --global-batch {self.global_batch}")
+                             f"{self.start_workers} workers hold --global-batch {self.global_batch}")
         if not self.lr > 0:
             raise ValueError(f"--lr must be > 0, not {self.lr}")
         if not 0 <= self.momentum < 1:
@@ -89,9 +95,13 @@ class JobSpec:
             raise ValueError(f"--epochs must be > 0, not {self.epochs}")
 
     @property
+    def start_workers(self) -> int:
+        return self.num_workers if self.min_workers is None else self.min_workers
+
+    @property
     def batch_bounds(self) -> tuple[int, int]:
-        """[min, max] per-worker batch the job allows."""
-        return self.min_batch, self.max_batch or self.global_batch - (self.num_workers - 1) * self.min_batch
+        """[min, max] per-worker batch the job allows (a lone survivor may need all of it)."""
+        return self.min_batch, self.max_batch or self.global_batch
 
     def sample_budget(self, train_size: int) -> int:
         """Samples the job trains on: max_steps global batches, else `epochs` passes."""

@@ -81,6 +81,7 @@ class LocalCluster:
     workers: list[WorkerSpec]
     server_args: list[str] = field(default_factory=list)
     env: dict = field(default_factory=dict)
+    ranks: int | None = None  # worker ranks (--num-workers); default: one per worker started now
     procs: dict = field(default_factory=dict)  # name -> Popen
     endpoint: str | None = None
 
@@ -100,7 +101,7 @@ class LocalCluster:
     def start(self, timeout_s: float = 60.0) -> "LocalCluster":
         sched = self._spawn("scheduler", "scheduler", [
             *self.scheduler_args, "--num-servers", str(self.num_servers),
-            "--num-workers", str(len(self.workers)), "--port", "0", "--run-dir", str(self.run_dir)],
+            "--num-workers", str(self.ranks or len(self.workers)), "--port", "0", "--run-dir", str(self.run_dir)],
             stdout=subprocess.PIPE)
         self.endpoint = self._read_endpoint(sched, timeout_s)
         threading.Thread(target=_drain, args=(sched.stdout, self.run_dir / "logs" / "scheduler.out"),
@@ -108,8 +109,14 @@ class LocalCluster:
         for s in range(self.num_servers):
             self._spawn(f"server{s}", "server", ["--scheduler", self.endpoint, *self.server_args])
         for i, w in enumerate(self.workers):
-            self._spawn(f"worker{i}", "worker", ["--scheduler", self.endpoint, "--rank", str(i), *w.args()])
+            self.add_worker(w, i)
         return self
+
+    def add_worker(self, spec: WorkerSpec, rank: int, name: str | None = None) -> str:
+        """Start a worker asking for `rank` (also into a running job, where the rank is vacant)."""
+        name = name or f"worker{rank}"
+        self._spawn(name, "worker", ["--scheduler", self.endpoint, "--rank", str(rank), *spec.args()])
+        return name
 
     def _read_endpoint(self, proc: subprocess.Popen, timeout_s: float) -> str:
         endpoint = read_endpoint(proc.stdout, timeout_s)

@@ -4,7 +4,8 @@ Registration is two-phase so that a wrong address fails fast: the scheduler
 acknowledges a `register` at once (a missing ack within `ack_timeout_s` means
 nobody is listening there), then sends `welcome` when the whole cluster is in.
 While waiting, and all through the job, the scheduler's heartbeats prove it
-alive; silence for `dead_after_s` ends the process with a clear error.
+alive; silence for `dead_after_s` ends the process with a clear error. Ours go the
+other way every `heartbeat_s`: a worker silent for long leaves the job.
 """
 
 import logging
@@ -26,7 +27,9 @@ class SchedulerLink:
     def __init__(self, ctx: zmq.Context, endpoint: str, dead_after_s: float = 30.0, clock=time.monotonic):
         self.endpoint = endpoint
         self.dead_after_s = dead_after_s
+        self.heartbeat_s = 1.0
         self.clock = clock
+        self._beat_at = clock()
         self.sock = transport.socket(ctx, zmq.DEALER)
         self.sock.setsockopt(zmq.SNDHWM, 100_000)  # reports are small; never block a training step
         transport.connect(self.sock, endpoint)
@@ -82,9 +85,14 @@ class SchedulerLink:
         return msg
 
     def check_alive(self) -> None:
-        silent = self.clock() - self.last_heard
+        """Judge the scheduler's silence, and break ours when a heartbeat is due."""
+        now = self.clock()
+        silent = now - self.last_heard
         if silent > self.dead_after_s:
             raise LinkError(f"no word from the scheduler at {self.endpoint} for {silent:.0f} s: giving up")
+        if now - self._beat_at >= self.heartbeat_s:
+            self._beat_at = now
+            self.send(Heartbeat())
 
     def send(self, msg: protocol.Message) -> None:
         try:

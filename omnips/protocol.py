@@ -86,6 +86,7 @@ class Report(Message):
     mem_batch: int = 0  # the most samples this worker can hold in one pass; 0: no known limit
     mem_free: int = 0  # bytes free on the worker's device (host RAM for the CPU) now; 0: not measured
     sample_bytes: int = 0  # bytes autograd keeps per sample; 0: not measured
+    nonfinite: bool = False  # this step's gradient had NaN or inf (dropped, or the end of the job)
     done: bool = False
 
     def check(self):
@@ -129,20 +130,26 @@ class Init(Message):
 
 @dataclass(frozen=True)
 class Pull(Message):
-    """Ask for a shard now (`at` None) or at the moment its version reaches `at`."""
+    """Ask for a shard now (`at` None) or at the moment its version reaches `at`; with
+    `gen`, once the step being collected uses batch plan `gen` or newer (a worker joining
+    a BSP job starts at that step)."""
 
     OP = "pull"
     req: int
     at: int | None = None
+    gen: int = -1
 
     def check(self):
         if self.at is not None and self.at < 0:
             raise ValueError(f"at must be >= 0, not {self.at}")
+        if self.gen < -1:
+            raise ValueError(f"gen must be >= 0 (or -1 for none), not {self.gen}")
 
 
 @dataclass(frozen=True)
 class Push(Message):
-    """A gradient for one shard at `step`, computed on parameters of version `ver`."""
+    """A gradient for one shard at `step`, computed on parameters of version `ver`;
+    batch 0 and no values: the worker dropped this step's gradient (not finite)."""
 
     OP = "push"
     HAS_DATA = True
@@ -154,9 +161,9 @@ class Push(Message):
     data: np.ndarray = field(repr=False)
 
     def check(self):
-        _non_negative(self, "rank", "step", "ver", "gen")
-        if self.batch < 1:
-            raise ValueError(f"batch must be >= 1, not {self.batch}")
+        _non_negative(self, "rank", "step", "ver", "gen", "batch")
+        if self.batch == 0 and self.data.size:
+            raise ValueError("a dropped gradient (batch 0) carries no values")
 
 
 @dataclass(frozen=True)
@@ -174,16 +181,31 @@ class Params(Message):
 
 @dataclass(frozen=True)
 class Plan(Message):
-    """The scheduler's newest batch plan, sent to server 0, which hands it on."""
+    """The scheduler's newest batch plan, sent to every server, which hand it on with their
+    replies. A batch of 0 marks a vacant rank; `departed` lists [rank, last step] for
+    workers gone since the previous plan: nobody waits for their later steps."""
 
     OP = "plan"
     gen: int
     batches: list
     stop: bool = False
+    departed: list = field(default_factory=list)
+
+    def check(self):
+        _non_negative(self, "gen")
+        if not self.batches or not all(_count(b) for b in self.batches) or not any(self.batches):
+            raise ValueError(f"batches must be counts >= 0, not all 0: {self.batches!r}")
+        if not all(isinstance(d, list) and len(d) == 2 and _count(d[0]) and d[0] < len(self.batches)
+                   and _count(d[1] + 1 if isinstance(d[1], int) else None) for d in self.departed):
+            raise ValueError(f"departed must be [rank, last step or -1] pairs: {self.departed!r}")
 
 
 OPS = {cls.OP: cls for cls in (Register, Welcome, Report, Heartbeat, Shutdown, Error,
                                Ack, Init, Pull, Push, Params, Plan)}
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def _non_negative(msg, *names):

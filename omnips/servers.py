@@ -15,6 +15,9 @@ from . import protocol, transport
 from .protocol import Ack, Error, Init, Params, ProtocolError, Pull, Push
 
 
+_NOTHING = np.zeros(0, dtype=np.float32)
+
+
 class ServerError(RuntimeError):
     """A server refused a request, sent garbage, or did not answer in time."""
 
@@ -35,8 +38,8 @@ class Exchange:
 
 class ServerGroup:
     def __init__(self, ctx: zmq.Context, endpoints: list[str], ranges: list, timeout_s: float,
-                 on_wait=None):
-        """`on_wait()` is called about once a second while a call waits for servers (a
+                 on_wait=None, tick_s: float = 1.0):
+        """`on_wait()` is called about every `tick_s` while a call waits for servers (a
         worker checks on the scheduler there); it may raise to abandon the wait."""
         if len(endpoints) != len(ranges):
             raise ValueError("one shard range per server endpoint is needed")
@@ -54,6 +57,7 @@ class ServerGroup:
             self._poller.register(sock, zmq.POLLIN)
         self._req = 0
         self._on_wait = on_wait
+        self._tick_s = tick_s
 
     # -- blocking calls (workers) -------------------------------------------------
     def init(self, values: np.ndarray) -> None:
@@ -62,19 +66,21 @@ class ServerGroup:
             transport.send(sock, Init(rank=0, data=values[lo:hi]))
         self._gather(Ack, None, None)
 
-    def pull(self, into: np.ndarray) -> Exchange:
-        """Fetch every shard into `into` (waits while servers are not initialised)."""
+    def pull(self, into: np.ndarray, gen: int = -1) -> Exchange:
+        """Fetch every shard into `into` (waits while servers are not initialised; with
+        `gen`, until the step being collected runs that plan: BSP joins)."""
         self._req += 1
         for sock in self.socks:
-            transport.send(sock, Pull(req=self._req))
+            transport.send(sock, Pull(req=self._req, gen=gen))
         return self._gather(Params, self._req, into)
 
     def push_pull(self, rank: int, step: int, grads: np.ndarray, batch: int, gen: int,
                   into: np.ndarray) -> Exchange:
-        """Push each shard's gradient slice; each reply carries the updated shard."""
+        """Push each shard's gradient slice (none with batch 0: a dropped gradient); each
+        reply carries the updated shard."""
         for s, (sock, (lo, hi)) in enumerate(zip(self.socks, self.ranges)):
             transport.send(sock, Push(rank=rank, step=step, ver=self.versions[s], batch=batch, gen=gen,
-                                      data=grads[lo:hi]))
+                                      data=grads[lo:hi] if batch else _NOTHING))
         return self._gather(Params, step, into)
 
     def _gather(self, want: type, req: int | None, into: np.ndarray | None) -> Exchange:
@@ -84,8 +90,8 @@ class ServerGroup:
         plan, held = None, 0.0
         while waiting:
             left = deadline - time.monotonic()
-            events = dict(self._poller.poll(int(min(left, 1.0) * 1000))) if left > 0 else {}
-            if not events and left > 1.0:
+            events = dict(self._poller.poll(int(min(left, self._tick_s) * 1000))) if left > 0 else {}
+            if not events and left > self._tick_s:
                 if self._on_wait is not None:
                     self._on_wait()
                 continue

@@ -11,7 +11,7 @@ from dataclasses import fields
 from omnips import logs, transport
 from omnips.flags import seconds
 from omnips.data import FactoryError
-from omnips.job import BATCHINGS, CONTROLLERS, MODES, OPTIMIZERS, STALENESS_LR, JobSpec
+from omnips.job import BATCHINGS, CONTROLLERS, MODES, NAN_POLICIES, OPTIMIZERS, STALENESS_LR, JobSpec
 
 from omnips.metrics import RunDirInUse
 
@@ -38,7 +38,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--staleness-lr", choices=STALENESS_LR, default=d.staleness_lr,
                    help="asp/ssp: 'inverse' divides an update's learning rate by 1 + its staleness")
     p.add_argument("--num-servers", type=int, default=d.num_servers)
-    p.add_argument("--num-workers", type=int, default=d.num_workers)
+    p.add_argument("--num-workers", type=int, default=d.num_workers, help="worker ranks (the most at once)")
+    p.add_argument("--min-workers", type=int, default=d.min_workers,
+                   help="start once this many workers are in; the others join the running job (default: all)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (printed)")
     p.add_argument("--model", default=d.model, help="mlp, cnn, resnet, or pkg.module:fn")
@@ -63,12 +65,16 @@ def parser() -> argparse.ArgumentParser:
                    help="dynamic batching: relative batch change below which nothing changes")
     p.add_argument("--min-batch", type=int, default=d.min_batch, help="smallest per-worker batch")
     p.add_argument("--max-batch", type=int, default=d.max_batch, help="largest per-worker batch (default: no limit)")
+    p.add_argument("--nan-policy", choices=NAN_POLICIES, default=d.nan_policy,
+                   help="a worker's gradient with NaN or inf: fail ends the job (default), skip drops that gradient")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--run-dir", default=None,
                    help="where config.json, metrics.jsonl, summary.json go (default runs/YYYYmmdd-HHMMSS); "
                         "a directory that holds another run is refused")
     p.add_argument("--heartbeat", type=seconds, default=1.0, help="seconds between heartbeats")
-    p.add_argument("--dead-after", type=seconds, default=30.0, help="seconds of silence before a process gives up")
+    p.add_argument("--dead-after", type=seconds, default=30.0,
+                   help="seconds of silence after which a worker leaves the job, a server fails it, and a process "
+                   "that hears nothing from the scheduler gives up")
     p.add_argument("--register-timeout", type=seconds, default=300.0, help="seconds for the cluster to form")
     p.add_argument("--stall-timeout", type=seconds, default=300.0, help="seconds without progress before failing")
     p.add_argument("--log-level", default="INFO")

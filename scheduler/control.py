@@ -10,7 +10,7 @@ still at an older batch (ASP workers switch at their next reply) are ignored.
 import statistics
 from dataclasses import dataclass
 
-from omnips.batching import BatchPlan, Decision, decide
+from omnips.batching import BatchPlan, Decision, decide, spread
 from omnips.job import JobSpec
 from omnips.timemodel import CHANGE, TimeModel
 
@@ -39,8 +39,13 @@ class BatchControl:
         self._measured_batch: list[int | None] = [None] * n
         self.adjustments = 0
 
+    @property
+    def active(self) -> list[int]:
+        """The ranks the plan gives a batch: the workers in the job."""
+        return [r for r, b in enumerate(self.plan.batches) if b]
+
     def on_step(self, rank: int, batch: int, compute_s: float) -> None:
-        if batch != self.plan.batches[rank] or not compute_s > 0:
+        if batch != self.plan.batches[rank] or not batch or not compute_s > 0:
             return  # still on an older plan
         if self._measured_batch[rank] != batch:
             self._measured_batch[rank] = batch  # first step at this size: warm-up, not measured
@@ -58,8 +63,8 @@ class BatchControl:
         """Every worker has a full window, or one worker's speed has clearly changed:
         its last CHANGE_STEPS measurements all miss its model by more than CHANGE."""
         need = self.job.adjust_every - 1
-        return all(len(w) >= need for w in self._window) or any(
-            self._changed(rank) for rank in range(len(self._window)))
+        active = self.active
+        return all(len(self._window[r]) >= need for r in active) or any(self._changed(r) for r in active)
 
     def _changed(self, rank: int) -> bool:
         window, model = self._window[rank], self.models[rank]
@@ -68,9 +73,10 @@ class BatchControl:
         predicted = model.predict(self.plan.batches[rank])
         return all(abs(t - predicted) > CHANGE * predicted for t in window[-CHANGE_STEPS:])
 
-    def replan(self, reason: str = "window") -> Adjustment:
-        """Feed the windows to the time models and decide; the plan changes unless the
-        decision falls inside the deadband."""
+    def replan(self, reason: str = "window", active: list[int] | None = None) -> Adjustment:
+        """Feed the windows to the time models and decide for the `active` ranks (default:
+        those in the plan); the plan changes unless the decision falls inside the deadband,
+        which a memory limit or a change of membership does not wait for."""
         batches = self.plan.batches
         times = []
         for rank, window in enumerate(self._window):
@@ -78,12 +84,30 @@ class BatchControl:
                 self.models[rank].observe(batches[rank], statistics.median(window))
             self._window[rank] = []
             times.append(statistics.median(window) if window else 0.0)
-        decision = decide(batches, self._lines(), self.job.global_batch, self.min_batch, self.max_batch,
-                          0.0 if reason == "memory" else self.job.deadband)
+        active = self.active if active is None else active
+        lines, bounds = self._lines(len(active)), self.max_batch
+        sub = decide([batches[r] for r in active], [lines[r] for r in active], self.job.global_batch,
+                     self.min_batch, [bounds[r] for r in active],
+                     0.0 if reason in ("memory", "membership") else self.job.deadband)
+        n = len(batches)
+        targets = [0.0] * n
+        for r, t in zip(active, sub.targets):
+            targets[r] = t
+        decision = Decision(None if sub.batches is None else spread(sub.batches, active, n), tuple(targets),
+                            sub.predicted_s)
         if decision.batches is not None and decision.batches != batches:
             self.plan = BatchPlan(self.plan.gen + 1, decision.batches)
-            self.adjustments += 1
+            self.adjustments += reason != "membership"
         return Adjustment(decision, tuple(times), tuple(batches), reason)
+
+    def resize(self, active: list[int]) -> Adjustment:
+        """Workers left or joined: re-plan for `active` at once. A worker new to its rank
+        starts with a fresh time model (taken meanwhile to be as fast as the typical one)."""
+        for rank in active:
+            if not self.plan.batches[rank]:
+                self.models[rank] = TimeModel(affine=self.job.controller == "affine")
+                self._measured_batch[rank] = None
+        return self.replan("membership", active)
 
     @property
     def max_batch(self) -> list[int]:
@@ -112,16 +136,19 @@ class BatchControl:
         return True, self._enforce(rank)
 
     def _holds(self, rank: int, bound: int) -> bool:
-        return bound + sum(self.max_batch) - self.max_batch[rank] >= self.job.global_batch
+        bounds = self.max_batch
+        return bound + sum(bounds[r] for r in self.active if r != rank) >= self.job.global_batch
 
     def _enforce(self, rank: int) -> Adjustment | None:
         return self.replan("memory") if self.plan.batches[rank] > self.max_batch[rank] else None
 
-    def _lines(self) -> list[tuple[float, float]]:
+    def _lines(self, workers: int) -> list[tuple[float, float]]:
         """Each worker's time model; one never measured is assumed to take the cluster's
-        typical time at its current batch (the plan it is on is taken as balanced)."""
-        known = [m.line() for m in self.models if m.newest is not None]
-        typical = statistics.median(a + c * b for (a, c), b in
-                                    zip(known, [m.newest[0] for m in self.models if m.newest])) if known else 1.0
-        return [m.line() if m.newest is not None else (0.0, typical / b)
+        typical time at its current batch (the plan it is on is taken as balanced), or at
+        an equal share of the global batch among `workers` when it has none (it just joined)."""
+        measured = [(m.line(), m.newest[0]) for m, b in zip(self.models, self.plan.batches)
+                    if m.newest is not None and b]
+        typical = statistics.median(a + c * b for (a, c), b in measured) if measured else 1.0
+        share = self.job.global_batch / workers
+        return [m.line() if m.newest is not None else (0.0, typical / (b or share))
                 for m, b in zip(self.models, self.plan.batches)]

@@ -22,6 +22,8 @@ class WorkerStats:
     wait_s: float = 0.0
     loss: float | None = None
     done: bool = False
+    present: bool = False  # a worker is in this rank now
+    next_step: int | None = 0  # the step its next report is for; None: any (it just joined)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,18 @@ class Progress:
         versions = sorted(v for v in versions if v < self.total_steps) + [self.total_steps]
         return [EvalPoint(min(v * b, self.budget) / n, v) for v in versions]
 
+    def seat(self, rank: int, joined: bool) -> None:
+        """A worker took `rank`: at the start, or `joined` a running job (first step unknown yet)."""
+        w = self.workers[rank]
+        w.present, w.done, w.next_step = True, False, None if joined else 0
+
+    def depart(self, rank: int) -> None:
+        self.workers[rank].present = False
+
+    def expects(self, r: Report) -> bool:
+        w = self.workers[r.rank]
+        return w.present and not w.done and (w.next_step is None or r.step == w.next_step)
+
     def on_report(self, r: Report, now: float) -> list[EvalPoint]:
         """Account for a report; returns the ASP evaluations it makes due."""
         w = self.workers[r.rank]
@@ -59,6 +73,7 @@ class Progress:
         if r.done:
             w.done = True
             return []
+        w.next_step = r.step + 1
         if self.first_start is None:
             self.first_start = now - (r.compute_s + r.network_s + r.wait_s)
         self.last_end = now
@@ -89,7 +104,8 @@ class Progress:
 
     @property
     def all_done(self) -> bool:
-        return all(w.done for w in self.workers)
+        present = [w for w in self.workers if w.present]
+        return bool(present) and all(w.done for w in present)
 
     @property
     def wall_s(self) -> float:

@@ -5,13 +5,14 @@ returns what to send. Servers are ranked in registration order; a worker may ask
 for a rank (the launcher asks for its command-line order), the others fill the
 free ranks in registration order once all are in.
 Servers are welcomed as soon as all of them are in (they need only their shard
-range); workers once every server and worker is in (they need every server's
-address).
+range); workers once every server and --min-workers workers are in (they need
+every server's address). Later a worker takes a vacant rank: one never filled, or
+one whose worker was lost.
 """
 
 from dataclasses import dataclass
 
-from omnips.batching import BatchPlan, initial_batches
+from omnips.batching import BatchPlan, initial_batches, spread
 from omnips.job import JobSpec
 from omnips.protocol import Ack, Error, Message, Register, Welcome
 from omnips.sharding import shard_ranges
@@ -26,15 +27,19 @@ class Member:
 
 
 class Registry:
-    def __init__(self, job: JobSpec, num_params: int, num_trained: int, total_steps: int, dead_after_s: float):
+    def __init__(self, job: JobSpec, num_params: int, num_trained: int, total_steps: int, dead_after_s: float,
+                 heartbeat_s: float = 1.0):
         self.job = job
         self.num_params = num_params
         self.num_trained = num_trained
         self.total_steps = total_steps
         self.dead_after_s = dead_after_s
+        self.heartbeat_s = heartbeat_s
         self.ranges = shard_ranges(num_params, job.num_servers)
         self.servers: list[Member] = []
-        self.workers: list[Member] = []
+        self.waiting: list[Member] = []  # workers registered before the job started
+        self.workers: dict[int, Member] = {}  # rank -> the worker in it, once the job started
+        self.joined: list[Member] = []  # workers seated after the start: the scheduler welcomes them
         self.by_peer: dict[bytes, Member] = {}
         self.plan: BatchPlan | None = None
 
@@ -42,56 +47,96 @@ class Registry:
     def complete(self) -> bool:
         return self.plan is not None
 
+    @property
+    def vacant(self) -> list[int]:
+        return [r for r in range(self.job.num_workers) if r not in self.workers]
+
     def register(self, peer: bytes, reg: Register) -> list[tuple[bytes, Message]]:
         if peer in self.by_peer:
             return [(peer, Error(code="duplicate", text="this connection has registered already"))]
+        if reg.role == "worker" and self.complete:
+            return self._seat(peer, reg)
         group, want = (self.servers, self.job.num_servers) if reg.role == "server" else \
-            (self.workers, self.job.num_workers)
+            (self.waiting, self.job.num_workers)
         if len(group) >= want:
             return [(peer, Error(code="cluster_full", text=f"the job has all {want} {reg.role}s it needs"))]
-        if reg.role == "worker" and reg.rank >= 0:
-            if reg.rank >= want:
-                return [(peer, Error(code="bad_rank", text=f"rank {reg.rank} asked for, the job has ranks 0..{want - 1}"))]
-            if any(m.info.rank == reg.rank for m in group):
-                return [(peer, Error(code="rank_taken", text=f"another worker asked for rank {reg.rank}"))]
+        refusal = self._rank_refusal(reg, {m.info.rank for m in group})
+        if refusal:
+            return [(peer, refusal)]
         member = Member(peer, reg.role, len(group), reg)
         group.append(member)
         self.by_peer[peer] = member
         out = [(peer, Ack())]
-        if reg.role == "server" and len(self.servers) == self.job.num_servers:
+        servers_in = len(self.servers) == self.job.num_servers
+        if reg.role == "server" and servers_in:
             out += [(m.peer, self._server_welcome(m)) for m in self.servers]
-            if len(self.workers) == self.job.num_workers:  # workers were all in first
-                out += self._complete()
-        elif reg.role == "worker" and len(self.workers) == self.job.num_workers \
-                and len(self.servers) == self.job.num_servers:
+        if servers_in and len(self.waiting) >= self.job.start_workers:
             out += self._complete()
         return out
+
+    def _rank_refusal(self, reg: Register, taken) -> Error | None:
+        if reg.role != "worker" or reg.rank < 0:
+            return None
+        if reg.rank >= self.job.num_workers:
+            return Error(code="bad_rank", text=f"rank {reg.rank} asked for, the job has ranks 0..{self.job.num_workers - 1}")
+        if reg.rank in taken:
+            return Error(code="rank_taken", text=f"another worker has rank {reg.rank}")
+        return None
+
+    def _complete(self):
+        asked = {m.info.rank for m in self.waiting}
+        free = iter(r for r in range(self.job.num_workers) if r not in asked)
+        self.workers = {m.rank: m for m in (Member(m.peer, m.role, m.info.rank if m.info.rank >= 0 else next(free),
+                                                   m.info) for m in self.waiting)}
+        self.workers = dict(sorted(self.workers.items()))
+        self.waiting = []
+        self.by_peer.update({m.peer: m for m in self.workers.values()})
+        self.plan = BatchPlan(0, self.static_batches(list(self.workers)))
+        return [(m.peer, self.worker_welcome(m)) for m in self.workers.values()]
+
+    def _seat(self, peer: bytes, reg: Register) -> list[tuple[bytes, Message]]:
+        """A worker registering after the start takes a vacant rank (the one it asks for, or
+        the lowest); the scheduler plans its share and welcomes it."""
+        vacant = self.vacant
+        if not vacant:
+            return [(peer, Error(code="cluster_full", text=f"all {self.job.num_workers} worker ranks are taken"))]
+        refusal = self._rank_refusal(reg, set(self.workers))
+        if refusal:
+            return [(peer, refusal)]
+        member = Member(peer, "worker", reg.rank if reg.rank >= 0 else vacant[0], reg)
+        self.workers = dict(sorted({**self.workers, member.rank: member}.items()))
+        self.by_peer[peer] = member
+        self.joined.append(member)
+        return [(peer, Ack())]
+
+    def depart(self, rank: int) -> Member:
+        """The worker in `rank` is gone: its rank becomes vacant."""
+        member = self.workers.pop(rank)
+        self.by_peer.pop(member.peer, None)
+        return member
+
+    def static_batches(self, ranks: list[int]) -> tuple[int, ...]:
+        """The split among the workers in `ranks` by --batching uniform or by declared capacity."""
+        batches = initial_batches(self.job.batching, self.job.global_batch,
+                                  [self.workers[r].info.capacity for r in ranks], *self.job.batch_bounds)
+        return spread(batches, ranks, self.job.num_workers)
 
     def sharing(self, rank: int) -> int:
         """How many workers draw on worker `rank`'s memory: those on its host's RAM, or its GPU."""
         me = self.workers[rank].info
-        return sum(1 for m in self.workers if (m.info.host, m.info.device) == (me.host, me.device))
-
-    def _complete(self):
-        asked = {m.info.rank for m in self.workers}
-        free = iter(r for r in range(self.job.num_workers) if r not in asked)
-        ranked = [Member(m.peer, m.role, m.info.rank if m.info.rank >= 0 else next(free), m.info)
-                  for m in self.workers]
-        self.workers = sorted(ranked, key=lambda m: m.rank)
-        self.by_peer.update({m.peer: m for m in self.workers})
-        batches = initial_batches(self.job.batching, self.job.global_batch,
-                                  [m.info.capacity for m in self.workers], *self.job.batch_bounds)
-        self.plan = BatchPlan(0, tuple(batches))
-        return [(m.peer, self._worker_welcome(m)) for m in self.workers]
+        return sum(1 for m in self.workers.values() if (m.info.host, m.info.device) == (me.host, me.device))
 
     def _server_welcome(self, m: Member) -> Welcome:
         lo, hi = self.ranges[m.rank]
         return Welcome(rank=m.rank, job=self.job.to_dict(), cluster={
             "range": [lo, hi], "num_params": self.num_params, "num_trained": self.num_trained,
-            "dead_after_s": self.dead_after_s})
+            "dead_after_s": self.dead_after_s, "heartbeat_s": self.heartbeat_s})
 
-    def _worker_welcome(self, m: Member) -> Welcome:
+    def worker_welcome(self, m: Member, join_gen: int = -1, start_step: int = 0) -> Welcome:
+        """`join_gen` >= 0 for a worker joining a running job: it starts at the first step of
+        that plan (BSP) or at `start_step` (ASP, SSP), and does not initialise the shards."""
         return Welcome(rank=m.rank, job=self.job.to_dict(), cluster={
             "servers": [s.info.endpoint for s in self.servers], "ranges": [list(r) for r in self.ranges],
             "num_params": self.num_params, "total_steps": self.total_steps, "plan": self.plan.to_wire(),
-            "dead_after_s": self.dead_after_s})
+            "dead_after_s": self.dead_after_s, "heartbeat_s": self.heartbeat_s, "join_gen": join_gen,
+            "start_step": start_step})

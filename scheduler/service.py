@@ -30,6 +30,7 @@ from .registry import Registry
 log = logging.getLogger("omnips.scheduler")
 
 POLL_MS = 100
+ROUTER_BURST = 1000  # messages read from the router per loop turn, at most
 EVALS_AHEAD = 32
 
 
@@ -58,12 +59,15 @@ class Scheduler:
         self.test_batcher, self.test_size = data.Batcher(test), len(test)
         self.progress = Progress(job, len(train))
         self.registry = Registry(job, self.flat.size, self.flat.num_trained, self.progress.total_steps,
-                                 opts.dead_after_s)
+                                 opts.dead_after_s, opts.heartbeat_s)
         self.evals = EvalBook(job.num_servers)
         self.final: tuple[float, float] | None = None
         self.servers: ServerGroup | None = None
         self._bsp_points: list[EvalPoint] = []
         self.control: BatchControl | None = None
+        self.nonfinite = 0  # gradients with NaN or inf the workers reported
+        self.lost, self.joined = 0, 0  # workers
+        self._heard: dict[bytes, float] = {}  # registered peer -> when it last said anything
         self._memory_warned: set[int] = set()  # ranks whose memory estimate could not be applied
         self._plan_logged = False
         self._done_at: float | None = None
@@ -111,7 +115,10 @@ class Scheduler:
             events = dict(self.poller.poll(POLL_MS))
             now = time.monotonic()
             if self.router in events:
-                self._on_router()
+                for _ in range(ROUTER_BURST):  # all that waits: a lagging loop would misjudge silences
+                    self._on_router()
+                    if not self.router.poll(0):
+                        break
             if self.servers is not None:
                 for s, sock in enumerate(self.servers.socks):
                     if sock in events:
@@ -134,7 +141,7 @@ class Scheduler:
             if now - start > self.opts.register_timeout_s:
                 raise JobFailed(f"cluster incomplete after {self.opts.register_timeout_s:g} s: "
                                 f"{len(self.registry.servers)}/{self.job.num_servers} servers, "
-                                f"{len(self.registry.workers)}/{self.job.num_workers} workers registered")
+                                f"{len(self.registry.waiting)}/{self.job.start_workers} workers registered")
         elif self.progress.all_done:
             if self._done_at is None:
                 self._done_at = now
@@ -143,6 +150,19 @@ class Scheduler:
                                 f"{self.opts.server_timeout_s:g} s")
         elif now - (self.progress.last_report or self._complete_at) > self.opts.stall_timeout_s:
             raise JobFailed(f"no progress reported for {self.opts.stall_timeout_s:g} s")
+        elif not self.router.poll(0):  # judge silences only with nothing unread
+            self._check_silences(now)
+
+    def _check_silences(self, now: float) -> None:
+        """A worker silent for --dead-after leaves the job; a silent server fails it."""
+        for m in self.registry.servers:
+            silent = now - self._heard.get(m.peer, self._complete_at)
+            if silent > self.opts.dead_after_s:
+                raise JobFailed(f"server {m.rank} at {m.info.endpoint} has been silent for {silent:.0f} s")
+        for rank, m in list(self.registry.workers.items()):
+            silent = now - self._heard.get(m.peer, self._complete_at)
+            if silent > self.opts.dead_after_s and not self.progress.workers[rank].done:
+                self._depart(rank, f"silent for {silent:.0f} s")
 
     # -- messages -----------------------------------------------------------------
     def _on_router(self) -> None:
@@ -158,8 +178,10 @@ class Scheduler:
             self._on_register(peer, msg)
         elif isinstance(msg, Report):
             self._on_report(peer, msg)
-        else:
+        elif not isinstance(msg, Heartbeat):
             transport.reply(self.router, peer, protocol.Error(code="bad_op", text=f"the scheduler does not take {msg.OP!r}"))
+        if peer in self.registry.by_peer:  # registered (now): any word proves it alive
+            self._heard[peer] = time.monotonic()
 
     def _on_register(self, peer: bytes, msg: Register) -> None:
         servers_before = len(self.registry.servers) == self.job.num_servers
@@ -177,18 +199,71 @@ class Scheduler:
         if self.registry.complete and not self._plan_logged:
             self._plan_logged = True
             self._complete_at = time.monotonic()
-            for worker in self.registry.workers:  # ranks are final only now
+            for worker in self.registry.workers.values():  # ranks are final only now
+                self.progress.seat(worker.rank, joined=False)
                 self._membership(worker)
             plan = self.registry.plan
             if self.job.batching == "dynamic":
                 self.control = BatchControl(self.job, plan)
             self.run.event("assign", gen=plan.gen, batches=list(plan.batches), step=0, reason="start")
             log.info("cluster complete; batches %s", list(plan.batches))
+            self._send_plan(plan)  # every server learns whom a step waits for
+        for member in self.registry.joined:
+            self._join(member)
+        self.registry.joined.clear()
 
-    def _membership(self, m) -> None:
+    def _membership(self, m, change: str = "joined", **more) -> None:
         i = m.info
-        self.run.event("membership", change="joined", role=m.role, rank=m.rank, host=i.host, pid=i.pid,
-                       device=i.device, capacity=i.capacity, endpoint=i.endpoint)
+        self.run.event("membership", change=change, role=m.role, rank=m.rank, host=i.host, pid=i.pid,
+                       device=i.device, capacity=i.capacity, endpoint=i.endpoint, **more)
+
+    def _join(self, member) -> None:
+        """A worker took a vacant rank in the running job: a plan that gives it a share, then
+        its welcome (BSP: it starts at the first step of that plan; ASP/SSP: at the slowest
+        present worker's step, so that SSP's bound does not hold everyone back for it)."""
+        steps = [w.next_step for w in self.progress.workers if w.present and w.next_step is not None]
+        self.progress.seat(member.rank, joined=True)
+        plan = self._membership_plan(sorted(self.registry.workers), "joined")
+        self._send_plan(plan)
+        transport.reply(self.router, member.peer,
+                        self.registry.worker_welcome(member, join_gen=plan.gen, start_step=min(steps, default=0)))
+        self.joined += 1
+        self._membership(member, "joined", late=True)
+        log.info("worker %d joined from %s: batches %s", member.rank, member.info.host, list(plan.batches))
+
+    def _depart(self, rank: int, why: str) -> None:
+        """Worker `rank` is gone: servers stop waiting for its later steps and the others
+        share its part of the global batch from the next plan on."""
+        w = self.progress.workers[rank]
+        last = w.next_step - 1 if w.next_step is not None else -1
+        member = self.registry.depart(rank)
+        self.progress.depart(rank)
+        self._heard.pop(member.peer, None)
+        transport.reply(self.router, member.peer, Shutdown(ok=False, reason=f"removed from the job: {why}"))
+        self.lost += 1
+        self._membership(member, "lost", reason=why, last_step=last)
+        log.warning("worker %d lost (%s) after step %d", rank, why, last)
+        if not self.registry.workers:
+            raise JobFailed(f"every worker is gone (the last, worker {rank}: {why})")
+        plan = self.registry.plan
+        if not plan.stop:
+            plan = self._membership_plan(sorted(self.registry.workers), "lost")
+        self._send_plan(plan, departed=[[rank, last]])
+
+    def _membership_plan(self, active: list[int], change: str) -> BatchPlan:
+        if self.control is None:
+            plan = BatchPlan(self.registry.plan.gen + 1, self.registry.static_batches(active))
+            predicted = None
+        else:
+            try:
+                predicted = self.control.resize(active).decision.predicted_s
+            except ValueError as exc:
+                raise JobFailed(f"the workers left cannot hold the global batch: {exc}") from None
+            plan = self.control.plan
+        self.run.event("assign", gen=plan.gen, batches=list(plan.batches), reason=change,
+                       step=max((w.next_step or 0 for w in self.progress.workers if w.present), default=0),
+                       predicted_step_s=predicted)
+        return plan
 
     def _connect_servers(self) -> None:
         self.servers = ServerGroup(self.ctx, [m.info.endpoint for m in self.registry.servers],
@@ -214,10 +289,17 @@ class Scheduler:
         if member is None or member.role != "worker" or member.rank != r.rank:
             transport.reply(self.router, peer, protocol.Error(code="bad_rank", text="report from an unregistered peer or the wrong rank"))
             return
-        expected = self.progress.workers[r.rank].steps
-        if r.step != expected or self.progress.workers[r.rank].done:
+        if not self.progress.expects(r):
+            expected = self.progress.workers[r.rank].next_step
             transport.reply(self.router, peer, protocol.Error(code="bad_step", text=f"report for step {r.step}, expected {expected}"))
             return
+        if r.nonfinite:
+            self.nonfinite += 1
+            self.run.event("nonfinite", worker=r.rank, step=r.step, loss=r.loss, policy=self.job.nan_policy)
+            if self.job.nan_policy == "fail":
+                raise JobFailed(f"worker {r.rank}'s gradient at step {r.step} has NaN or inf values "
+                                f"(loss {r.loss:g}); --nan-policy skip would drop such gradients instead")
+            log.warning("worker %d's gradient at step %d has NaN or inf values: dropped", r.rank, r.step)
         for point in self.progress.on_report(r, time.monotonic()):
             self._ask_eval(point, final=False)
         if r.done:
@@ -270,13 +352,15 @@ class Scheduler:
         log.info("new batches %s (predicted step %.1f ms)", list(plan.batches), 1000 * d.predicted_s)
         self._send_plan(plan)
 
-    def _send_plan(self, plan: BatchPlan) -> None:
-        """Server 0 hands the plan on with its replies: BSP workers all switch at one step."""
+    def _send_plan(self, plan: BatchPlan, departed=()) -> None:
+        """Every server hands the plan on with its replies; a worker takes the newest it
+        gets in a step's replies, which every BSP worker gets alike: all switch at one step."""
         self.registry.plan = plan
         if self.control is not None:
             self.control.plan = plan
-        transport.reply(self.router, self.registry.servers[0].peer,
-                        Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop))
+        for m in self.registry.servers:
+            transport.reply(self.router, m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop,
+                                                      departed=list(departed)))
 
     def _ask_eval(self, point: EvalPoint, final: bool) -> None:
         try:
@@ -335,4 +419,7 @@ class Scheduler:
             "final_test_accuracy": acc,
             "final_test_loss": loss,
             "adjustments": self.control.adjustments if self.control else 0,
+            "nonfinite_gradients": self.nonfinite,
+            "workers_lost": self.lost,
+            "workers_joined": self.joined,
         }

@@ -37,9 +37,10 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
         welcome = link.register(Register(role="server", host=pysocket.gethostname(), endpoint=endpoint,
                                          pid=os.getpid()), ack_timeout_s, welcome_timeout_s)
         job = JobSpec.from_dict(welcome.job)
-        cluster = link.cluster_fields(welcome, range=list, dead_after_s=float, num_trained=int, num_params=int)
+        cluster = link.cluster_fields(welcome, range=list, dead_after_s=float, heartbeat_s=float, num_trained=int,
+                                      num_params=int)
         lo, hi = cluster["range"]
-        link.dead_after_s = cluster["dead_after_s"]
+        link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
         core = ShardCore(job, lo, hi, cluster["num_trained"])
         # the largest message a worker sends is a push of this shard: refuse anything bigger
         router.setsockopt(zmq.MAXMSGSIZE, (hi - lo) * 4 + protocol.MAX_HEADER_BYTES)

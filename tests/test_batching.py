@@ -338,6 +338,10 @@ def test_plan_round_trips_through_wire_form(plan):
     assert BatchPlan.from_wire(wire, len(plan.batches)) == plan
 
 
+def test_a_vacant_rank_has_batch_zero():
+    assert BatchPlan.from_wire({"gen": 2, "batches": [0, 7]}, 2).batches == (0, 7)
+
+
 def test_stop_defaults_to_false():
     assert BatchPlan.from_wire({"gen": 3, "batches": [1, 2]}, 2) == BatchPlan(3, (1, 2), False)
 
@@ -349,7 +353,7 @@ GOOD = {"gen": 1, "batches": [3, 5], "stop": False}
     None, [1, [3, 5]], "plan", 5,
     {**GOOD, "gen": -1}, {**GOOD, "gen": None}, {**GOOD, "gen": True}, {**GOOD, "gen": 1.0}, {**GOOD, "gen": "1"},
     {"batches": [3, 5]},
-    {**GOOD, "batches": [3]}, {**GOOD, "batches": [3, 5, 1]}, {**GOOD, "batches": [3, 0]},
+    {**GOOD, "batches": [3]}, {**GOOD, "batches": [3, 5, 1]}, {**GOOD, "batches": [0, 0]},
     {**GOOD, "batches": [3, -5]}, {**GOOD, "batches": [3, 5.0]}, {**GOOD, "batches": [True, 5]},
     {**GOOD, "batches": (3, 5)}, {**GOOD, "batches": None}, {**GOOD, "batches": [3, "5"]},
     {**GOOD, "stop": 1}, {**GOOD, "stop": "yes"}, {**GOOD, "stop": None},

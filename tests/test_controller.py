@@ -449,12 +449,12 @@ def test_limit_before_any_measurement_keeps_the_others_balanced():
 
 def test_limit_refuses_when_the_workers_cannot_hold_the_global_batch():
     ctl = control(num_workers=2, global_batch=60)
-    assert ctl.max_batch == [59, 59]
+    assert ctl.max_batch == [60, 60]
     ctl.limit(0, 1)  # 1 + 59 still holds 60
     assert ctl.plan.batches == (1, 59)
     with pytest.raises(ValueError):
         ctl.limit(1, 58)
-    assert ctl.max_batch == [1, 59] and ctl.plan.batches == (1, 59)  # unchanged
+    assert ctl.max_batch == [1, 60] and ctl.plan.batches == (1, 59)  # unchanged
 
 
 def test_memory_estimate_bounds_the_plan_and_follows_the_worker():

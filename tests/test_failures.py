@@ -1,8 +1,10 @@
-"""Nothing waits forever: a dead scheduler or server ends the job with a clear reason."""
+"""Nothing waits forever: a dead scheduler or server, or a NaN gradient, ends the job with a clear reason."""
 
 import json
 import signal
 import time
+
+import torch
 
 from helpers import JOB_TIMEOUT_S, start_cluster
 
@@ -49,3 +51,29 @@ def test_dead_server_fails_the_job_with_a_reason(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"].startswith("failed: no progress reported")
     assert "no answer from server" in (run_dir / "logs" / "worker0.log").read_text()
+
+
+def test_nan_policy_skip_drops_the_gradient_and_trains_on(run_job):
+    workers = [WorkerSpec(), WorkerSpec(extra=("--fault-nan-at", "3,7"))]
+    run = run_job(["--mode", "bsp", "--max-steps", "30", "--global-batch", "32", "--nan-policy", "skip"], workers)
+    s = run.summary
+    assert s["status"] == "completed" and s["worker_steps"] == [30, 30] and s["nonfinite_gradients"] == 2
+    nan = [(e["worker"], e["step"], e["policy"]) for e in run.events if e["event"] == "nonfinite"]
+    assert nan == [(1, 3, "skip"), (1, 7, "skip")]
+    state = torch.load(run.dir / "model.pt")
+    assert all(torch.isfinite(v).all() for v in state.values())
+    assert "dropped (--nan-policy skip)" in (run.dir / "logs" / "worker1.log").read_text()
+
+
+def test_nan_policy_fail_ends_the_job_at_once_with_the_reason(tmp_path):
+    run_dir = tmp_path / "run"
+    workers = [WorkerSpec(ms_per_step=20.0), WorkerSpec(ms_per_step=20.0, extra=("--fault-nan-at", "4"))]
+    # no --nan-policy: fail is the default; the stall timeout is far above the time the failure takes
+    with start_cluster(run_dir, [*SLOW, "--stall-timeout", "120"], workers) as cluster:
+        code = cluster.procs["scheduler"].wait(timeout=JOB_TIMEOUT_S)
+        worker_codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
+    assert code == 1 and worker_codes[1] == 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"].startswith("failed: worker 1's gradient at step 4 has NaN or inf values")
+    assert summary["nonfinite_gradients"] == 1 and summary["worker_steps"][1] == 4
+    assert "--nan-policy fail" in (run_dir / "logs" / "worker1.log").read_text()

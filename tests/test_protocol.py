@@ -53,12 +53,16 @@ STRATEGIES = {
     "error": st.builds(Error, code=TEXT, text=TEXT),
     "ack": st.just(Ack()),
     "init": st.builds(Init, rank=ANY_INT, data=wire_data()),
-    "pull": st.builds(Pull, req=ANY_INT, at=st.none() | U64),
+    "pull": st.builds(Pull, req=ANY_INT, at=st.none() | U64, gen=st.integers(-1, 2**64 - 1)),
     "push": st.builds(Push, rank=U64, step=U64, ver=U64, batch=st.integers(1, 2**64 - 1), gen=U64,
-                      data=wire_data()),
+                      data=wire_data())
+    | st.builds(Push, rank=U64, step=U64, ver=U64, batch=st.just(0), gen=U64, data=wire_data(max_size=0)),
     "params": st.builds(Params, req=ANY_INT, version=ANY_INT, held_s=FLOAT, plan=st.none() | DICTS,
                         data=wire_data()),
-    "plan": st.builds(Plan, gen=ANY_INT, batches=st.lists(PLAIN, max_size=6), stop=st.booleans()),
+    "plan": st.lists(st.integers(0, 2**32), min_size=1, max_size=6).filter(any).flatmap(
+        lambda b: st.builds(Plan, gen=U64, batches=st.just(b), stop=st.booleans(),
+                            departed=st.lists(st.lists(st.integers(0, len(b) - 1), min_size=2, max_size=2).map(
+                                lambda d: [d[0], d[1] * 7 - 1]), max_size=3))),
 }
 ANY_MESSAGE = st.one_of(*STRATEGIES.values())
 
@@ -350,7 +354,9 @@ def test_missing_data_length():
     ("report", "network_s", -1e-9), ("report", "wait_s", -1), ("report", "staleness", -1),
     ("report", "mem_free", -1), ("report", "sample_bytes", -1), ("register", "memory_limit", -1),
     ("register", "threads", -2), ("register", "pid", -1),
-    ("pull", "at", -1),
+    ("pull", "at", -1), ("pull", "gen", -2),
+    ("plan", "gen", -1), ("plan", "batches", [0, 0]), ("plan", "batches", [3, -1]), ("plan", "batches", []),
+    ("plan", "departed", [[5, 1]]), ("plan", "departed", [[0]]), ("plan", "departed", [[0, -2]]), ("plan", "departed", [[0, 1.5]]),
     ("register", "role", "boss"), ("register", "capacity", 0.0), ("register", "capacity", -1.0),
     ("register", "capacity", math.nan), ("register", "capacity", math.inf), ("register", "endpoint", ""),
 ])

@@ -1,5 +1,6 @@
 """server.shard.ShardCore driven directly, no sockets: updates, barriers, refusals, pulls, plans."""
 
+import msgpack
 import numpy as np
 import pytest
 import torch
@@ -16,9 +17,9 @@ SCHED = b"scheduler"
 
 
 def make_core(mode="bsp", n=6, num_trained=None, lo=0, num_workers=3, global_batch=32, lr=0.1,
-              momentum=0.9, weight_decay=0.01, nesterov=False, init=None, now=0.0):
+              momentum=0.9, weight_decay=0.01, nesterov=False, init=None, now=0.0, staleness=3):
     job = JobSpec(mode=mode, num_workers=num_workers, global_batch=global_batch, lr=lr, momentum=momentum,
-                  weight_decay=weight_decay, nesterov=nesterov)
+                  weight_decay=weight_decay, nesterov=nesterov, staleness=staleness)
     job.check()
     core = ShardCore(job, lo, lo + n, lo + n if num_trained is None else num_trained)
     if init is not None:
@@ -323,6 +324,64 @@ def test_asp_refusals():
     assert out[0].msg.version == 3
 
 
+# -- dropped gradients (--nan-policy skip) --------------------------------------------
+
+
+def dropped(rank, step, ver=None):
+    return push(rank, step, [], batch=0, ver=ver)
+
+
+def test_bsp_step_with_a_dropped_gradient_averages_the_others():
+    x0 = np.array([1.0, -2.0, 3.0, 0.5], dtype=np.float32)
+    core = make_core(n=4, init=x0, momentum=0.9, weight_decay=0.01)
+    ref = SgdRef(x0, 0.9, 0.01)
+    g0, g2 = np.array([1, 2, 3, 4], np.float32), np.array([-4, 0, 2, 8], np.float32)
+    assert core.handle(PEERS[0], push(0, 0, g0, batch=4), 0.0) == []
+    assert core.handle(PEERS[1], dropped(1, 0), 0.0) == []  # it still counts as arrived
+    out = core.handle(PEERS[2], push(2, 0, g2, batch=12), 0.0)
+    ref.step((4 * g0 + 12 * g2) / 16, 0.1)
+    assert sorted(o.to for o in out) == sorted(PEERS) and core.version == 1 and core.updates == 1
+    np.testing.assert_allclose(core.values, ref.p, rtol=1e-6)
+    round_trip(out)
+
+
+def test_bsp_step_with_every_gradient_dropped_changes_nothing_but_the_version():
+    core = make_core(n=3, init=[1, 2, 3], num_workers=2)
+    core.handle(PEERS[0], push(0, 0, [1, 1, 1]), 0.0)
+    core.handle(PEERS[1], push(1, 0, [1, 1, 1]), 0.0)  # one real step: momentum is now non-zero
+    before = snapshot(core)
+    core.handle(PEERS[0], dropped(0, 1), 0.0)
+    out = core.handle(PEERS[1], dropped(1, 1), 0.0)
+    after = snapshot(core)
+    assert len(out) == 2 and core.version == 2 and after["updates"] == before["updates"] == 1
+    np.testing.assert_array_equal(after["values"], before["values"])
+    np.testing.assert_array_equal(after["momentum"], before["momentum"])
+
+
+def test_bsp_single_real_gradient_beside_dropped_ones_takes_the_fast_path():
+    core = make_core(n=2, init=[0, 0], momentum=0.0, weight_decay=0.0, num_workers=2)
+    core.handle(PEERS[0], dropped(0, 0), 0.0)
+    core.handle(PEERS[1], push(1, 0, [1.0, -2.0], batch=5), 0.0)
+    np.testing.assert_allclose(core.values, [-0.1, 0.2], rtol=1e-6)  # weight 1, whatever its batch
+
+
+def test_asp_dropped_gradient_is_answered_without_an_update():
+    core = make_core(mode="asp", n=2, init=[1, 1], global_batch=6)
+    out = core.handle(PEERS[0], dropped(0, 0), 0.0)
+    assert len(out) == 1 and out[0].msg.version == 0 and core.updates == 0
+    np.testing.assert_array_equal(core.values, [1, 1])
+    assert_refused(core, PEERS[0], dropped(0, 0), "duplicate")  # the step still counts as pushed
+    assert core.handle(PEERS[0], push(0, 1, [1, 1], ver=0), 0.0)[0].msg.version == 1
+
+
+def test_a_dropped_gradient_carries_no_values():
+    frames = [bytes(f) for f in protocol.encode(push(0, 0, [1.0], batch=1))]
+    header = msgpack.unpackb(frames[0])
+    header["batch"] = 0
+    with pytest.raises(protocol.ProtocolError, match="carries no values"):
+        protocol.decode([msgpack.packb(header), frames[1]])
+
+
 # -- pulls ----------------------------------------------------------------------------
 
 
@@ -393,15 +452,19 @@ def test_plan_attached_only_for_older_generations_bsp():
     core.set_plan(Plan(gen=2, batches=[10, 10, 12]), 0.0)
     core.set_plan(Plan(gen=1, batches=[1, 1, 30]), 0.0)  # older: ignored
     out = []
-    for r, gen in enumerate([2, 1, 0]):
-        out += core.handle(PEERS[r], push(r, 0, [1, 1], gen=gen), 0.0)
+    for r in range(3):  # a BSP step runs one plan on every worker
+        out += core.handle(PEERS[r], push(r, 0, [1, 1], gen=0), 0.0)
     plan = {"gen": 2, "batches": [10, 10, 12], "stop": False}
-    assert [o.msg.plan for o in out] == [None, plan, plan]
+    assert [o.msg.plan for o in out] == [plan] * 3
     round_trip(out)
-    core.set_plan(Plan(gen=3, batches=[8, 12, 12], stop=True), 0.0)
     out = []
     for r in range(3):
         out += core.handle(PEERS[r], push(r, 1, [1, 1], gen=2), 0.0)
+    assert [o.msg.plan for o in out] == [None] * 3  # they have it
+    core.set_plan(Plan(gen=3, batches=[8, 12, 12], stop=True), 0.0)
+    out = []
+    for r in range(3):
+        out += core.handle(PEERS[r], push(r, 2, [1, 1], gen=2), 0.0)
     assert [o.msg.plan for o in out] == [{"gen": 3, "batches": [8, 12, 12], "stop": True}] * 3
     # pulls never carry a plan
     assert core.handle(SCHED, Pull(req=1), 0.0)[0].msg.plan is None
@@ -414,3 +477,71 @@ def test_plan_attached_only_for_older_generations_asp():
     assert core.handle(PEERS[0], push(0, 1, [1, 1], ver=1, gen=0), 0.0)[0].msg.plan == \
         {"gen": 1, "batches": [1, 2, 3], "stop": False}
     assert core.handle(PEERS[1], push(1, 0, [1, 1], ver=2, gen=1), 0.0)[0].msg.plan is None
+
+
+# -- membership: workers leave and join -------------------------------------------------
+
+
+def test_bsp_step_completes_without_a_departed_worker_and_drops_its_partial_push():
+    core = make_core(n=2, init=[0, 0], momentum=0.0, weight_decay=0.0)
+    core.handle(PEERS[0], push(0, 0, [1, 1]), 0.0)
+    assert core.handle(PEERS[2], push(2, 0, [9, 9]), 0.0) == []  # reached this shard, then it died
+    out = core.set_plan(Plan(gen=1, batches=[6, 6, 0], departed=[[2, -1]]), 0.0)
+    assert out == [] and 2 not in core._pending  # its step-0 push reached not every shard: no shard uses it
+    out = core.handle(PEERS[1], push(1, 0, [3, 3]), 0.0)
+    assert sorted(o.to for o in out) == [PEERS[0], PEERS[1]] and core.version == 1
+    np.testing.assert_allclose(core.values, [-0.2, -0.2], rtol=1e-6)  # mean of 1 and 3, lr 0.1
+    assert out[0].msg.plan["batches"] == [6, 6, 0]
+    assert_refused(core, PEERS[2], push(2, 1, [1, 1], gen=0), "removed")  # not dead after all: refused
+
+
+def test_bsp_barrier_waiting_only_for_the_departed_completes_when_told():
+    core = make_core(n=1, init=[0], num_workers=2)
+    core.handle(PEERS[0], push(0, 0, [1]), 0.0)
+    out = core.set_plan(Plan(gen=1, batches=[8, 0], departed=[[1, -1]]), 0.0)
+    assert [o.to for o in out] == [PEERS[0]] and core.version == 1
+
+
+def test_a_joiner_pulls_at_the_first_step_of_its_plan_and_the_step_waits_for_it():
+    core = make_core(n=2, init=[0, 0], num_workers=3)
+    core.set_plan(Plan(gen=0, batches=[8, 8, 0]), 0.0)
+    for r in (0, 1):
+        core.handle(PEERS[r], push(r, 0, [1, 1]), 0.0)
+    assert core.version == 1  # the vacant rank is not waited for
+    core.set_plan(Plan(gen=1, batches=[6, 5, 5]), 0.0)
+    assert core.handle(PEERS[2], Pull(req=7, gen=1), 0.0) == []  # step 1 still runs plan 0
+    for r in (0, 1):
+        out = core.handle(PEERS[r], push(r, 1, [1, 1]), 0.0)
+    assert core.version == 2 and out[0].msg.plan["gen"] == 1  # the others learn the plan with this reply
+    out = core.handle(PEERS[0], push(0, 2, [1, 1], gen=1), 0.0)
+    assert [o.to for o in out] == [PEERS[2]]  # the first push under plan 1 releases the joiner's pull
+    reply = out[0].msg
+    assert reply.version == 2 and reply.plan == {"gen": 1, "batches": [6, 5, 5], "stop": False}
+    assert core.handle(PEERS[1], push(1, 2, [1, 1], gen=1), 0.0) == []  # and step 2 waits for it
+    out = core.handle(PEERS[2], push(2, 2, [1, 1], gen=1), 0.0)
+    assert len(out) == 3 and core.version == 3
+    core.handle(PEERS[0], push(0, 3, [1, 1], gen=1), 0.0)
+    assert_refused(core, PEERS[1], push(1, 3, [1, 1], gen=0), "bad_gen")  # a step runs one plan
+
+
+def test_a_refilled_rank_binds_to_the_new_connection_and_refuses_the_old():
+    core = make_core(mode="asp", n=2, init=[0, 0], global_batch=6, num_workers=2)
+    core.handle(PEERS[1], push(1, 0, [1, 1]), 0.0)
+    core.set_plan(Plan(gen=1, batches=[6, 0], departed=[[1, 0]]), 0.0)
+    assert_refused(core, PEERS[1], push(1, 1, [1, 1], ver=1), "removed")
+    core.set_plan(Plan(gen=2, batches=[3, 3]), 0.0)
+    assert_refused(core, PEERS[1], push(1, 1, [1, 1], ver=1, gen=1), "removed")  # the old one, on an old plan
+    out = core.handle(b"new", push(1, 5, [1, 1], ver=1, gen=2), 0.0)  # the new one: its own step count
+    assert isinstance(out[0].msg, Params)
+
+
+def test_ssp_does_not_wait_for_a_departed_worker():
+    core = make_core(mode="ssp", n=1, init=[0], global_batch=6, staleness=1)
+    for step in range(2):
+        for r in (0, 1, 2):
+            core.handle(PEERS[r], push(r, step, [1], ver=core.version), 0.0)
+    assert core.handle(PEERS[0], push(0, 2, [1], ver=core.version), 0.0) != []  # 2 - 1 <= 1
+    assert core.handle(PEERS[0], push(0, 3, [1], ver=core.version), 0.0) == []  # held: worker 2 is at 1
+    core.handle(PEERS[1], push(1, 2, [1], ver=core.version), 0.0)
+    out = core.set_plan(Plan(gen=1, batches=[3, 3, 0], departed=[[2, 1]]), 0.0)
+    assert [o.to for o in out] == [PEERS[0]]  # the slowest present worker is at 2 now

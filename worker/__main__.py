@@ -16,6 +16,13 @@ from .emulation import Emulation, parse_schedule
 from .service import WorkerOptions, run
 
 
+def _steps(text: str) -> frozenset:
+    try:
+        return frozenset(int(s) for s in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of steps") from None
+
+
 def parse(argv) -> WorkerOptions:
     p = argparse.ArgumentParser(prog="omnips-worker", description=__doc__)
     p.add_argument("--scheduler", required=True, help="the scheduler's address, tcp://HOST:PORT")
@@ -29,6 +36,7 @@ def parse(argv) -> WorkerOptions:
     p.add_argument("--memory-limit", type=size, default=0, metavar="SIZE",
                    help="most memory a step may fill, e.g. 2G (default: the device's free memory)")
     p.add_argument("--fault-oom-above", type=int, default=0, help=argparse.SUPPRESS)  # test knob
+    p.add_argument("--fault-nan-at", type=_steps, default=frozenset(), help=argparse.SUPPRESS)  # test knob
     p.add_argument("--slowdown", default="1", help="F, or a schedule STEP:F,STEP:F,... (emulated slower device)")
     p.add_argument("--emulate-ms-per-step", type=float, default=0.0, help="virtual device: fixed ms per step (A)")
     p.add_argument("--emulate-ms-per-sample", type=float, default=0.0, help="virtual device: ms per sample (C)")
@@ -54,7 +62,7 @@ def parse(argv) -> WorkerOptions:
         p.error(str(exc))
     logs.setup("worker", args.log_level)
     return WorkerOptions(args.scheduler, args.device, args.threads, args.capacity, args.rank, args.max_batch,
-                         args.memory_limit, args.fault_oom_above, emulation,
+                         args.memory_limit, args.fault_oom_above, args.fault_nan_at, emulation,
                          args.ack_timeout, args.welcome_timeout, args.server_timeout)
 
 

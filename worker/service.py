@@ -6,12 +6,13 @@ import socket as pysocket
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import zmq
 
 from omnips import data, models
 from omnips.batching import BatchPlan
-from omnips.flat import FlatModel
+from omnips.flat import FlatModel, all_finite
 from omnips.job import JobSpec
 from omnips.link import LinkError, SchedulerLink
 from omnips.protocol import Register, Report, Shutdown
@@ -38,6 +39,7 @@ class WorkerOptions:
     max_batch: int = 0
     memory_limit: int = 0  # bytes; 0: what the device has free
     fault_oom_above: int = 0
+    fault_nan_at: frozenset = frozenset()  # test knob: steps whose gradient is made NaN
     emulation: Emulation = Emulation()
     ack_timeout_s: float = 10.0
     welcome_timeout_s: float = 300.0
@@ -57,12 +59,12 @@ def run(opts: WorkerOptions) -> int:
                      memory_limit=opts.memory_limit),
             opts.ack_timeout_s, opts.welcome_timeout_s)
         cluster = link.cluster_fields(welcome, servers=list, ranges=list, num_params=int, total_steps=int,
-                                      plan=dict, dead_after_s=float)
+                                      plan=dict, dead_after_s=float, heartbeat_s=float, join_gen=int, start_step=int)
         job = JobSpec.from_dict(welcome.job)
-        link.dead_after_s = cluster["dead_after_s"]
+        link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
         session = _Session(job, welcome.rank, cluster, device, opts, link)
         session.servers = ServerGroup(ctx, cluster["servers"], cluster["ranges"], opts.server_timeout_s,
-                                      on_wait=session.check_scheduler)
+                                      on_wait=session.check_scheduler, tick_s=min(1.0, link.heartbeat_s))
         try:
             return session.train()
         except JobEnded:
@@ -77,6 +79,7 @@ class _Session:
         self.job, self.rank, self.opts, self.link = job, rank, opts, link
         self.servers: ServerGroup | None = None
         self.total_steps = cluster["total_steps"]
+        self.join_gen, self.start_step = cluster["join_gen"], cluster["start_step"]  # join_gen -1: there from the start
         self.plan = BatchPlan.from_wire(cluster["plan"], job.num_workers)
         train, _ = data.load(job.dataset, job.dataset_args)
         self.flat = FlatModel(models.build(job.model, job.model_args, train, job.seed), device)
@@ -88,43 +91,73 @@ class _Session:
         # before the first pull, which overwrites whatever the probe touched
         self.sample_bytes = memory.sample_bytes(self.flat.module, batcher, range(len(train)), device)
         bsp = job.mode == "bsp"
-        self.stream = data.SampleStream(len(train), job.seed, stream=0 if bsp else 1 + rank)
+        # ASP: a stream per worker; one that joins later draws a stream of its own, not its rank's old one
+        incarnation = 0 if self.join_gen < 0 else 1 + self.join_gen
+        self.stream = data.SampleStream(len(train), job.seed,
+                                        stream=0 if bsp else 1 + rank + job.num_workers * incarnation)
         log.info("worker %d on %s: %s, %d values, batch %d", rank, device, job.mode, self.flat.size,
                  self.plan.batches[rank])
 
     def train(self) -> None:
         """Train until the scheduler closes the job (JobEnded) or something fails."""
-        if self.rank == 0:
-            self.servers.init(self.flat.params)
-        self.servers.pull(self.flat.params)
-        self.flat.load_params()
         bsp = self.job.mode == "bsp"
-        step, asp_pos, last = 0, 0, None
+        if self.join_gen < 0:
+            if self.rank == 0:
+                self.servers.init(self.flat.params)
+            step = 0
+            self.servers.pull(self.flat.params)
+        else:  # joining: BSP waits for the first step that runs the plan with this worker in it
+            ex = self.servers.pull(self.flat.params, gen=self.join_gen)
+            step = ex.versions[0] if bsp else self.start_step
+            if ex.plan is not None:
+                self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)
+            log.info("worker %d joins at step %d", self.rank, step)
+        self.flat.load_params()
+        asp_pos, last = 0, None
         while not self.plan.stop and not (bsp and step >= self.total_steps):
             batch = self.plan.batches[self.rank]
+            if not batch:
+                raise LinkError(f"worker {self.rank} is no longer in the batch plan: the scheduler removed it")
             if bsp:
                 start = data.bsp_slice_start(step * self.job.global_batch, self.plan.batches, self.rank)
             else:
                 start, asp_pos = asp_pos, asp_pos + batch
             loss, real_s = self.trainer.compute(self.stream.take(start, batch))
             compute_s = self._pad(step, batch, real_s)
+            if step in self.opts.fault_nan_at:
+                self.flat.grads[0] = np.nan
+            finite = all_finite(self.flat.grads)
+            if not finite:
+                self._nonfinite(step, batch, loss)
             before = list(self.servers.versions)
-            ex = self.servers.push_pull(self.rank, step, self.flat.grads, batch, self.plan.gen, self.flat.params)
+            ex = self.servers.push_pull(self.rank, step, self.flat.grads, batch if finite else 0, self.plan.gen,
+                                        self.flat.params)
             self.flat.load_params()
             if ex.plan is not None:
                 self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)
-            staleness = max(v - 1 - b for v, b in zip(ex.versions, before))
+            staleness = max(0, max(v - 1 - b for v, b in zip(ex.versions, before)))
             last = Report(rank=self.rank, step=step, batch=batch, compute_s=compute_s,
                           network_s=max(0.0, ex.elapsed_s - ex.held_s), wait_s=ex.held_s, loss=loss,
                           staleness=staleness, mem_batch=self.trainer.max_batch,
                           mem_free=memory.free_bytes(self.flat.device),
-                          sample_bytes=self.sample_bytes)
+                          sample_bytes=self.sample_bytes, nonfinite=not finite)
             self.link.send(last)
             self.check_scheduler()
             step += 1
         self.link.send(Report(rank=self.rank, step=step, batch=0, compute_s=0.0, network_s=0.0, wait_s=0.0,
                               loss=last.loss if last else 0.0, done=True))
         self._await_shutdown()
+
+    def _nonfinite(self, step: int, batch: int, loss: float) -> None:
+        """--nan-policy skip: log it (the push then carries no gradient); fail: tell the
+        scheduler, which ends the job, and stop."""
+        what = f"worker {self.rank}'s gradient at step {step} has NaN or inf values (loss {loss:g})"
+        if self.job.nan_policy == "skip":
+            log.warning("%s: dropped (--nan-policy skip)", what)
+            return
+        self.link.send(Report(rank=self.rank, step=step, batch=batch, compute_s=0.0, network_s=0.0, wait_s=0.0,
+                              loss=loss, nonfinite=True))
+        raise ValueError(f"{what}: the job ends (--nan-policy fail)")
 
     def _pad(self, step: int, batch: int, real_s: float) -> float:
         target = self.opts.emulation.target_s(step, batch, real_s)

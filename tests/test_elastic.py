@@ -1,0 +1,87 @@
+"""Elastic workers end to end: a worker killed mid-run leaves the job, one started later joins it."""
+
+import signal
+from collections import defaultdict
+
+from helpers import finish, start_cluster
+
+from omnips.launch import WorkerSpec
+from omnips.metrics import read_events
+
+from test_failures import _wait_for_steps
+
+LIVENESS = ["--heartbeat", "0.2", "--dead-after", "1.5"]
+
+
+def _batches_by_step(events) -> dict[int, dict[int, int]]:
+    steps = defaultdict(dict)
+    for e in events:
+        if e["event"] == "step":
+            steps[e["step"]][e["worker"]] = e["batch"]
+    return steps
+
+
+def test_a_killed_bsp_worker_leaves_and_the_others_carry_the_global_batch(tmp_path):
+    run_dir = tmp_path / "run"
+    workers = [WorkerSpec(ms_per_step=15.0)] * 3
+    job = ["--mode", "bsp", "--epochs", "5", "--global-batch", "48", "--lr", "0.1", "--seed", "3", *LIVENESS]
+    with start_cluster(run_dir, job, workers) as cluster:
+        _wait_for_steps(run_dir, 3 * 15)
+        cluster.procs["worker2"].send_signal(signal.SIGKILL)
+        run = finish(cluster, expect_ok=False)
+    assert run.code == 0, run.logs()
+    s = run.summary
+    assert s["status"] == "completed" and s["workers_lost"] == 1 and s["workers_joined"] == 0
+    assert s["final_batches"][2] == 0 and sum(s["final_batches"]) == 48
+    assert s["final_test_accuracy"] >= 0.90
+    events = run.events
+    lost = [e for e in events if e["event"] == "membership" and e["change"] == "lost"]
+    assert len(lost) == 1 and lost[0]["rank"] == 2 and "silent" in lost[0]["reason"]
+    replan = [e for e in events if e["event"] == "assign" and e["reason"] == "lost"]
+    assert replan and replan[0]["batches"][2] == 0 and sum(replan[0]["batches"]) == 48
+    # every step after the survivors switched trains on the whole global batch, in two workers
+    steps = _batches_by_step(events)
+    last = max(steps)
+    switched = min(s for s, ws in steps.items() if 2 not in ws and sum(ws.values()) == 48)
+    assert all(sum(steps[t].values()) == 48 and set(steps[t]) == {0, 1} for t in range(switched, last + 1))
+    assert switched - lost[0]["last_step"] <= 3  # the barrier waits out the detection; then one step without it
+    codes = run.cluster.exit_codes()
+    assert codes["worker2"] == -signal.SIGKILL and all(codes[n] == 0 for n in codes if n != "worker2"), codes
+
+
+def test_a_worker_started_later_joins_at_a_step_boundary_and_gets_a_share(tmp_path):
+    run_dir = tmp_path / "run"
+    first = [WorkerSpec(ms_per_step=15.0)] * 2
+    steps_in_all = 600  # 15 ms steps: long enough for a worker process to start (torch import) and join
+    job = ["--mode", "bsp", "--max-steps", str(steps_in_all), "--global-batch", "48", "--min-workers", "2",
+           "--seed", "4", *LIVENESS]
+    with start_cluster(run_dir, job, first, ranks=3) as cluster:
+        _wait_for_steps(run_dir, 2 * 20)
+        cluster.add_worker(WorkerSpec(ms_per_step=15.0), rank=2)
+        run = finish(cluster)
+    s = run.summary
+    assert s["status"] == "completed" and s["workers_joined"] == 1 and s["workers_lost"] == 0
+    assert s["steps"] == steps_in_all and s["samples"] == steps_in_all * 48  # every step trained on all of B
+    steps = _batches_by_step(run.events)
+    joined = min(t for t, ws in steps.items() if 2 in ws)
+    assert 20 <= joined < steps_in_all and all(2 not in steps[t] for t in range(joined))
+    assert all(set(steps[t]) == {0, 1, 2} and sum(steps[t].values()) == 48 for t in range(joined, steps_in_all))
+    assert s["final_batches"] == [16, 16, 16] and s["worker_steps"][2] == steps_in_all - joined
+    late = [e for e in run.events if e["event"] == "membership" and e.get("late")]
+    assert [e["rank"] for e in late] == [2]
+
+
+def test_a_killed_ssp_worker_does_not_hold_the_others(tmp_path):
+    run_dir = tmp_path / "run"
+    workers = [WorkerSpec(ms_per_step=10.0)] * 3
+    job = ["--mode", "ssp", "--staleness", "2", "--max-steps", "80", "--global-batch", "30", *LIVENESS]
+    with start_cluster(run_dir, job, workers) as cluster:
+        _wait_for_steps(run_dir, 3 * 10)
+        cluster.procs["worker1"].send_signal(signal.SIGKILL)
+        run = finish(cluster, expect_ok=False)
+    assert run.code == 0, run.logs()
+    s = run.summary
+    assert s["status"] == "completed" and s["workers_lost"] == 1 and s["samples"] >= 80 * 30
+    assert s["final_batches"][1] == 0 and sum(s["final_batches"]) == 30
+    lost_at = next(e["t"] for e in read_events(run_dir) if e["event"] == "membership" and e["change"] == "lost")
+    assert any(e["event"] == "step" and e["worker"] == 0 and e["t"] > lost_at for e in run.events)

@@ -1,0 +1,86 @@
+"""scheduler.registry.Registry driven directly: rendezvous, --min-workers, vacant ranks, joins."""
+
+from omnips.job import JobSpec
+from omnips.protocol import Ack, Error, Register, Welcome
+from scheduler.registry import Registry
+
+
+def registry(**job):
+    spec = JobSpec(**{"num_workers": 3, "global_batch": 12, **job})
+    spec.check()
+    return Registry(spec, num_params=10, num_trained=10, total_steps=5, dead_after_s=3.0)
+
+
+def server(reg, peer=b"s0"):
+    return reg.register(peer, Register(role="server", host="h", endpoint="tcp://h:1"))
+
+
+def worker(reg, peer, rank=-1, capacity=1.0):
+    return reg.register(peer, Register(role="worker", host="h", rank=rank, capacity=capacity))
+
+
+def test_the_job_starts_with_every_worker_by_default():
+    reg = registry()
+    server(reg)
+    assert [type(m) for _, m in worker(reg, b"a")] == [Ack]
+    worker(reg, b"b")
+    out = worker(reg, b"c")
+    assert [type(m) for _, m in out] == [Ack, Welcome, Welcome, Welcome]
+    assert reg.plan.batches == (4, 4, 4) and sorted(reg.workers) == [0, 1, 2]
+
+
+def test_min_workers_starts_early_with_the_other_ranks_vacant():
+    reg = registry(min_workers=2)
+    worker(reg, b"a", rank=2)
+    worker(reg, b"b")
+    assert not reg.complete  # no server yet
+    out = server(reg)
+    welcomes = [(to, m) for to, m in out if isinstance(m, Welcome) and m.cluster.get("servers")]
+    assert sorted(m.rank for _, m in welcomes) == [0, 2]
+    assert reg.plan.batches == (6, 0, 6) and reg.vacant == [1]
+    assert all(m.cluster["join_gen"] == -1 for _, m in welcomes)
+
+
+def test_a_late_worker_takes_a_vacant_rank_and_waits_for_its_plan():
+    reg = registry(min_workers=1)
+    server(reg)
+    worker(reg, b"a")
+    assert [type(m) for _, m in worker(reg, b"late")] == [Ack]  # the scheduler plans its share, then welcomes
+    assert [m.rank for m in reg.joined] == [1] and sorted(reg.workers) == [0, 1]
+    assert [type(m) for _, m in worker(reg, b"asks", rank=2)] == [Ack] and reg.vacant == []
+    refused = worker(reg, b"one-too-many")
+    assert isinstance(refused[0][1], Error) and refused[0][1].code == "cluster_full"
+    assert b"one-too-many" not in reg.by_peer
+
+
+def test_a_departed_rank_is_vacant_for_the_next_worker():
+    reg = registry()
+    server(reg)
+    for peer in (b"a", b"b", b"c"):
+        worker(reg, peer)
+    gone = reg.depart(1)
+    assert gone.peer == b"b" and b"b" not in reg.by_peer and reg.vacant == [1]
+    taken = worker(reg, b"d", rank=2)
+    assert taken[0][1].code == "rank_taken"
+    worker(reg, b"d")
+    assert reg.workers[1].peer == b"d" and reg.static_batches([0, 1, 2]) == (4, 4, 4)
+
+
+def test_static_batches_split_among_the_present_by_capacity():
+    reg = registry(batching="static")
+    server(reg)
+    for peer, cap in ((b"a", 1.0), (b"b", 2.0), (b"c", 3.0)):
+        worker(reg, peer, capacity=cap)
+    assert reg.plan.batches == (2, 4, 6)
+    reg.depart(2)
+    assert reg.static_batches([0, 1]) == (4, 8, 0)
+
+
+def test_a_joiners_welcome_says_where_it_starts():
+    reg = registry(min_workers=2)
+    server(reg)
+    worker(reg, b"a")
+    worker(reg, b"b")
+    worker(reg, b"c")
+    w = reg.worker_welcome(reg.joined[0], join_gen=3, start_step=17)
+    assert w.rank == 2 and (w.cluster["join_gen"], w.cluster["start_step"]) == (3, 17)
