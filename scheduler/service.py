@@ -86,7 +86,8 @@ class Scheduler:
         try:
             endpoint = transport.bind(self.router, self.opts.host, self.opts.port)
             self.announce(f"omnips scheduler listening on {endpoint}", flush=True)
-            self.run.event("start", endpoint=endpoint, num_params=self.flat.size, train_size=self.progress.train_size,
+            self.run.event("start", endpoint=endpoint, clock_t0=self.run.t0, num_params=self.flat.size,
+                           train_size=self.progress.train_size,
                            test_size=self.test_size, budget_samples=self.progress.budget,
                            budget_epochs=self.progress.budget / self.progress.train_size)
             log.info("job: %s, %d server(s), %d worker(s), %d parameters, run dir %s", self.job.mode,

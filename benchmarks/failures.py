@@ -1,0 +1,135 @@
+#!/usr/bin/env python
+"""How fast a dead worker is detected, and what its death costs a BSP job.
+
+For each --dead-after value D (heartbeats every D/5 s), one invocation runs BSP on
+digits (mlp, 3 workers on virtual devices of 20 ms per step, one server) and SIGKILLs
+worker 2 once 30 steps are done. From metrics.jsonl (event times are seconds after
+the scheduler's `clock_t0` on the system's monotonic clock, which this process
+shares) it takes:
+
+* detection: kill -> the scheduler's `membership lost` event;
+* stall: kill -> the first step the survivors complete after it (BSP waits for the
+  dead worker until it is declared gone);
+* lost samples: the global batch minus what the steps between the kill and the
+  survivors' new plan trained on (the dead worker's slices of those steps).
+
+Detection over D is the figure of merit: a silence has to last D, and the scheduler
+looks at least every 100 ms, so it should sit a little above 1.
+
+    python benchmarks/failures.py [--dead-after 1,2,5] [--repeats 2]
+
+Prints a table and writes it to benchmarks/results/failures.md.
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from omnips.launch import LocalCluster, WorkerSpec  # noqa: E402
+from omnips.metrics import read_events  # noqa: E402
+
+GLOBAL_BATCH = 48
+KILL_AFTER_STEPS = 30
+JOB_TIMEOUT_S = 180
+
+
+def _events(run_dir: Path) -> list[dict]:
+    return read_events(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+
+
+def _wait_until(pred, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.02)  # polling a file the scheduler writes; bounded by the deadline
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def run_one(root: Path, dead_after: float, k: int) -> dict:
+    run_dir = root / f"d{dead_after:g}-{k}"
+    job = ["--mode", "bsp", "--max-steps", "300", "--global-batch", str(GLOBAL_BATCH), "--seed", str(k),
+           "--heartbeat", f"{dead_after / 5:g}", "--dead-after", f"{dead_after:g}"]
+    cluster = LocalCluster(run_dir, job, 1, [WorkerSpec(ms_per_step=20.0)] * 3)
+    with cluster:
+        cluster.start()
+        _wait_until(lambda: sum(e["event"] == "step" for e in _events(run_dir)) >= 3 * KILL_AFTER_STEPS,
+                    60, "the first steps")
+        killed_at = time.monotonic()
+        cluster.procs["worker2"].send_signal(signal.SIGKILL)
+        code = cluster.wait(JOB_TIMEOUT_S)
+    if code != 0:
+        raise SystemExit(f"D={dead_after}: the job failed (run dir {run_dir}): {cluster.tail('scheduler')}")
+    events = read_events(run_dir)
+    t0 = next(e["clock_t0"] for e in events if e["event"] == "start")
+    lost = next(e for e in events if e["event"] == "membership" and e["change"] == "lost")
+    after = [e for e in events if e["event"] == "step" and t0 + e["t"] > killed_at and e["worker"] != 2]
+    switch = next(e for e in events if e["event"] == "assign" and e["reason"] == "lost")
+    steps = {}
+    for e in events:
+        if e["event"] == "step":
+            steps.setdefault(e["step"], 0)
+            steps[e["step"]] += e["batch"]
+    short = sum(GLOBAL_BATCH - b for s, b in steps.items() if s > lost["last_step"])
+    return {"detect_s": t0 + lost["t"] - killed_at, "stall_s": t0 + min(e["t"] for e in after) - killed_at,
+            "lost_samples": short, "switch_step": switch["step"], "last_step": lost["last_step"]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dead-after", default="1,2,5", help="comma-separated --dead-after values, seconds")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", type=Path, default=HERE / "results" / "failures.md")
+    args = p.parse_args(argv)
+    values = [float(v) for v in args.dead_after.split(",")]
+    root = Path(tempfile.mkdtemp(prefix="omnips-failures-"))
+    start = time.monotonic()
+    rows = []
+    try:
+        for d in values:
+            runs = [run_one(root, d, k) for k in range(args.repeats)]
+            for r in runs:
+                print(f"D {d:g} s: detected after {r['detect_s']:.2f} s, survivors stepped after "
+                      f"{r['stall_s']:.2f} s, {r['lost_samples']} samples not learned", flush=True)
+            rows.append((d, runs))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    lines = [
+        "# Dead-worker detection and its cost (BSP)", "",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
+        f"- nproc: {len(os.sched_getaffinity(0))}, {platform.machine()}, Python {platform.python_version()}",
+        f"- command: `python benchmarks/failures.py {' '.join(sys.argv[1:])}` ({time.monotonic() - start:.0f} s)",
+        f"- job: BSP, mlp on digits, 3 workers on 20 ms virtual steps, --global-batch {GLOBAL_BATCH}; "
+        f"worker 2 SIGKILLed after {KILL_AFTER_STEPS} steps; --heartbeat D/5", "",
+        "| --dead-after D (s) | runs | detection (s), median | detection / D | survivors' next step after (s) "
+        "| samples not learned |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for d, runs in rows:
+        det = statistics.median(r["detect_s"] for r in runs)
+        stall = statistics.median(r["stall_s"] for r in runs)
+        lost = "/".join(str(r["lost_samples"]) for r in runs)
+        lines.append(f"| {d:g} | {len(runs)} | {det:.2f} | {det / d:.2f} | {stall:.2f} | {lost} |")
+    lines += ["", "Samples not learned: the dead worker's slice (16 of 48) of each step between its last "
+              "reported step and the survivors' switch to the new plan, usually the one step in flight."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
