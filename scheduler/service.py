@@ -155,13 +155,14 @@ class Scheduler:
             self._check_silences(now)
 
     def _check_silences(self, now: float) -> None:
-        """A worker silent for --dead-after leaves the job; a silent server fails it."""
+        """A worker silent for --dead-after leaves the job; a silent server fails it. Silence
+        counts from the start at the earliest: until their welcome, processes beat slower."""
         for m in self.registry.servers:
-            silent = now - self._heard.get(m.peer, self._complete_at)
+            silent = now - max(self._heard.get(m.peer, 0.0), self._complete_at)
             if silent > self.opts.dead_after_s:
                 raise JobFailed(f"server {m.rank} at {m.info.endpoint} has been silent for {silent:.0f} s")
         for rank, m in list(self.registry.workers.items()):
-            silent = now - self._heard.get(m.peer, self._complete_at)
+            silent = now - max(self._heard.get(m.peer, 0.0), self._complete_at)
             if silent > self.opts.dead_after_s and not self.progress.workers[rank].done:
                 self._depart(rank, f"silent for {silent:.0f} s")
 
