@@ -363,6 +363,19 @@ def test_out_of_range_values(op, name, value):
     assert err.code == "bad_field" and name in err.text
 
 
+@pytest.mark.parametrize("op, name", [("ack", "v"), ("ack", "op"), ("push", "dt"), ("push", "len"),
+                                      ("register", "role")])
+@pytest.mark.parametrize("value", ["x" * 500_000, b"\x00" * 500_000, [[["x" * 100] * 20] * 20] * 20])
+def test_refusals_do_not_echo_what_was_sent(op, name, value):
+    """A refusal's text is logged and sent back: it must not repeat a huge field."""
+    header = header_of(SAMPLE.get(op, Ack()))
+    header[name] = value
+    frames = frames_with(header, bytes(12) if op == "push" else None)
+    assert len(frames[0]) <= MAX_HEADER_BYTES
+    err = refused(frames)
+    assert len(err.text) < 1000, (err.code, len(err.text))
+
+
 def test_header_size_limit():
     base = {"v": 1, "op": "ack"}
 
