@@ -38,6 +38,11 @@ def initial_batches(batching: str, global_batch: int, capacities, lo: int = 1, h
     weights = [1.0] * len(capacities) if batching == "uniform" else [float(c) for c in capacities]
     if not all(w > 0 and np.isfinite(w) for w in weights):
         raise ValueError(f"capacities must be finite and > 0: {list(capacities)}")
+    # Capacities are relative: scaled to (0, 1] they keep every slope 1/w finite, whatever a
+    # worker declared (5e-324 and 1e308 are both finite and > 0). A worker below 1e-12 of the
+    # fastest gets the lower bound either way.
+    top = max(weights)
+    weights = [max(w / top, 1e-12) for w in weights]
     hi = global_batch if hi is None else hi
     real = equal_time([(0.0, 1.0 / w) for w in weights], global_batch, lo, hi)
     return integerize(real, global_batch, lo, hi)

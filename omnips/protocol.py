@@ -6,6 +6,7 @@ carries the protocol version `v`, the op, the message's fields and, when a data
 frame follows, its dtype and element count. No pickle: msgpack only.
 """
 
+import reprlib
 import types
 from dataclasses import MISSING, dataclass, field, fields
 from typing import ClassVar
@@ -17,6 +18,17 @@ VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
 DTYPE = "f4"  # little-endian float32, the only dtype on the wire for now
 _NP_DTYPE = np.dtype("<f4")
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlevel = 2
+
+
+def _brief(value) -> str:
+    """repr(value) cut short: a refusal's text is logged and sent back, so it must not
+    echo a megabyte that a sender put in a field."""
+    return _REPR.repr(value)
 
 
 class ProtocolError(Exception):
@@ -55,7 +67,7 @@ class Register(Message):
         if self.rank < -1:
             raise ValueError(f"requested rank must be >= 0 (or -1 for any), not {self.rank}")
         if self.role not in ("server", "worker"):
-            raise ValueError(f"role must be 'server' or 'worker', not {self.role!r}")
+            raise ValueError(f"role must be 'server' or 'worker', not {_brief(self.role)}")
         if self.role == "server" and not self.endpoint:
             raise ValueError("a server must register its endpoint")
         if not 0 < self.capacity < float("inf"):
@@ -263,11 +275,11 @@ def decode(frames: list) -> Message:
     if not isinstance(header, dict):
         raise ProtocolError("bad_header", f"header must be a map, not {type(header).__name__}")
     if not type_ok(header.get("v"), int) or header["v"] != VERSION:
-        raise ProtocolError("version", f"protocol version {header.get('v')!r}, this process speaks {VERSION}")
+        raise ProtocolError("version", f"protocol version {_brief(header.get('v'))}, this process speaks {VERSION}")
     op = header.get("op")
     cls = OPS.get(op) if isinstance(op, str) else None
     if cls is None:
-        raise ProtocolError("bad_op", f"unknown op {op!r}")
+        raise ProtocolError("bad_op", f"unknown op {_brief(op)}")
     want = 2 if cls.HAS_DATA else 1
     if len(frames) != want:
         raise ProtocolError("bad_frames", f"{cls.OP} takes {want} frame(s), got {len(frames)}")
@@ -294,10 +306,10 @@ def decode(frames: list) -> Message:
 
 def _decode_data(header: dict, buf: memoryview) -> np.ndarray:
     if header.get("dt") != DTYPE:
-        raise ProtocolError("bad_dtype", f"data dtype {header.get('dt')!r}, expected {DTYPE!r}")
+        raise ProtocolError("bad_dtype", f"data dtype {_brief(header.get('dt'))}, expected {DTYPE!r}")
     n = header.get("len")
     if not type_ok(n, int) or n < 0:
-        raise ProtocolError("bad_field", f"data length {n!r} is not a count")
+        raise ProtocolError("bad_field", f"data length {_brief(n)} is not a count")
     if buf.nbytes != n * _NP_DTYPE.itemsize:
         raise ProtocolError("bad_length", f"data frame has {buf.nbytes} bytes, header says {n} float32")
     return np.frombuffer(buf, dtype=_NP_DTYPE)

@@ -311,6 +311,18 @@ def test_start_examples():
     assert initial_batches("static", 12, [1, 100], lo=3) == [3, 9]
 
 
+@pytest.mark.parametrize("capacities, want", [
+    ([2.0**1023, 2.0**1023], [3, 2]),  # their sum overflows
+    ([5e-324, 1.0], [1, 4]),  # 1 / 5e-324 overflows
+    ([5e-324, 1e308], [1, 4]),  # the ratio underflows to 0
+    ([2**64 - 1, 1], [4, 1]),
+    ([1e-300, 3e-300], [1, 4]),
+])
+def test_extreme_capacities_split_the_batch(capacities, want):
+    """Any finite capacity > 0 passes the wire's checks: each must give a plan, not an error."""
+    assert initial_batches("static", 5, capacities) == want
+
+
 @pytest.mark.parametrize("capacities", [[0, 1], [-1, 2], [1, float("nan")], [1, float("inf")], [0.0]])
 def test_bad_capacities_are_refused(capacities):
     with pytest.raises(ValueError, match="capacities"):

@@ -44,6 +44,8 @@ def snapshot(core: ShardCore) -> dict:
         "owner": dict(core._owner),
         "last_step": dict(core._last_step),
         "pulls": list(core._pulls),
+        "held": [(peer, p.rank, p.step, t) for peer, p, t in core._held],
+        "plan": core.plan,
         "momentum": None if buf is None else buf.clone().numpy(),
         "updates": core.updates,
         "staleness": (core.staleness_sum, core.staleness_max),
