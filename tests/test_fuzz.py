@@ -503,7 +503,7 @@ def registry_cases(draw):
 
 
 def registry_state(reg: Registry):
-    return list(reg.servers), list(reg.workers), dict(reg.by_peer), reg.plan
+    return list(reg.servers), list(reg.waiting), dict(reg.workers), list(reg.joined), dict(reg.by_peer), reg.plan
 
 
 def drive_registry(case: RegistryCase, hostile=()):
@@ -528,10 +528,13 @@ def drive_registry(case: RegistryCase, hostile=()):
 
 def _hostile_registration(reg: Registry, kind, a, b, new_peer):
     job = reg.job
-    asked = [m.info.rank for m in reg.workers if m.info.rank >= 0]
+    # before the start a worker's rank is the one it asked for (if any); after, the one it holds
+    asked = list(reg.workers) if reg.complete else [m.info.rank for m in reg.waiting if m.info.rank >= 0]
     role = "worker" if kind in ("bad_rank", "rank_taken") or b % 2 else "server"
-    full = len(reg.servers if role == "server" else reg.workers) >= (
-        job.num_servers if role == "server" else job.num_workers)
+    if role == "server":
+        full = len(reg.servers) >= job.num_servers
+    else:
+        full = not reg.vacant if reg.complete else len(reg.waiting) >= job.num_workers
     if kind == "duplicate" and reg.by_peer:
         peer, code = sorted(reg.by_peer)[a % len(reg.by_peer)], "duplicate"
         rank = -1
