@@ -10,7 +10,7 @@ from omnips.metrics import read_events
 
 from test_failures import _wait_for_steps
 
-LIVENESS = ["--heartbeat", "0.2", "--dead-after", "1.5"]
+LIVENESS = ["--heartbeat", "0.3", "--dead-after", "3"]  # short, with room for a loaded host
 
 
 def _batches_by_step(events) -> dict[int, dict[int, int]]:
