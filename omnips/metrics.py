@@ -18,8 +18,18 @@ def finite(obj):
     return obj
 
 
+def fsync_dir(path: Path) -> None:
+    """Make the names in directory `path` durable (a rename or a new file survives a crash)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_json_atomic(path: Path, obj) -> None:
-    """Write to a temporary file, fsync, rename: readers see the old or the new file whole."""
+    """Write to a temporary file, fsync, rename, fsync the directory: readers see the old
+    or the new file whole, and the new one survives a crash once this returns."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
         json.dump(finite(obj), f, indent=2, allow_nan=False)
@@ -27,6 +37,7 @@ def write_json_atomic(path: Path, obj) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 class RunDirInUse(RuntimeError):
