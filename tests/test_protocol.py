@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from omnips import protocol
-from omnips.protocol import (MAX_HEADER_BYTES, Ack, Error, Heartbeat, Init, Params, Plan, ProtocolError, Pull,
-                             Push, Register, Report, Shutdown, Welcome, decode, encode)
+from omnips.protocol import (MAX_HEADER_BYTES, Ack, Checkpoint, Error, Heartbeat, Init, Params, Plan, ProtocolError,
+                             Pull, Push, Register, Report, Saved, Shutdown, Welcome, decode, encode)
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -59,6 +59,8 @@ STRATEGIES = {
     "params": st.builds(Params, req=ANY_INT, version=ANY_INT, held_s=FLOAT, plan=st.none() | DICTS,
                         data=wire_data()),
     "plan": st.builds(Plan, gen=ANY_INT, batches=st.lists(PLAIN, max_size=6), stop=st.booleans()),
+    "checkpoint": st.builds(Checkpoint, req=ANY_INT, step=U64, at=st.none() | U64),
+    "saved": st.builds(Saved, req=ANY_INT, step=U64, version=U64, size=U64, sha256=TEXT, error=TEXT),
 }
 ANY_MESSAGE = st.one_of(*STRATEGIES.values())
 
@@ -273,6 +275,8 @@ SAMPLE = {
     "push": Push(rank=1, step=2, ver=2, batch=8, gen=0, data=np.zeros(3, np.float32)),
     "params": Params(req=1, version=2, held_s=0.5, plan={"gen": 1}, data=np.zeros(3, np.float32)),
     "plan": Plan(gen=1, batches=[3, 5], stop=False),
+    "checkpoint": Checkpoint(req=1, step=10, at=10),
+    "saved": Saved(req=1, step=10, version=10, size=100, sha256="ab" * 32),
 }
 WRONG = {  # field type -> values of other types
     int: [True, False, "1", 1.5, None, [1], {"a": 1}, b"1"],
@@ -350,7 +354,8 @@ def test_missing_data_length():
     ("report", "network_s", -1e-9), ("report", "wait_s", -1), ("report", "staleness", -1),
     ("report", "mem_free", -1), ("report", "sample_bytes", -1), ("register", "memory_limit", -1),
     ("register", "threads", -2), ("register", "pid", -1),
-    ("pull", "at", -1),
+    ("pull", "at", -1), ("checkpoint", "step", -1), ("checkpoint", "at", -1), ("saved", "step", -1),
+    ("saved", "version", -1), ("saved", "size", -1),
     ("register", "role", "boss"), ("register", "capacity", 0.0), ("register", "capacity", -1.0),
     ("register", "capacity", math.nan), ("register", "capacity", math.inf), ("register", "endpoint", ""),
 ])
