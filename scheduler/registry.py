@@ -6,12 +6,14 @@ for a rank (the launcher asks for its command-line order), the others fill the
 free ranks in registration order once all are in.
 Servers are welcomed as soon as all of them are in (they need only their shard
 range); workers once every server and worker is in (they need every server's
-address).
+address). A resumed job's welcomes name the checkpoint servers restore their shard
+from and the step and sample position workers continue at.
 """
 
 from dataclasses import dataclass
 
 from omnips.batching import BatchPlan, initial_batches
+from omnips.checkpoint import Manifest
 from omnips.job import JobSpec
 from omnips.protocol import Ack, Error, Message, Register, Welcome
 from omnips.sharding import shard_ranges
@@ -26,8 +28,10 @@ class Member:
 
 
 class Registry:
-    def __init__(self, job: JobSpec, num_params: int, num_trained: int, total_steps: int, dead_after_s: float):
+    def __init__(self, job: JobSpec, num_params: int, num_trained: int, total_steps: int, dead_after_s: float,
+                 checkpoint_dir: str = "", resume: Manifest | None = None):
         self.job = job
+        self.checkpoint_dir, self.resume = checkpoint_dir, resume
         self.num_params = num_params
         self.num_trained = num_trained
         self.total_steps = total_steps
@@ -88,10 +92,13 @@ class Registry:
         lo, hi = self.ranges[m.rank]
         return Welcome(rank=m.rank, job=self.job.to_dict(), cluster={
             "range": [lo, hi], "num_params": self.num_params, "num_trained": self.num_trained,
-            "dead_after_s": self.dead_after_s})
+            "dead_after_s": self.dead_after_s, "checkpoint_dir": self.checkpoint_dir,
+            "restore": str(self.resume.path) if self.resume else ""})
 
     def _worker_welcome(self, m: Member) -> Welcome:
         return Welcome(rank=m.rank, job=self.job.to_dict(), cluster={
             "servers": [s.info.endpoint for s in self.servers], "ranges": [list(r) for r in self.ranges],
             "num_params": self.num_params, "total_steps": self.total_steps, "plan": self.plan.to_wire(),
-            "dead_after_s": self.dead_after_s})
+            "dead_after_s": self.dead_after_s, "resumed": self.resume is not None,
+            "start_step": self.resume.worker_steps[m.rank] if self.resume else 0,
+            "start_position": self.resume.positions[m.rank] if self.resume else 0})

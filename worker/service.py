@@ -57,7 +57,8 @@ def run(opts: WorkerOptions) -> int:
                      memory_limit=opts.memory_limit),
             opts.ack_timeout_s, opts.welcome_timeout_s)
         cluster = link.cluster_fields(welcome, servers=list, ranges=list, num_params=int, total_steps=int,
-                                      plan=dict, dead_after_s=float)
+                                      plan=dict, dead_after_s=float, resumed=bool, start_step=int,
+                                      start_position=int)
         job = JobSpec.from_dict(welcome.job)
         link.dead_after_s = cluster["dead_after_s"]
         session = _Session(job, welcome.rank, cluster, device, opts, link)
@@ -77,6 +78,9 @@ class _Session:
         self.job, self.rank, self.opts, self.link = job, rank, opts, link
         self.servers: ServerGroup | None = None
         self.total_steps = cluster["total_steps"]
+        # a resumed job: servers restored a checkpoint; go on from its step and sample position
+        self.resumed, self.start_step, self.start_position = \
+            cluster["resumed"], cluster["start_step"], cluster["start_position"]
         self.plan = BatchPlan.from_wire(cluster["plan"], job.num_workers)
         train, _ = data.load(job.dataset, job.dataset_args)
         self.flat = FlatModel(models.build(job.model, job.model_args, train, job.seed), device)
@@ -94,12 +98,12 @@ class _Session:
 
     def train(self) -> None:
         """Train until the scheduler closes the job (JobEnded) or something fails."""
-        if self.rank == 0:
+        if self.rank == 0 and not self.resumed:
             self.servers.init(self.flat.params)
         self.servers.pull(self.flat.params)
         self.flat.load_params()
         bsp = self.job.mode == "bsp"
-        step, asp_pos, last = 0, 0, None
+        step, asp_pos, last = self.start_step, self.start_position, None
         while not self.plan.stop and not (bsp and step >= self.total_steps):
             batch = self.plan.batches[self.rank]
             if bsp:
