@@ -25,8 +25,8 @@ def launch_parser() -> argparse.ArgumentParser:
         prog="omnips launch", description="Start a scheduler, S servers and N workers on this machine. "
         "Per-worker flags take one value for all workers or one per worker; every other flag goes to the "
         "scheduler (see python -m scheduler --help).")
-    p.add_argument("--num-servers", type=int, default=1)
-    p.add_argument("--num-workers", type=int, default=3)
+    p.add_argument("--num-servers", type=int, default=None, help="default 1, or the resumed job's")
+    p.add_argument("--num-workers", type=int, default=None, help="default 3, or the resumed job's")
     p.add_argument("--capacity", nargs="+", default=["1"], help="declared relative speed, per worker")
     p.add_argument("--slowdown", nargs="+", default=["1"], help="F or STEP:F,STEP:F schedule, per worker")
     p.add_argument("--emulate-ms-per-step", nargs="+", default=["0"], help="virtual device A ms, per worker")
@@ -34,10 +34,26 @@ def launch_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", nargs="+", default=["1"], help="torch threads, per worker")
     p.add_argument("--device", nargs="+", default=["cpu"], help="cpu, cuda, cuda:N or auto, per worker")
     p.add_argument("--run-dir", default=None, help="default runs/YYYYmmdd-HHMMSS")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue the interrupted run in RUN_DIR from its newest complete checkpoint")
     p.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds before the job is stopped")
     p.add_argument("--no-progress", action="store_true", help="print no progress line")
     p.add_argument("--no-plots", action="store_true", help="do not draw RUN_DIR/plots at the end")
     return p
+
+
+def cluster_size(args, parser) -> None:
+    """Settle --num-servers and --num-workers: as given, else the resumed job's, else 1 and 3."""
+    job = {}
+    if args.resume:
+        try:
+            job = json.loads((Path(args.resume) / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"--resume {args.resume}: cannot read the job's config.json: {exc}")
+    if args.num_servers is None:
+        args.num_servers = job.get("num_servers", 1)
+    if args.num_workers is None:
+        args.num_workers = job.get("num_workers", 3)
 
 
 def worker_specs(args, parser) -> list[WorkerSpec]:
@@ -59,11 +75,16 @@ def worker_specs(args, parser) -> list[WorkerSpec]:
 def launch(argv) -> int:
     parser = launch_parser()
     args, scheduler_args = parser.parse_known_args(argv)
+    cluster_size(args, parser)
+    if args.resume:
+        if args.run_dir is not None and Path(args.run_dir).resolve() != Path(args.resume).resolve():
+            parser.error(f"--run-dir {args.run_dir} differs from --resume {args.resume}")
+        scheduler_args += ["--resume", args.resume]
     from scheduler.__main__ import parser as scheduler_parser  # validate the scheduler's flags up front
     scheduler_parser().parse_args([*scheduler_args, "--num-workers", str(args.num_workers)])
     workers = worker_specs(args, parser)
-    run_dir = Path(args.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
-    if (run_dir / "metrics.jsonl").exists():
+    run_dir = Path(args.resume or args.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
+    if not args.resume and (run_dir / "metrics.jsonl").exists():
         parser.error(f"run directory {run_dir} already holds a run: choose another --run-dir")
     cluster = LocalCluster(run_dir, scheduler_args, args.num_servers, workers)
     try:

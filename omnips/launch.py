@@ -91,7 +91,7 @@ class LocalCluster:
 
     def _spawn(self, name: str, module: str, args: list[str], stdout=None) -> subprocess.Popen:
         env = {**os.environ, **MALLOC_ENV, "PYTHONUNBUFFERED": "1", **self.env}
-        log = open(self.run_dir / "logs" / f"{name}.log", "w")
+        log = open(self.run_dir / "logs" / f"{name}.log", "a")  # a resumed run's processes continue its logs
         proc = subprocess.Popen([sys.executable, "-m", module, *args], env=env, stdin=subprocess.DEVNULL,
                                 stdout=stdout or log, stderr=log)
         log.close()

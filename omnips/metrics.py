@@ -18,8 +18,18 @@ def finite(obj):
     return obj
 
 
+def fsync_dir(path: Path) -> None:
+    """Make the names in directory `path` durable (a rename or a new file survives a crash)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_json_atomic(path: Path, obj) -> None:
-    """Write to a temporary file, fsync, rename: readers see the old or the new file whole."""
+    """Write to a temporary file, fsync, rename, fsync the directory: readers see the old
+    or the new file whole, and the new one survives a crash once this returns."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
         json.dump(finite(obj), f, indent=2, allow_nan=False)
@@ -27,6 +37,7 @@ def write_json_atomic(path: Path, obj) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 class RunDirInUse(RuntimeError):
@@ -34,15 +45,23 @@ class RunDirInUse(RuntimeError):
 
 
 class RunDir:
-    def __init__(self, path: str | Path, clock=time.monotonic):
+    def __init__(self, path: str | Path, clock=time.monotonic, resume: bool = False):
+        """A new run directory; with `resume`, the directory of an interrupted run, whose
+        metrics.jsonl is continued (its event times too) and whose summary is dropped."""
         self.path = Path(path)
-        used = [name for name in ("metrics.jsonl", "summary.json") if (self.path / name).exists()]
-        if used:
-            raise RunDirInUse(f"run directory {self.path} already holds a run ({used[0]}): choose another --run-dir")
-        self.path.mkdir(parents=True, exist_ok=True)
         self.clock = clock
         self.t0 = clock()
-        self._events = open(self.path / "metrics.jsonl", "x", buffering=1 << 16)
+        events = self.path / "metrics.jsonl"
+        if resume:
+            self.t0 -= _continue_events(events)
+            (self.path / "summary.json").unlink(missing_ok=True)
+        else:
+            used = [name for name in ("metrics.jsonl", "summary.json") if (self.path / name).exists()]
+            if used:
+                raise RunDirInUse(f"run directory {self.path} already holds a run ({used[0]}): "
+                                  "choose another --run-dir")
+            self.path.mkdir(parents=True, exist_ok=True)
+        self._events = open(events, "a" if resume else "x", buffering=1 << 16)
 
     def write_config(self, config: dict) -> None:
         write_json_atomic(self.path / "config.json", config)
@@ -60,6 +79,17 @@ class RunDir:
 
     def close(self) -> None:
         self._events.close()
+
+
+def _continue_events(path: Path) -> float:
+    """Cut a line torn by a crash off the end of metrics.jsonl (an event appended to it
+    would be lost with it); returns the time of the last whole event."""
+    with open(path, "rb+") as f:
+        data = f.read()
+        whole = data.rfind(b"\n") + 1
+        f.truncate(whole)
+    lines = data[:whole].splitlines()
+    return json.loads(lines[-1])["t"] if lines else 0.0
 
 
 def read_events(path: str | Path) -> list[dict]:

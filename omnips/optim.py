@@ -8,6 +8,7 @@ start-up per server process here, and so that each shard's temporaries are
 allocated once instead of per step.
 """
 
+import numpy as np
 import torch
 
 from .job import JobSpec
@@ -32,6 +33,17 @@ class SGD:
                           nesterov=self.nesterov, maximize=False, is_first_step=self._first)
         self._first = False
 
+    def state(self) -> tuple[dict, dict]:
+        """(scalars, buffers): what the next steps depend on besides the parameter."""
+        return {"first": self._first}, ({"momentum_buffer": self.buf.numpy().copy()} if self.momentum else {})
+
+    def load_state(self, scalars: dict, buffers: dict) -> None:
+        """Take state() of an optimizer of the same settings and size; changes nothing on a refusal."""
+        _check_state(self.param, scalars, {"first": bool}, buffers, ["momentum_buffer"] if self.momentum else [])
+        self._first = scalars["first"]
+        if self.momentum:
+            self.buf.copy_(torch.from_numpy(buffers["momentum_buffer"]))
+
 
 class Adam:
     """Adam with L2 weight decay (torch.optim.Adam, amsgrad off)."""
@@ -55,6 +67,30 @@ class Adam:
         bias_correction2_sqrt = (1 - beta2 ** self.steps) ** 0.5
         denom = torch.sqrt(self.exp_avg_sq, out=self._denom).div_(bias_correction2_sqrt).add_(self.eps)
         self.param.addcdiv_(self.exp_avg, denom, value=-step_size)
+
+    def state(self) -> tuple[dict, dict]:
+        return {"steps": self.steps}, {"exp_avg": self.exp_avg.numpy().copy(),
+                                       "exp_avg_sq": self.exp_avg_sq.numpy().copy()}
+
+    def load_state(self, scalars: dict, buffers: dict) -> None:
+        _check_state(self.param, scalars, {"steps": int}, buffers, ["exp_avg", "exp_avg_sq"])
+        self.steps = scalars["steps"]
+        self.exp_avg.copy_(torch.from_numpy(buffers["exp_avg"]))
+        self.exp_avg_sq.copy_(torch.from_numpy(buffers["exp_avg_sq"]))
+
+
+def _check_state(param: torch.Tensor, scalars: dict, scalar_types: dict, buffers: dict, names: list) -> None:
+    if scalars.keys() != scalar_types.keys() or buffers.keys() != set(names):
+        raise ValueError(f"optimizer state holds {sorted(scalars)} and {sorted(buffers)}, "
+                         f"this optimizer needs {sorted(scalar_types)} and {sorted(names)}")
+    for key, tp in scalar_types.items():
+        value = scalars[key]
+        if type(value) is not tp or (tp is int and value < 0):
+            raise ValueError(f"optimizer state {key!r} is {value!r}, not a {tp.__name__}")
+    for name in names:
+        b = buffers[name]
+        if not isinstance(b, np.ndarray) or b.dtype != np.float32 or b.shape != tuple(param.shape):
+            raise ValueError(f"optimizer buffer {name!r} is not {param.numel()} float32 values")
 
 
 def make(job: JobSpec, param: torch.Tensor):

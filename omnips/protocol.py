@@ -212,8 +212,41 @@ class Plan(Message):
             raise ValueError(f"departed must be [rank, last step or -1] pairs: {self.departed!r}")
 
 
+@dataclass(frozen=True)
+class Checkpoint(Message):
+    """Ask a server to write its shard and optimizer state as checkpoint `step`, when
+    its version reaches `at` (None: at once); it answers with `saved`."""
+
+    OP = "checkpoint"
+    req: int
+    step: int
+    at: int | None = None
+
+    def check(self):
+        _non_negative(self, "step")
+        if self.at is not None and self.at < 0:
+            raise ValueError(f"at must be >= 0, not {self.at}")
+
+
+@dataclass(frozen=True)
+class Saved(Message):
+    """A server's shard file for checkpoint `step` is written and synced (size and
+    SHA-256 as omnips.checkpoint records them), or `error` says why it is not."""
+
+    OP = "saved"
+    req: int
+    step: int
+    version: int = 0
+    size: int = 0
+    sha256: str = ""
+    error: str = ""
+
+    def check(self):
+        _non_negative(self, "step", "version", "size")
+
+
 OPS = {cls.OP: cls for cls in (Register, Welcome, Report, Heartbeat, Shutdown, Error,
-                               Ack, Init, Pull, Push, Params, Plan)}
+                               Ack, Init, Pull, Push, Params, Plan, Checkpoint, Saved)}
 
 
 def _count(x) -> bool:

@@ -113,8 +113,11 @@ class ServerGroup:
 
     # -- pieces the scheduler's poll loop uses too --------------------------------
     def send_pull(self, req: int, at: int | None) -> None:
+        self.broadcast(Pull(req=req, at=at))
+
+    def broadcast(self, msg: protocol.Message) -> None:
         for sock in self.socks:
-            transport.send(sock, Pull(req=req, at=at))
+            transport.send(sock, msg)
 
     def decode_reply(self, s: int, frames: list) -> protocol.Message:
         try:

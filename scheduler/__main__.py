@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 from dataclasses import fields
+from pathlib import Path
 
 from omnips import logs, transport
 from omnips.flags import seconds
@@ -15,6 +16,7 @@ from omnips.job import BATCHINGS, CONTROLLERS, MODES, NAN_POLICIES, OPTIMIZERS, 
 
 from omnips.metrics import RunDirInUse
 
+from .checkpoints import resume_point
 from .service import Scheduler, SchedulerOptions
 
 
@@ -71,6 +73,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default=None,
                    help="where config.json, metrics.jsonl, summary.json go (default runs/YYYYmmdd-HHMMSS); "
                         "a directory that holds another run is refused")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                   help="write a checkpoint of every server's shard and optimizer state under RUN_DIR/checkpoints "
+                        "every STEPS steps (asp/ssp: updates); 0: none")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue the interrupted run in RUN_DIR from its newest complete checkpoint, with the job "
+                        "of its config.json (job flags, if given, must match it)")
     p.add_argument("--heartbeat", type=seconds, default=1.0, help="seconds between heartbeats")
     p.add_argument("--dead-after", type=seconds, default=30.0,
                    help="seconds of silence after which a worker leaves the job, a server fails it, and a process "
@@ -85,23 +93,50 @@ def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
     logs.setup("scheduler", a.log_level)
-    try:
-        job = JobSpec(**{f.name: getattr(a, f.name) for f in fields(JobSpec)})  # one flag per setting
-        job.check()
-    except ValueError as exc:
-        p.error(str(exc))
     if a.dead_after <= 2 * a.heartbeat:
         p.error("--dead-after must be more than twice --heartbeat")
+    if a.checkpoint_every < 0:
+        p.error("--checkpoint-every must be >= 0")
+    resume = None
+    if a.resume is None:
+        try:
+            job = JobSpec(**{f.name: getattr(a, f.name) for f in fields(JobSpec)})  # one flag per setting
+            job.check()
+        except ValueError as exc:
+            p.error(str(exc))
+    else:
+        if a.run_dir is not None and Path(a.run_dir).resolve() != Path(a.resume).resolve():
+            p.error(f"--run-dir {a.run_dir} differs from --resume {a.resume}: a resumed run continues in its directory")
+        try:
+            job, resume = resume_point(Path(a.resume))
+        except ValueError as exc:
+            logging.getLogger("omnips.scheduler").error("%s", exc)
+            return 1
+        for name, value in _given_job_flags(argv).items():
+            if value != getattr(job, name):
+                p.error(f"--{name.replace('_', '-')} {value} differs from the resumed job's "
+                        f"{getattr(job, name)}: a resumed job keeps its settings")
+        a.run_dir = a.resume
     transport.tune_malloc()
     opts = SchedulerOptions(a.host, a.port, a.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"), a.heartbeat, a.dead_after, a.register_timeout,
-                            a.stall_timeout)
+                            a.stall_timeout, checkpoint_every=a.checkpoint_every)
     try:
-        scheduler = Scheduler(job, opts)
+        scheduler = Scheduler(job, opts, resume=resume)
     except (FactoryError, ValueError, OSError, RunDirInUse) as exc:
         logging.getLogger("omnips.scheduler").error("%s", exc)
         return 1
     signal.signal(signal.SIGTERM, _interrupt)  # a terminated job still writes its summary
     return scheduler.serve()
+
+
+def _given_job_flags(argv) -> dict:
+    """The job settings named on the command line (not left at their defaults)."""
+    unset = object()  # not a string: argparse would run a string default through the flag's type
+    names = [f.name for f in fields(JobSpec)]
+    p = parser()
+    p.set_defaults(**{name: unset for name in names})
+    given = vars(p.parse_args(argv))
+    return {name: given[name] for name in names if given[name] is not unset}
 
 
 def _interrupt(signum, frame):

@@ -4,6 +4,8 @@ Pure logic fed with worker reports. Evaluations read the servers' parameters
 through pulls: in BSP at exact versions known in advance (the step that ends each
 epoch, and the last step), so every shard is read at the same version; in ASP,
 which has no common version, as soon as the sample count crosses an epoch.
+A resumed job starts from a checkpoint's counts: its steps and samples count
+toward the budget, while times and rates cover only the steps run since.
 """
 
 import math
@@ -17,6 +19,7 @@ from omnips.protocol import Report
 class WorkerStats:
     steps: int = 0
     samples: int = 0
+    start: int = 0  # steps done before a resume, which this scheduler did not time
     compute_s: float = 0.0
     network_s: float = 0.0
     wait_s: float = 0.0
@@ -40,6 +43,7 @@ class Progress:
         self.total_steps = job.total_steps(train_size)
         self.workers = [WorkerStats() for _ in range(job.num_workers)]
         self.samples = 0
+        self.start_samples = 0
         self.first_start: float | None = None
         self.last_end: float | None = None
         self.last_report: float | None = None
@@ -47,17 +51,37 @@ class Progress:
         self.staleness_max = 0
         self._epochs_seen = 0  # ASP: whole epochs for which an evaluation was asked
 
+    def resume(self, worker_steps: list[int], positions: list[int]) -> None:
+        """Continue from a checkpoint: each worker's next step and sample-stream position."""
+        for w, steps, position in zip(self.workers, worker_steps, positions):
+            w.steps = w.start = steps
+            w.samples = 0 if self.job.mode == "bsp" else position  # BSP: all read one stream, at positions[0]
+        self.samples = self.start_samples = positions[0] if self.job.mode == "bsp" else sum(positions)
+        self._epochs_seen = min(self.samples, self.budget) // self.train_size
+
+    def restart_point(self, bsp_step: int | None = None) -> tuple[list[int], list[int]]:
+        """(next step, sample-stream position) per worker for a checkpoint: in BSP at
+        version `bsp_step` (every worker reads the global stream from bsp_step x B), in
+        ASP/SSP as reported so far (each worker reads its own stream)."""
+        if self.job.mode == "bsp":
+            n = len(self.workers)
+            return [bsp_step] * n, [bsp_step * self.job.global_batch] * n
+        return [w.steps for w in self.workers], [w.samples for w in self.workers]
+
     def bsp_eval_points(self) -> list[EvalPoint]:
-        """Versions that end each epoch, and the last one; ask for all at the start."""
+        """Versions that end each epoch, and the last one; ask for all at the start
+        (resumed: those from the checkpoint's version on)."""
         b, n = self.job.global_batch, self.train_size
         versions = {math.ceil(k * n / b) for k in range(1, math.ceil(self.budget / n) + 1)}
-        versions = sorted(v for v in versions if v < self.total_steps) + [self.total_steps]
+        start = self.workers[0].start
+        versions = sorted(v for v in versions if start <= v < self.total_steps) + [self.total_steps]
         return [EvalPoint(min(v * b, self.budget) / n, v) for v in versions]
 
     def seat(self, rank: int, joined: bool) -> None:
-        """A worker took `rank`: at the start, or `joined` a running job (first step unknown yet)."""
+        """A worker took `rank`: at the start (of a resumed job, at its step), or `joined` a
+        running job (its first step is not known yet)."""
         w = self.workers[rank]
-        w.present, w.done, w.next_step = True, False, None if joined else 0
+        w.present, w.done, w.next_step = True, False, None if joined else w.steps  # w.steps: resumed
 
     def depart(self, rank: int) -> None:
         self.workers[rank].present = False
@@ -117,15 +141,16 @@ class Progress:
         wall = self.wall_s
         steps = (max(w.steps for w in self.workers) if self.job.mode == "bsp"
                  else sum(w.steps for w in self.workers))
-        updates = sum(w.steps for w in self.workers)
+        timed = [w.steps - w.start for w in self.workers]
+        updates = sum(timed)
         return {
             "steps": steps,
             "epochs": self.epochs,
             "samples": self.samples,
             "wall_s": wall,
-            "samples_per_s": self.samples / wall if wall > 0 else 0.0,
+            "samples_per_s": (self.samples - self.start_samples) / wall if wall > 0 else 0.0,
             "worker_steps": [w.steps for w in self.workers],
-            "worker_compute_s_per_step": [w.compute_s / w.steps if w.steps else 0.0 for w in self.workers],
+            "worker_compute_s_per_step": [w.compute_s / t if t else 0.0 for w, t in zip(self.workers, timed)],
             "worker_wait_fraction": [(w.network_s + w.wait_s) / wall if wall > 0 else 0.0 for w in self.workers],
             "final_train_loss": [w.loss for w in self.workers],
             "staleness_mean": self.staleness_sum / updates if updates else 0.0,

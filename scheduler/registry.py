@@ -7,12 +7,14 @@ free ranks in registration order once all are in.
 Servers are welcomed as soon as all of them are in (they need only their shard
 range); workers once every server and --min-workers workers are in (they need
 every server's address). Later a worker takes a vacant rank: one never filled, or
-one whose worker was lost.
+one whose worker was lost. A resumed job's welcomes name the checkpoint servers
+restore their shard from and the step and sample position workers continue at.
 """
 
 from dataclasses import dataclass
 
 from omnips.batching import BatchPlan, initial_batches, spread
+from omnips.checkpoint import Manifest
 from omnips.job import JobSpec
 from omnips.protocol import Ack, Error, Message, Register, Welcome
 from omnips.sharding import shard_ranges
@@ -28,8 +30,9 @@ class Member:
 
 class Registry:
     def __init__(self, job: JobSpec, num_params: int, num_trained: int, total_steps: int, dead_after_s: float,
-                 heartbeat_s: float = 1.0):
+                 heartbeat_s: float = 1.0, checkpoint_dir: str = "", resume: Manifest | None = None):
         self.job = job
+        self.checkpoint_dir, self.resume = checkpoint_dir, resume
         self.num_params = num_params
         self.num_trained = num_trained
         self.total_steps = total_steps
@@ -130,7 +133,8 @@ class Registry:
         lo, hi = self.ranges[m.rank]
         return Welcome(rank=m.rank, job=self.job.to_dict(), cluster={
             "range": [lo, hi], "num_params": self.num_params, "num_trained": self.num_trained,
-            "dead_after_s": self.dead_after_s, "heartbeat_s": self.heartbeat_s})
+            "dead_after_s": self.dead_after_s, "heartbeat_s": self.heartbeat_s,
+            "checkpoint_dir": self.checkpoint_dir, "restore": str(self.resume.path) if self.resume else ""})
 
     def worker_welcome(self, m: Member, join_gen: int = -1, start_step: int = 0) -> Welcome:
         """`join_gen` >= 0 for a worker joining a running job: it starts at the first step of
@@ -139,4 +143,6 @@ class Registry:
             "servers": [s.info.endpoint for s in self.servers], "ranges": [list(r) for r in self.ranges],
             "num_params": self.num_params, "total_steps": self.total_steps, "plan": self.plan.to_wire(),
             "dead_after_s": self.dead_after_s, "heartbeat_s": self.heartbeat_s, "join_gen": join_gen,
-            "start_step": start_step})
+            "resumed": self.resume is not None,
+            "start_step": self.resume.worker_steps[m.rank] if self.resume and join_gen < 0 else start_step,
+            "start_position": self.resume.positions[m.rank] if self.resume and join_gen < 0 else 0})

@@ -16,12 +16,14 @@ import zmq
 
 from omnips import data, models, protocol, transport
 from omnips.batching import BatchPlan, memory_batch
+from omnips.checkpoint import Manifest, discard_after
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
 from omnips.metrics import RunDir
-from omnips.protocol import Heartbeat, Params, Plan, ProtocolError, Register, Report, Shutdown
+from omnips.protocol import Checkpoint, Heartbeat, Params, Plan, ProtocolError, Register, Report, Saved, Shutdown
 from omnips.servers import ServerError, ServerGroup
 
+from .checkpoints import CheckpointBook
 from .control import BatchControl
 from .evaluation import EvalBook, PendingEval
 from .progress import EvalPoint, Progress
@@ -32,6 +34,8 @@ log = logging.getLogger("omnips.scheduler")
 POLL_MS = 100
 ROUTER_BURST = 1000  # messages read from the router per loop turn, at most
 EVALS_AHEAD = 32
+CHECKPOINTS_AHEAD = 32  # BSP checkpoint requests kept waiting at the servers: one asked after its version
+                        # passed is missed, and the loop can be busy evaluating for a while
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class SchedulerOptions:
     register_timeout_s: float = 300.0
     stall_timeout_s: float = 300.0
     server_timeout_s: float = 120.0
+    checkpoint_every: int = 0  # steps (BSP) or reported updates (ASP/SSP) between checkpoints; 0: none
 
 
 class JobFailed(RuntimeError):
@@ -51,15 +56,23 @@ class JobFailed(RuntimeError):
 
 
 class Scheduler:
-    def __init__(self, job: JobSpec, opts: SchedulerOptions, announce=print):
+    def __init__(self, job: JobSpec, opts: SchedulerOptions, announce=print, resume: Manifest | None = None):
+        """`resume`: continue the interrupted run in opts.run_dir from this checkpoint."""
         self.job, self.opts = job, opts
         self.announce = announce
         train, test = data.load(job.dataset, job.dataset_args)
         self.flat = FlatModel(models.build(job.model, job.model_args, train, job.seed))
         self.test_batcher, self.test_size = data.Batcher(test), len(test)
         self.progress = Progress(job, len(train))
+        self.resume = resume
+        if resume is not None:
+            self.progress.resume(resume.worker_steps, resume.positions)
+        checkpoints = Path(opts.run_dir).resolve() / "checkpoints"  # absolute: servers elsewhere write there
         self.registry = Registry(job, self.flat.size, self.flat.num_trained, self.progress.total_steps,
-                                 opts.dead_after_s, opts.heartbeat_s)
+                                 opts.dead_after_s, opts.heartbeat_s, str(checkpoints), resume)
+        self.checkpoints = CheckpointBook(checkpoints, job, self.registry.ranges, opts.checkpoint_every,
+                                          resume.step if resume else 0) if opts.checkpoint_every else None
+        self._checkpoint_steps: list[int] = []
         self.evals = EvalBook(job.num_servers)
         self.final: tuple[float, float] | None = None
         self.servers: ServerGroup | None = None
@@ -73,8 +86,12 @@ class Scheduler:
         self._done_at: float | None = None
         self._complete_at = 0.0
         self._next_beat = 0.0
-        self.run = RunDir(opts.run_dir)
-        self.run.write_config(job.to_dict())
+        self.run = RunDir(opts.run_dir, resume=resume is not None)
+        if resume is None:
+            self.run.write_config(job.to_dict())
+        else:
+            for path in discard_after(checkpoints, resume.step):
+                log.info("removed %s, newer than the checkpoint resumed from", path)
         self.ctx = zmq.Context()
         self.router = transport.socket(self.ctx, zmq.ROUTER)
         self.router.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_HEADER_BYTES)  # the scheduler takes headers only
@@ -86,6 +103,9 @@ class Scheduler:
         try:
             endpoint = transport.bind(self.router, self.opts.host, self.opts.port)
             self.announce(f"omnips scheduler listening on {endpoint}", flush=True)
+            if self.resume is not None:
+                self.run.event("resume", step=self.resume.step, checkpoint=str(self.resume.path))
+                log.info("resuming from checkpoint %s (step %d)", self.resume.path, self.resume.step)
             self.run.event("start", endpoint=endpoint, clock_t0=self.run.t0, num_params=self.flat.size,
                            train_size=self.progress.train_size,
                            test_size=self.test_size, budget_samples=self.progress.budget,
@@ -275,6 +295,9 @@ class Scheduler:
         if self.job.mode == "bsp":
             self._bsp_points = list(self.progress.bsp_eval_points())
             self._ask_bsp_evals()
+            if self.checkpoints is not None:
+                self._checkpoint_steps = self.checkpoints.bsp_steps(self.progress.total_steps)
+                self._ask_bsp_checkpoints()
 
     def _ask_bsp_evals(self) -> None:
         """Keep EVALS_AHEAD evaluation pulls waiting at the servers: every one is a
@@ -313,6 +336,10 @@ class Scheduler:
                        compute_s=r.compute_s, network_s=r.network_s, wait_s=r.wait_s, loss=r.loss,
                        staleness=r.staleness, mem_batch=r.mem_batch, mem_free=r.mem_free,
                        sample_bytes=r.sample_bytes)
+        if self.checkpoints is not None and self.job.mode != "bsp" and not self.registry.plan.stop:
+            updates = sum(w.steps for w in self.progress.workers)
+            if self.checkpoints.due(updates):
+                self._ask_checkpoint(updates, None)
         if self.job.mode != "bsp" and self.progress.budget_reached and not self.registry.plan.stop:
             plan = self.registry.plan
             self._send_plan(BatchPlan(plan.gen + 1, plan.batches, stop=True))
@@ -370,11 +397,41 @@ class Scheduler:
         except zmq.ZMQError as exc:
             raise JobFailed(f"cannot ask the servers for an evaluation: {exc}") from None
 
+    # -- checkpoints --------------------------------------------------------------
+    def _ask_bsp_checkpoints(self) -> None:
+        while self._checkpoint_steps and len(self.checkpoints.pending) < CHECKPOINTS_AHEAD:
+            step = self._checkpoint_steps.pop(0)
+            self._ask_checkpoint(step, step)
+
+    def _ask_checkpoint(self, step: int, at: int | None) -> None:
+        req = self.checkpoints.open(step, *self.progress.restart_point(at))
+        try:
+            self.servers.broadcast(Checkpoint(req=req, step=step, at=at))
+        except zmq.ZMQError as exc:
+            del self.checkpoints.pending[req]
+            log.warning("checkpoint %d not taken: cannot ask the servers: %s", step, exc)
+
+    def _on_saved(self, s: int, msg: Saved) -> None:
+        outcome = self.checkpoints.add(s, msg) if self.checkpoints is not None else None
+        if outcome is None:
+            return
+        step, failure = outcome
+        self.run.event("checkpoint", step=step, complete=failure is None, error=failure)
+        if failure is None:
+            log.info("checkpoint %d complete", step)
+        else:
+            log.warning("checkpoint %d is incomplete: %s", step, failure)
+        if self.job.mode == "bsp":
+            self._ask_bsp_checkpoints()
+
     def _on_server(self, s: int, frames: list) -> None:
         try:
             msg = self.servers.decode_reply(s, frames)
         except ServerError as exc:
-            log.warning("evaluation pull failed: %s", exc)
+            log.warning("a server refused a request: %s", exc)
+            return
+        if isinstance(msg, Saved):
+            self._on_saved(s, msg)
             return
         if not isinstance(msg, Params):
             return
@@ -424,4 +481,6 @@ class Scheduler:
             "nonfinite_gradients": self.nonfinite,
             "workers_lost": self.lost,
             "workers_joined": self.joined,
+            "resumed_from_step": self.resume.step if self.resume else None,
+            "checkpoints": self.checkpoints.complete if self.checkpoints else 0,
         }

@@ -4,6 +4,7 @@ import logging
 import os
 import socket as pysocket
 import time
+from pathlib import Path
 
 import zmq
 
@@ -12,12 +13,14 @@ from omnips.job import JobSpec
 from omnips.link import SchedulerLink
 from omnips.protocol import Init, Params, Plan, ProtocolError, Push, Register, Shutdown
 
-from .shard import ShardCore
+from . import checkpointer
+from .shard import Outgoing, ShardCore, Snapshot
 
 log = logging.getLogger("omnips.server")
 
 POLL_MS = 200
 TRACKER_TIMEOUT_S = 30.0
+LAST_WRITE_S = 60.0  # at shutdown, how long a checkpoint file still being written may take
 
 
 def advertised_host(host: str, advertise: str | None) -> str:
@@ -38,20 +41,24 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
                                          pid=os.getpid()), ack_timeout_s, welcome_timeout_s)
         job = JobSpec.from_dict(welcome.job)
         cluster = link.cluster_fields(welcome, range=list, dead_after_s=float, heartbeat_s=float, num_trained=int,
-                                      num_params=int)
+                                      num_params=int, checkpoint_dir=str, restore=str)
         lo, hi = cluster["range"]
         link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
         core = ShardCore(job, lo, hi, cluster["num_trained"])
+        if cluster["restore"]:  # a resumed job: this shard continues from a checkpoint
+            version = checkpointer.load(core, cluster["restore"], welcome.rank, lo, hi)
+            log.info("server %d restored version %d from %s", welcome.rank, version, cluster["restore"])
+        writer = checkpointer.ShardWriter(Path(cluster["checkpoint_dir"]), welcome.rank, lo, hi)
         # the largest message a worker sends is a push of this shard: refuse anything bigger
         router.setsockopt(zmq.MAXMSGSIZE, (hi - lo) * 4 + protocol.MAX_HEADER_BYTES)
         log.info("server %d serves [%d, %d) of %d values on %s (%s)", welcome.rank, lo, hi,
                  cluster["num_params"], endpoint, job.mode)
-        return _loop(router, link, core)
+        return _loop(router, link, core, writer)
     finally:
         ctx.destroy(linger=transport.LINGER_MS)
 
 
-def _loop(router, link: SchedulerLink, core: ShardCore) -> int:
+def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.ShardWriter) -> int:
     poller = zmq.Poller()
     poller.register(router, zmq.POLLIN)
     poller.register(link.sock, zmq.POLLIN)
@@ -63,9 +70,10 @@ def _loop(router, link: SchedulerLink, core: ShardCore) -> int:
             if isinstance(msg, Shutdown):
                 log.info("shutdown: %s (%d updates applied, staleness mean %.2f max %d)", msg.reason or "job done",
                          core.updates, core.staleness_sum / max(1, core.updates), core.staleness_max)
+                writer.finished(wait_s=LAST_WRITE_S)  # let a file being written end whole
                 return 0
             if isinstance(msg, Plan):
-                _send(router, core.set_plan(msg, time.monotonic()), trackers)
+                _send(router, core.set_plan(msg, time.monotonic()), trackers, writer)
         if router in events:
             peer, *frames = transport.recv_frames(router)
             try:
@@ -78,15 +86,19 @@ def _loop(router, link: SchedulerLink, core: ShardCore) -> int:
                 _wait_for_sends(trackers)  # replies still queued alias the values about to change
             replies = core.handle(peer.bytes, msg, time.monotonic())
             for out in replies:
-                if isinstance(out.msg, protocol.Error):
+                if isinstance(out, Outgoing) and isinstance(out.msg, protocol.Error):
                     log.warning("refused %s: %s: %s", msg.OP, out.msg.code, out.msg.text)
-            _send(router, replies, trackers)
+            _send(router, replies, trackers, writer)
+        _send(router, writer.finished(), trackers, writer)
         if not link.sock.poll(0):  # read what the scheduler sent before judging its silence
             link.check_alive()
 
 
-def _send(router, replies, trackers: list) -> None:
+def _send(router, replies, trackers: list, writer: checkpointer.ShardWriter) -> None:
     for out in replies:
+        if isinstance(out, Snapshot):
+            _send(router, writer.submit(out), trackers, writer)
+            continue
         tracker = transport.reply(router, out.to, out.msg, track=isinstance(out.msg, Params) and not out.snapshot,
                                   snapshot=out.snapshot)
         if tracker is not None:

@@ -12,6 +12,9 @@ to a worker's step s waits until s - (the slowest worker's last step) <= S.
 Shard slots past the trained parameters hold model buffers (e.g. normalisation
 statistics): they take the batch-weighted mean of the pushed values (BSP) or the
 latest pushed values (ASP) and never see the optimizer.
+A `checkpoint` request is served like a pull (at once, or when the version reaches
+`at`): the core answers with a `Snapshot` instruction holding a copy of its
+state, which the server writes; `restore` takes such a state back.
 """
 
 import math
@@ -23,7 +26,7 @@ import torch
 from omnips import optim
 from omnips.flat import aligned_zeros, all_finite
 from omnips.job import JobSpec
-from omnips.protocol import Ack, Error, Init, Message, Params, Plan, Pull, Push
+from omnips.protocol import Ack, Checkpoint, Error, Init, Message, Params, Plan, Pull, Push, Saved
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,25 @@ class Outgoing:
     to: bytes
     msg: Message
     snapshot: bool = False  # send a copy of the data: the receiver may never read it (pulls)
+
+
+@dataclass(frozen=True)
+class ShardState:
+    """What a shard's next updates depend on, as copies. Pushes waiting at a barrier are
+    not part of it: after a restore their workers push them again."""
+
+    meta: dict  # JSON-able: the job, sizes, version, counters, last step per rank, optimizer scalars
+    arrays: dict[str, np.ndarray]  # "values", and the optimizer's buffers as "opt.<name>"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An instruction to the server: write `state` as checkpoint `step`, then answer `to`."""
+
+    to: bytes
+    req: int
+    step: int
+    state: ShardState
 
 
 MAX_WAITING_PULLS = 1024  # the scheduler keeps a few dozen evaluation pulls waiting
@@ -64,10 +86,10 @@ class ShardCore:
         self.updates = 0
 
     # -- entry point -------------------------------------------------------------
-    def handle(self, peer: bytes, msg: Message, now: float) -> list[Outgoing]:
+    def handle(self, peer: bytes, msg: Message, now: float) -> list[Outgoing | Snapshot]:
         if isinstance(msg, Push):
             return self._push(peer, msg, now)
-        if isinstance(msg, Pull):
+        if isinstance(msg, (Pull, Checkpoint)):
             return self._pull(peer, msg, now)
         if isinstance(msg, Init):
             return self._init(peer, msg, now)
@@ -118,8 +140,8 @@ class ShardCore:
         self.initialized = True
         return [Outgoing(peer, Ack())] + self._release_pulls(now)
 
-    def _pull(self, peer, msg: Pull, now):
-        if msg.gen >= 0 and self.job.mode == "bsp":
+    def _pull(self, peer, msg: Pull | Checkpoint, now):
+        if isinstance(msg, Pull) and msg.gen >= 0 and self.job.mode == "bsp":
             if self._gen_ready(msg.gen):
                 return [self._joiner_params(peer, msg.req, 0.0)]
             if len(self._gen_pulls) >= MAX_WAITING_PULLS:
@@ -127,11 +149,12 @@ class ShardCore:
             self._gen_pulls.append((peer, msg, now))
             return []
         if self.initialized and (msg.at is None or msg.at == self.version):
-            return [self._params(peer, msg.req, 0.0, None, snapshot=True)]
+            return [self._serve(peer, msg, 0.0)]
         if msg.at is not None and msg.at < self.version:
-            return [_error(peer, "version_passed", f"pull at version {msg.at}, shard is at {self.version}")]
+            return [self._refuse(peer, msg, "version_passed",
+                                 f"{msg.OP} at version {msg.at}, shard is at {self.version}")]
         if len(self._pulls) >= MAX_WAITING_PULLS:
-            return [_error(peer, "busy", f"{MAX_WAITING_PULLS} pulls are already waiting")]
+            return [self._refuse(peer, msg, "busy", f"{MAX_WAITING_PULLS} pulls are already waiting")]
         self._pulls.append((peer, msg, now))
         return []
 
@@ -271,7 +294,62 @@ class ShardCore:
             self._opt.step(torch.from_numpy(grad[:t]), lr)
         np.copyto(self.values[t:], grad[t:])
 
+    # -- state -------------------------------------------------------------------
+    def state(self) -> ShardState:
+        scalars, buffers = self._opt.state()
+        return ShardState(
+            meta={"job": self.job.to_dict(), "size": self.n, "trained": self.trained, "version": self.version,
+                  "updates": self.updates, "staleness": [self.staleness_sum, self.staleness_max],
+                  "last_step": [self._last_step.get(r, -1) for r in range(self.job.num_workers)],
+                  "optimizer": scalars},
+            arrays={"values": self.values.copy(), **{f"opt.{k}": v for k, v in buffers.items()}})
+
+    def restore(self, state: ShardState, next_steps: list[int] | None = None) -> None:
+        """Take `state`, from state() of a shard of the same job and range. `next_steps`:
+        the step each worker pushes next when the workers resume from the same checkpoint
+        (an ASP snapshot may hold an update whose report the scheduler had not counted:
+        that worker pushes its step again). Raises ValueError, changing nothing, when the
+        state does not fit this shard or requests are in flight."""
+        m, arrays, workers = state.meta, state.arrays, self.job.num_workers
+        if self._pending or self._held or self._pulls:
+            raise ValueError("a shard with requests in flight cannot be restored")
+        if m.get("job") != self.job.to_dict():
+            raise ValueError("the saved shard belongs to another job (its settings differ)")
+        if (m.get("size"), m.get("trained")) != (self.n, self.trained):
+            raise ValueError(f"the saved shard holds {m.get('size')} values ({m.get('trained')} trained), "
+                             f"this one {self.n} ({self.trained})")
+        values = arrays.get("values")
+        if not isinstance(values, np.ndarray) or values.dtype != np.float32 or values.shape != (self.n,):
+            raise ValueError(f"the saved values are not {self.n} float32 numbers")
+        last, stale = m.get("last_step"), m.get("staleness")
+        if not (_ints(m.get("version"), m.get("updates"), lowest=0) and isinstance(stale, list) and len(stale) == 2
+                and _ints(*stale, lowest=0) and isinstance(last, list) and len(last) == workers
+                and _ints(*last, lowest=-1) and isinstance(m.get("optimizer"), dict)):
+            raise ValueError("the saved shard's counters are malformed")
+        if next_steps is not None and not (len(next_steps) == workers and _ints(*next_steps, lowest=0)):
+            raise ValueError(f"next steps {next_steps} are not one step count per worker")
+        buffers = {k.removeprefix("opt."): v for k, v in arrays.items() if k != "values"}
+        if any(not k.startswith("opt.") for k in arrays if k != "values"):
+            raise ValueError(f"the saved shard holds unknown arrays: {sorted(arrays)}")
+        self._opt.load_state(m["optimizer"], buffers)  # checks before it changes anything
+        np.copyto(self.values, values)
+        self.version, self.updates = m["version"], m["updates"]
+        self.staleness_sum, self.staleness_max = stale
+        self._last_step = ({r: s for r, s in enumerate(last) if s >= 0} if next_steps is None
+                           else {r: s - 1 for r, s in enumerate(next_steps) if s > 0})
+        self.initialized = True
+
     # -- replies -----------------------------------------------------------------
+    def _serve(self, peer, msg: Pull | Checkpoint, held_s):
+        if isinstance(msg, Checkpoint):
+            return Snapshot(peer, msg.req, msg.step, self.state())
+        return self._params(peer, msg.req, held_s, None, snapshot=True)
+
+    def _refuse(self, peer, msg: Pull | Checkpoint, code, text):
+        if isinstance(msg, Checkpoint):  # answered in kind: the scheduler counts the checkpoint's answers
+            return Outgoing(peer, Saved(req=msg.req, step=msg.step, version=self.version, error=f"{code}: {text}"))
+        return _error(peer, code, text)
+
     def _params(self, peer, req, held_s, gen_seen, snapshot=False):
         plan = None
         if self.plan is not None and gen_seen is not None and gen_seen < self.plan.gen:
@@ -284,7 +362,11 @@ class ShardCore:
         for entry in self._pulls:
             (ready if entry[1].at in (None, self.version) else waiting).append(entry)
         self._pulls = waiting
-        return [self._params(peer, m.req, now - t, None, snapshot=True) for peer, m, t in ready]
+        return [self._serve(peer, m, now - t) for peer, m, t in ready]
+
+
+def _ints(*values, lowest: int) -> bool:
+    return all(type(v) is int and v >= lowest for v in values)
 
 
 def _error(peer, code, text) -> Outgoing:

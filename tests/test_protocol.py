@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from omnips import protocol
-from omnips.protocol import (MAX_HEADER_BYTES, Ack, Error, Heartbeat, Init, Params, Plan, ProtocolError, Pull,
-                             Push, Register, Report, Shutdown, Welcome, decode, encode)
+from omnips.protocol import (MAX_HEADER_BYTES, Ack, Checkpoint, Error, Heartbeat, Init, Params, Plan, ProtocolError,
+                             Pull, Push, Register, Report, Saved, Shutdown, Welcome, decode, encode)
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -63,6 +63,8 @@ STRATEGIES = {
         lambda b: st.builds(Plan, gen=U64, batches=st.just(b), stop=st.booleans(),
                             departed=st.lists(st.lists(st.integers(0, len(b) - 1), min_size=2, max_size=2).map(
                                 lambda d: [d[0], d[1] * 7 - 1]), max_size=3))),
+    "checkpoint": st.builds(Checkpoint, req=ANY_INT, step=U64, at=st.none() | U64),
+    "saved": st.builds(Saved, req=ANY_INT, step=U64, version=U64, size=U64, sha256=TEXT, error=TEXT),
 }
 ANY_MESSAGE = st.one_of(*STRATEGIES.values())
 
@@ -277,6 +279,8 @@ SAMPLE = {
     "push": Push(rank=1, step=2, ver=2, batch=8, gen=0, data=np.zeros(3, np.float32)),
     "params": Params(req=1, version=2, held_s=0.5, plan={"gen": 1}, data=np.zeros(3, np.float32)),
     "plan": Plan(gen=1, batches=[3, 5], stop=False),
+    "checkpoint": Checkpoint(req=1, step=10, at=10),
+    "saved": Saved(req=1, step=10, version=10, size=100, sha256="ab" * 32),
 }
 WRONG = {  # field type -> values of other types
     int: [True, False, "1", 1.5, None, [1], {"a": 1}, b"1"],
@@ -357,6 +361,8 @@ def test_missing_data_length():
     ("pull", "at", -1), ("pull", "gen", -2),
     ("plan", "gen", -1), ("plan", "batches", [0, 0]), ("plan", "batches", [3, -1]), ("plan", "batches", []),
     ("plan", "departed", [[5, 1]]), ("plan", "departed", [[0]]), ("plan", "departed", [[0, -2]]), ("plan", "departed", [[0, 1.5]]),
+    ("pull", "at", -1), ("checkpoint", "step", -1), ("checkpoint", "at", -1), ("saved", "step", -1),
+    ("saved", "version", -1), ("saved", "size", -1),
     ("register", "role", "boss"), ("register", "capacity", 0.0), ("register", "capacity", -1.0),
     ("register", "capacity", math.nan), ("register", "capacity", math.inf), ("register", "endpoint", ""),
 ])

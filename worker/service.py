@@ -59,7 +59,8 @@ def run(opts: WorkerOptions) -> int:
                      memory_limit=opts.memory_limit),
             opts.ack_timeout_s, opts.welcome_timeout_s)
         cluster = link.cluster_fields(welcome, servers=list, ranges=list, num_params=int, total_steps=int,
-                                      plan=dict, dead_after_s=float, heartbeat_s=float, join_gen=int, start_step=int)
+                                      plan=dict, dead_after_s=float, heartbeat_s=float, join_gen=int, resumed=bool,
+                                      start_step=int, start_position=int)
         job = JobSpec.from_dict(welcome.job)
         link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
         session = _Session(job, welcome.rank, cluster, device, opts, link)
@@ -79,7 +80,10 @@ class _Session:
         self.job, self.rank, self.opts, self.link = job, rank, opts, link
         self.servers: ServerGroup | None = None
         self.total_steps = cluster["total_steps"]
-        self.join_gen, self.start_step = cluster["join_gen"], cluster["start_step"]  # join_gen -1: there from the start
+        # join_gen -1: there from the start; resumed: servers restored a checkpoint, go on from its
+        # step and sample position
+        self.join_gen, self.resumed = cluster["join_gen"], cluster["resumed"]
+        self.start_step, self.start_position = cluster["start_step"], cluster["start_position"]
         self.plan = BatchPlan.from_wire(cluster["plan"], job.num_workers)
         train, _ = data.load(job.dataset, job.dataset_args)
         self.flat = FlatModel(models.build(job.model, job.model_args, train, job.seed), device)
@@ -101,10 +105,11 @@ class _Session:
     def train(self) -> None:
         """Train until the scheduler closes the job (JobEnded) or something fails."""
         bsp = self.job.mode == "bsp"
+        asp_pos, last = self.start_position, None
         if self.join_gen < 0:
-            if self.rank == 0:
+            if self.rank == 0 and not self.resumed:
                 self.servers.init(self.flat.params)
-            step = 0
+            step = self.start_step
             self.servers.pull(self.flat.params)
         else:  # joining: BSP waits for the first step that runs the plan with this worker in it
             ex = self.servers.pull(self.flat.params, gen=self.join_gen)
@@ -113,7 +118,6 @@ class _Session:
                 self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)
             log.info("worker %d joins at step %d", self.rank, step)
         self.flat.load_params()
-        asp_pos, last = 0, None
         while not self.plan.stop and not (bsp and step >= self.total_steps):
             batch = self.plan.batches[self.rank]
             if not batch:

@@ -1,0 +1,127 @@
+"""Checkpoints seen from the scheduler: when to take them, the servers' answers, the
+manifest that marks one complete; and the run a resumed job continues.
+
+BSP: a checkpoint every K steps, at the exact version K, 2K, ... on every shard
+(asked in advance, like the evaluation pulls), so the shards form the model and
+optimizer of one step. ASP/SSP: when the updates the workers reported cross a
+multiple of K, every shard is written as soon as the request reaches it: the
+shards' versions differ, and an update applied but not yet reported may be in a
+shard while its worker resumes before it (that step is computed again).
+"""
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omnips import checkpoint
+from omnips.checkpoint import CheckpointError, Manifest
+from omnips.job import JobSpec
+from omnips.protocol import Saved
+
+log = logging.getLogger("omnips.scheduler")
+
+
+@dataclass
+class PendingCheckpoint:
+    step: int
+    worker_steps: list[int]
+    positions: list[int]
+    answers: dict[int, Saved] = field(default_factory=dict)  # server rank -> its answer
+
+
+class CheckpointBook:
+    def __init__(self, root: Path, job: JobSpec, ranges: list, every: int, start: int = 0):
+        self.root, self.job, self.ranges, self.every = Path(root), job, ranges, every
+        self.pending: dict[int, PendingCheckpoint] = {}
+        self.complete = 0  # checkpoints this scheduler completed
+        self._next_req = 0
+        self._next_step = (start // every + 1) * every  # the first checkpoint after `start`
+
+    def bsp_steps(self, total_steps: int) -> list[int]:
+        """The versions to checkpoint at; none at the end, which model.pt covers."""
+        return list(range(self._next_step, total_steps, self.every))
+
+    def due(self, updates: int) -> bool:
+        """ASP/SSP: whether `updates` reported crosses the next multiple of the interval."""
+        if updates < self._next_step:
+            return False
+        self._next_step = (updates // self.every + 1) * self.every
+        return True
+
+    def open(self, step: int, worker_steps: list[int], positions: list[int]) -> int:
+        self._next_req += 1
+        self.pending[self._next_req] = PendingCheckpoint(step, list(worker_steps), list(positions))
+        return self._next_req
+
+    def add(self, server: int, msg: Saved) -> tuple[int, str | None] | None:
+        """Record a server's answer; once all have answered, write the manifest and return
+        (step, None), or (step, why the checkpoint is incomplete)."""
+        entry = self.pending.get(msg.req)
+        if entry is None or msg.step != entry.step:
+            return None
+        entry.answers[server] = msg
+        if len(entry.answers) < len(self.ranges):
+            return None
+        del self.pending[msg.req]
+        failed = [f"server {s}: {a.error}" for s, a in sorted(entry.answers.items()) if a.error]
+        if failed:
+            return entry.step, "; ".join(failed)
+        try:
+            self._record(entry)
+        except (CheckpointError, OSError) as exc:
+            return entry.step, str(exc)
+        self.complete += 1
+        return entry.step, None
+
+    def _record(self, entry: PendingCheckpoint) -> None:
+        directory = checkpoint.step_dir(self.root, entry.step)
+        shards = []
+        for s, (lo, hi) in enumerate(self.ranges):
+            a = entry.answers[s]
+            path = directory / checkpoint.shard_name(s)
+            if not path.is_file() or path.stat().st_size != a.size:
+                raise CheckpointError(f"server {s} wrote {path}, but the scheduler does not see it whole there "
+                                      "(servers and scheduler must share the run directory's file system)")
+            shards.append({"range": [lo, hi], "version": a.version, "size": a.size, "sha256": a.sha256})
+        checkpoint.write_manifest(directory, entry.step, self.job.to_dict(), shards, entry.worker_steps,
+                                  entry.positions)
+        for path in checkpoint.prune(self.root):
+            log.info("removed old checkpoint %s", path)
+
+
+class ResumeError(ValueError):
+    pass
+
+
+def resume_point(run_dir: Path) -> tuple[JobSpec, Manifest]:
+    """The job of the run in `run_dir` and its newest complete checkpoint (its path
+    absolute: servers started elsewhere read it)."""
+    run_dir = Path(run_dir).resolve()
+    try:
+        job = JobSpec.from_dict(json.loads((run_dir / "config.json").read_text()))
+    except OSError as exc:
+        raise ResumeError(f"cannot resume {run_dir}: no job there ({exc.strerror}: config.json)") from None
+    except ValueError as exc:
+        raise ResumeError(f"cannot resume {run_dir}: config.json: {exc}") from None
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise ResumeError(f"cannot resume {run_dir}: it holds no metrics.jsonl")
+    summary = run_dir / "summary.json"
+    if summary.exists():
+        try:
+            status = json.loads(summary.read_text())["status"]
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise ResumeError(f"cannot resume {run_dir}: its summary.json is unreadable ({exc!r})") from None
+        if status == "completed":
+            raise ResumeError(f"cannot resume {run_dir}: its job completed")
+    ckpt, skipped = checkpoint.newest_complete(run_dir / "checkpoints")
+    for reason in skipped:
+        log.warning("passed over a checkpoint: %s", reason)
+    if ckpt is None:
+        raise ResumeError(f"cannot resume {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'} "
+                          "(was it run with --checkpoint-every?)")
+    if ckpt.job != job.to_dict():
+        raise ResumeError(f"cannot resume {run_dir}: checkpoint {ckpt.path} belongs to another job than config.json")
+    if len(ckpt.shards) != job.num_servers or len(ckpt.worker_steps) != job.num_workers:
+        raise ResumeError(f"cannot resume {run_dir}: checkpoint {ckpt.path} does not fit the job's cluster size")
+    return job, ckpt
