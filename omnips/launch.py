@@ -98,6 +98,13 @@ class LocalCluster:
         return proc
 
     def start(self, timeout_s: float = 60.0) -> "LocalCluster":
+        self.start_scheduler(timeout_s)
+        self.start_servers()
+        self.start_workers()
+        return self
+
+    # start() in three stages, so that a test can act while the cluster is incomplete
+    def start_scheduler(self, timeout_s: float = 60.0) -> None:
         sched = self._spawn("scheduler", "scheduler", [
             *self.scheduler_args, "--num-servers", str(self.num_servers),
             "--num-workers", str(len(self.workers)), "--port", "0", "--run-dir", str(self.run_dir)],
@@ -105,11 +112,14 @@ class LocalCluster:
         self.endpoint = self._read_endpoint(sched, timeout_s)
         threading.Thread(target=_drain, args=(sched.stdout, self.run_dir / "logs" / "scheduler.out"),
                          daemon=True).start()
+
+    def start_servers(self) -> None:
         for s in range(self.num_servers):
             self._spawn(f"server{s}", "server", ["--scheduler", self.endpoint, *self.server_args])
+
+    def start_workers(self) -> None:
         for i, w in enumerate(self.workers):
             self._spawn(f"worker{i}", "worker", ["--scheduler", self.endpoint, "--rank", str(i), *w.args()])
-        return self
 
     def _read_endpoint(self, proc: subprocess.Popen, timeout_s: float) -> str:
         endpoint = read_endpoint(proc.stdout, timeout_s)
