@@ -2,6 +2,8 @@
 
 import argparse
 
+from .security import Keys, KeysError
+
 
 def seconds(text: str) -> float:
     """A positive, finite number of seconds (NaN, inf and 0 would disable a timeout)."""
@@ -28,3 +30,16 @@ def size(text: str) -> int:
     if not 1 <= value < 2**60:
         raise argparse.ArgumentTypeError(f"{text!r}: a size must be from 1 byte to 1 EiB")
     return int(value)
+
+
+def add_security(p: argparse.ArgumentParser, listens: bool) -> None:
+    """--keys, the same on every role; `listens`: the role binds a port."""
+    def keys(text: str) -> Keys:
+        try:
+            return Keys.load(text, listens)
+        except KeysError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    p.add_argument("--keys", type=keys, default=None, metavar="DIR",
+                   help="CURVE-encrypt and authenticate every connection with the keys in DIR "
+                        "(made by 'omnips keygen DIR'); default: plain TCP")

@@ -81,6 +81,7 @@ class LocalCluster:
     workers: list[WorkerSpec]
     server_args: list[str] = field(default_factory=list)
     env: dict = field(default_factory=dict)
+    keys: Path | None = None  # --keys for every process (a worker's own --keys in its extra wins)
     procs: dict = field(default_factory=dict)  # name -> Popen
     endpoint: str | None = None
 
@@ -106,7 +107,7 @@ class LocalCluster:
     # start() in three stages, so that a test can act while the cluster is incomplete
     def start_scheduler(self, timeout_s: float = 60.0) -> None:
         sched = self._spawn("scheduler", "scheduler", [
-            *self.scheduler_args, "--num-servers", str(self.num_servers),
+            *self.scheduler_args, *self._keys(), "--num-servers", str(self.num_servers),
             "--num-workers", str(len(self.workers)), "--port", "0", "--run-dir", str(self.run_dir)],
             stdout=subprocess.PIPE)
         self.endpoint = self._read_endpoint(sched, timeout_s)
@@ -115,11 +116,15 @@ class LocalCluster:
 
     def start_servers(self) -> None:
         for s in range(self.num_servers):
-            self._spawn(f"server{s}", "server", ["--scheduler", self.endpoint, *self.server_args])
+            self._spawn(f"server{s}", "server", ["--scheduler", self.endpoint, *self._keys(), *self.server_args])
 
     def start_workers(self) -> None:
         for i, w in enumerate(self.workers):
-            self._spawn(f"worker{i}", "worker", ["--scheduler", self.endpoint, "--rank", str(i), *w.args()])
+            self._spawn(f"worker{i}", "worker", ["--scheduler", self.endpoint, "--rank", str(i), *self._keys(),
+                                                 *w.args()])
+
+    def _keys(self) -> list[str]:
+        return ["--keys", str(self.keys)] if self.keys is not None else []
 
     def _read_endpoint(self, proc: subprocess.Popen, timeout_s: float) -> str:
         endpoint = read_endpoint(proc.stdout, timeout_s)

@@ -9,7 +9,7 @@ import time
 from dataclasses import fields
 
 from omnips import logs, transport
-from omnips.flags import seconds
+from omnips.flags import add_security, seconds
 from omnips.data import FactoryError
 from omnips.job import BATCHINGS, CONTROLLERS, MODES, OPTIMIZERS, STALENESS_LR, JobSpec
 
@@ -71,6 +71,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dead-after", type=seconds, default=30.0, help="seconds of silence before a process gives up")
     p.add_argument("--register-timeout", type=seconds, default=300.0, help="seconds for the cluster to form")
     p.add_argument("--stall-timeout", type=seconds, default=300.0, help="seconds without progress before failing")
+    add_security(p, listens=True)
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
         p.error("--dead-after must be more than twice --heartbeat")
     transport.tune_malloc()
     opts = SchedulerOptions(a.host, a.port, a.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"), a.heartbeat, a.dead_after, a.register_timeout,
-                            a.stall_timeout)
+                            a.stall_timeout, keys=a.keys)
     try:
         scheduler = Scheduler(job, opts)
     except (FactoryError, ValueError, OSError, RunDirInUse) as exc:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import zmq
 
-from omnips import data, models, protocol, transport
+from omnips import data, models, protocol, security, transport
 from omnips.batching import BatchPlan, memory_batch
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
@@ -43,6 +43,7 @@ class SchedulerOptions:
     register_timeout_s: float = 300.0
     stall_timeout_s: float = 300.0
     server_timeout_s: float = 120.0
+    keys: security.Keys | None = None  # CURVE on every connection, clients from the allow-list only
 
 
 class JobFailed(RuntimeError):
@@ -72,6 +73,7 @@ class Scheduler:
         self.run = RunDir(opts.run_dir)
         self.run.write_config(job.to_dict())
         self.ctx = zmq.Context()
+        self.gate = security.Gate(self.ctx, opts.keys) if opts.keys else None
         self.router = transport.socket(self.ctx, zmq.ROUTER)
         self.router.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_HEADER_BYTES)  # the scheduler takes headers only
         self.poller = zmq.Poller()
@@ -80,13 +82,14 @@ class Scheduler:
     # -- lifecycle ----------------------------------------------------------------
     def serve(self) -> int:
         try:
-            endpoint = transport.bind(self.router, self.opts.host, self.opts.port)
+            endpoint = transport.bind(self.router, self.opts.host, self.opts.port, self.opts.keys)
             self.announce(f"omnips scheduler listening on {endpoint}", flush=True)
             self.run.event("start", endpoint=endpoint, num_params=self.flat.size, train_size=self.progress.train_size,
                            test_size=self.test_size, budget_samples=self.progress.budget,
                            budget_epochs=self.progress.budget / self.progress.train_size)
             log.info("job: %s, %d server(s), %d worker(s), %d parameters, run dir %s", self.job.mode,
                      self.job.num_servers, self.job.num_workers, self.flat.size, self.run.path)
+            log.info("connections: %s", security.describe(self.opts.keys))
             self._loop()
         except (JobFailed, ServerError, transport.TransportError) as exc:
             return self._finish(f"failed: {exc}")
@@ -102,6 +105,8 @@ class Scheduler:
         self.run.event("end", status=status)
         self.run.write_summary(self._summary(status))
         self.run.close()
+        if self.gate is not None:
+            self.gate.stop()
         self.ctx.destroy(linger=transport.LINGER_MS)
         return 0 if ok else 1
 
@@ -192,7 +197,7 @@ class Scheduler:
 
     def _connect_servers(self) -> None:
         self.servers = ServerGroup(self.ctx, [m.info.endpoint for m in self.registry.servers],
-                                   self.registry.ranges, self.opts.server_timeout_s)
+                                   self.registry.ranges, self.opts.server_timeout_s, keys=self.opts.keys)
         for sock in self.servers.socks:
             self.poller.register(sock, zmq.POLLIN)
         if self.job.mode == "bsp":

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import zmq
 
-from omnips import data, models
+from omnips import data, models, security
 from omnips.batching import BatchPlan
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
@@ -42,6 +42,7 @@ class WorkerOptions:
     ack_timeout_s: float = 10.0
     welcome_timeout_s: float = 300.0
     server_timeout_s: float = 120.0
+    keys: security.Keys | None = None
 
 
 def run(opts: WorkerOptions) -> int:
@@ -50,7 +51,7 @@ def run(opts: WorkerOptions) -> int:
         torch.set_num_threads(opts.threads)
     ctx = zmq.Context()
     try:
-        link = SchedulerLink(ctx, opts.scheduler)
+        link = SchedulerLink(ctx, opts.scheduler, keys=opts.keys)
         welcome = link.register(
             Register(role="worker", host=pysocket.gethostname(), capacity=opts.capacity, device=str(device),
                      threads=torch.get_num_threads(), pid=os.getpid(), rank=opts.rank,
@@ -62,7 +63,7 @@ def run(opts: WorkerOptions) -> int:
         link.dead_after_s = cluster["dead_after_s"]
         session = _Session(job, welcome.rank, cluster, device, opts, link)
         session.servers = ServerGroup(ctx, cluster["servers"], cluster["ranges"], opts.server_timeout_s,
-                                      on_wait=session.check_scheduler)
+                                      on_wait=session.check_scheduler, keys=opts.keys)
         try:
             return session.train()
         except JobEnded:
