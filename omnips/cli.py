@@ -68,7 +68,7 @@ def launch(argv) -> int:
     run_dir = Path(args.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
     if (run_dir / "metrics.jsonl").exists():
         parser.error(f"run directory {run_dir} already holds a run: choose another --run-dir")
-    cluster = LocalCluster(run_dir, scheduler_args, args.num_servers, workers,
+    cluster = LocalCluster(run_dir, scheduler_args, args.num_servers, workers, env={"OMNIPS_TOKEN": args.token},
                            keys=args.keys.path if args.keys else None)
     try:
         cluster.start()

@@ -1,6 +1,7 @@
 """Command-line value types shared by the roles' parsers."""
 
 import argparse
+import os
 
 from .security import Keys, KeysError
 
@@ -33,7 +34,7 @@ def size(text: str) -> int:
 
 
 def add_security(p: argparse.ArgumentParser, listens: bool) -> None:
-    """--keys, the same on every role; `listens`: the role binds a port."""
+    """--keys and --token, the same on every role; `listens`: the role binds a port."""
     def keys(text: str) -> Keys:
         try:
             return Keys.load(text, listens)
@@ -43,3 +44,6 @@ def add_security(p: argparse.ArgumentParser, listens: bool) -> None:
     p.add_argument("--keys", type=keys, default=None, metavar="DIR",
                    help="CURVE-encrypt and authenticate every connection with the keys in DIR "
                         "(made by 'omnips keygen DIR'); default: plain TCP")
+    p.add_argument("--token", default=os.environ.get("OMNIPS_TOKEN", ""),
+                   help="job token: the scheduler refuses processes whose token differs "
+                        "(default: $OMNIPS_TOKEN, which unlike this flag no other user sees in ps)")

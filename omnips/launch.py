@@ -80,7 +80,7 @@ class LocalCluster:
     num_servers: int
     workers: list[WorkerSpec]
     server_args: list[str] = field(default_factory=list)
-    env: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)  # e.g. OMNIPS_TOKEN, which unlike a flag stays out of ps
     keys: Path | None = None  # --keys for every process (a worker's own --keys in its extra wins)
     procs: dict = field(default_factory=dict)  # name -> Popen
     endpoint: str | None = None

@@ -1,5 +1,5 @@
-"""Transport security: CURVE key directories, the allow-list of client keys, and the
-test for an address that anyone on the network can reach.
+"""Transport security: CURVE key directories, the allow-list of client keys, the job
+token, and the test for an address that anyone on the network can reach.
 
 A key directory made by `keygen` holds two CURVE key pairs and an allow-list:
 
@@ -12,6 +12,7 @@ needs (the server's public key and its own pair), whose public key joins the
 allow-list; deleting that allow-list entry shuts the machine out at the next start.
 """
 
+import hmac
 import ipaddress
 import logging
 import re
@@ -206,6 +207,11 @@ def handshake_failure(event: int, value: int, keys: Keys | None) -> str:
                 "it closed the connection during the handshake: if it uses --keys, start this process with --keys too")
     return ("it does not use --keys" if mismatch else "it closed the connection during the CURVE handshake") + \
         ": start every process with keys from the same 'omnips keygen', or none"
+
+
+def token_matches(given: str, expected: str) -> bool:
+    """Constant-time comparison, so a refusal's timing tells nothing about the token."""
+    return hmac.compare_digest(given.encode(), expected.encode())
 
 
 def exposed(host: str) -> bool:

@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         p.error("--dead-after must be more than twice --heartbeat")
     transport.tune_malloc()
     opts = SchedulerOptions(a.host, a.port, a.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"), a.heartbeat, a.dead_after, a.register_timeout,
-                            a.stall_timeout, keys=a.keys)
+                            a.stall_timeout, keys=a.keys, token=a.token)
     try:
         scheduler = Scheduler(job, opts)
     except (FactoryError, ValueError, OSError, RunDirInUse) as exc:

@@ -6,7 +6,8 @@ for a rank (the launcher asks for its command-line order), the others fill the
 free ranks in registration order once all are in.
 Servers are welcomed as soon as all of them are in (they need only their shard
 range); workers once every server and worker is in (they need every server's
-address).
+address). A registration whose job token differs from the scheduler's is refused
+before anything else.
 """
 
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from omnips.batching import BatchPlan, initial_batches
 from omnips.job import JobSpec
 from omnips.protocol import Ack, Error, Message, Register, Welcome
+from omnips.security import token_matches
 from omnips.sharding import shard_ranges
 
 
@@ -26,8 +28,10 @@ class Member:
 
 
 class Registry:
-    def __init__(self, job: JobSpec, num_params: int, num_trained: int, total_steps: int, dead_after_s: float):
+    def __init__(self, job: JobSpec, num_params: int, num_trained: int, total_steps: int, dead_after_s: float,
+                 token: str = ""):
         self.job = job
+        self._token = token
         self.num_params = num_params
         self.num_trained = num_trained
         self.total_steps = total_steps
@@ -43,6 +47,9 @@ class Registry:
         return self.plan is not None
 
     def register(self, peer: bytes, reg: Register) -> list[tuple[bytes, Message]]:
+        if not token_matches(reg.token, self._token):  # first: another job's process learns nothing of this one
+            return [(peer, Error(code="bad_token", text="the job token differs from the scheduler's (--token / "
+                                                        "OMNIPS_TOKEN): this process belongs to another job"))]
         if peer in self.by_peer:
             return [(peer, Error(code="duplicate", text="this connection has registered already"))]
         group, want = (self.servers, self.job.num_servers) if reg.role == "server" else \

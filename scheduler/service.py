@@ -7,7 +7,7 @@ moves messages between them and the sockets and writes what happened.
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +44,7 @@ class SchedulerOptions:
     stall_timeout_s: float = 300.0
     server_timeout_s: float = 120.0
     keys: security.Keys | None = None  # CURVE on every connection, clients from the allow-list only
+    token: str = field(default="", repr=False)
 
 
 class JobFailed(RuntimeError):
@@ -59,7 +60,7 @@ class Scheduler:
         self.test_batcher, self.test_size = data.Batcher(test), len(test)
         self.progress = Progress(job, len(train))
         self.registry = Registry(job, self.flat.size, self.flat.num_trained, self.progress.total_steps,
-                                 opts.dead_after_s)
+                                 opts.dead_after_s, opts.token)
         self.evals = EvalBook(job.num_servers)
         self.final: tuple[float, float] | None = None
         self.servers: ServerGroup | None = None
@@ -89,7 +90,8 @@ class Scheduler:
                            budget_epochs=self.progress.budget / self.progress.train_size)
             log.info("job: %s, %d server(s), %d worker(s), %d parameters, run dir %s", self.job.mode,
                      self.job.num_servers, self.job.num_workers, self.flat.size, self.run.path)
-            log.info("connections: %s", security.describe(self.opts.keys))
+            log.info("connections: %s; %s", security.describe(self.opts.keys),
+                     "a job token is required" if self.opts.token else "no job token")
             self._loop()
         except (JobFailed, ServerError, transport.TransportError) as exc:
             return self._finish(f"failed: {exc}")

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     transport.tune_malloc()
     try:
         return serve(args.scheduler, args.host, args.port, args.advertise, args.ack_timeout, args.welcome_timeout,
-                     args.keys)
+                     args.keys, args.token)
     except (LinkError, transport.TransportError, ValueError) as exc:
         logging.getLogger("omnips.server").error("%s", exc)
         return 1

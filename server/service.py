@@ -27,7 +27,7 @@ def advertised_host(host: str, advertise: str | None) -> str:
 
 
 def serve(scheduler: str, host: str, port: int, advertise: str | None,
-          ack_timeout_s: float, welcome_timeout_s: float, keys: security.Keys | None = None) -> int:
+          ack_timeout_s: float, welcome_timeout_s: float, keys: security.Keys | None = None, token: str = "") -> int:
     ctx = zmq.Context()
     gate = security.Gate(ctx, keys) if keys else None  # before binding: it admits the clients
     try:
@@ -36,7 +36,7 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
         endpoint = f"tcp://{advertised_host(host, advertise)}:{bound.rsplit(':', 1)[1]}"
         link = SchedulerLink(ctx, scheduler, keys=keys)
         welcome = link.register(Register(role="server", host=pysocket.gethostname(), endpoint=endpoint,
-                                         pid=os.getpid()), ack_timeout_s, welcome_timeout_s)
+                                         pid=os.getpid(), token=token), ack_timeout_s, welcome_timeout_s)
         job = JobSpec.from_dict(welcome.job)
         cluster = link.cluster_fields(welcome, range=list, dead_after_s=float, num_trained=int, num_params=int)
         lo, hi = cluster["range"]

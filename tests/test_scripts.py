@@ -18,11 +18,12 @@ def test_launch_local_runs_a_job_and_prints_the_summary(tmp_path):
     security.keygen(tmp_path / "keys")
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "launch_local.py"), "--num-workers", "2", "--slowdown", "1", "2",
-         "--run-dir", str(tmp_path / "run"), "--keys", str(tmp_path / "keys"), *SMALL_JOB],
+         "--run-dir", str(tmp_path / "run"), "--keys", str(tmp_path / "keys"), "--token", "t0k3n", *SMALL_JOB],
         capture_output=True, text=True, timeout=150)
     assert out.returncode == 0, out.stderr
-    # --keys reaches every process: a worker without it would not be admitted
-    assert "connections: CURVE, admitting the 1 client key(s)" in (tmp_path / "run" / "logs" / "scheduler.log").read_text()
+    # --keys and --token reach every process: a worker without either would not be admitted
+    log = (tmp_path / "run" / "logs" / "scheduler.log").read_text()
+    assert "connections: CURVE, admitting the 1 client key(s)" in log and "a job token is required" in log
     assert "CURVE" in (tmp_path / "run" / "logs" / "server0.log").read_text()
     assert re.search(r"^status\s+completed$", out.stdout, re.M), out.stdout
     assert re.search(r"^final_batches\s+16 16$", out.stdout, re.M), out.stdout

@@ -1,5 +1,5 @@
-"""Keys, the allow-list and the exposure warning; a keyed job that only key holders can
-reach."""
+"""Keys, the allow-list, the job token and the exposure warning; a keyed job that only
+key holders can reach."""
 
 import logging
 import re
@@ -15,11 +15,14 @@ import torch
 import zmq
 
 from omnips import cli, protocol, security, transport
+from omnips.job import JobSpec
 from omnips.launch import LocalCluster, WorkerSpec
 from omnips.link import LinkError, SchedulerLink
 from omnips.protocol import Init, Pull, Push, Register
 from omnips.security import Gate, Keys, KeysError
+from scheduler.registry import Registry
 from server.__main__ import parse as server_parse
+from worker.__main__ import parse as worker_parse
 
 from helpers import finish, server_endpoint, single_process_model, wait_for_event
 
@@ -115,6 +118,27 @@ def test_binding_a_reachable_address_without_keys_logs_a_loud_warning(tmp_path, 
     assert warnings[0].startswith("listening on tcp://0.0.0.0:")
     assert "anyone who can reach this port can join the job, read the model and change it" in warnings[0]
     assert "omnips keygen DIR" in warnings[0] and "--keys DIR" in warnings[0]
+
+
+# -- the job token ---------------------------------------------------------------------
+def test_the_registry_refuses_another_jobs_token_first_and_never_repeats_it():
+    registry = Registry(JobSpec(num_workers=1), 100, 100, 10, 30.0, token="job-a")
+    for token in ("", "job-b", "job-a ", "jöb-a"):
+        [(peer, reply)] = registry.register(b"p", Register(role="worker", host="h", token=token))
+        assert reply.code == "bad_token" and "job-" not in reply.text and "jöb" not in reply.text
+    assert not registry.by_peer
+    assert isinstance(registry.register(b"p", Register(role="worker", host="h", token="job-a"))[0][1], protocol.Ack)
+    reg = Register(role="worker", host="h", token="job-a")
+    assert "job-a" not in repr(reg)
+    assert protocol.decode(protocol.encode(reg)).token == "job-a"
+    tokenless = Registry(JobSpec(num_workers=1), 100, 100, 10, 30.0)
+    assert tokenless.register(b"p", Register(role="worker", host="h", token="x"))[0][1].code == "bad_token"
+
+
+def test_the_token_comes_from_the_environment_unless_given(monkeypatch):
+    monkeypatch.setenv("OMNIPS_TOKEN", "from-env")
+    assert worker_parse(["--scheduler", "tcp://127.0.0.1:1"]).token == "from-env"
+    assert worker_parse(["--scheduler", "tcp://127.0.0.1:1", "--token", "flag"]).token == "flag"
 
 
 # -- CURVE on the wire -----------------------------------------------------------------
@@ -213,22 +237,25 @@ def _spawn(*argv) -> subprocess.Popen:
 def test_with_keys_only_key_holders_are_heard_and_the_job_is_unaffected(tmp_path):
     """While the cluster forms, impostors knock: at the scheduler (registrations) and at
     the server (init, pull and push of the right size: any of them heard would change or
-    break the job); a server process without keys is started. Then the job runs, one
-    worker on its own machine key, to the model that single-process training reaches."""
+    break the job); a server process without keys and a worker with another job's
+    token are started. Then the job runs, one worker on its own machine key, to the
+    model that single-process training reaches."""
     key_dir = tmp_path / "keys"
     security.keygen(key_dir)
     keys = Keys.load(key_dir, listens=True)
     machine = security.keygen_client(key_dir, "w1")
     reachable = ["--host", "0.0.0.0", "--advertise", "127.0.0.1"]  # the warning is due only without keys
     cluster = LocalCluster(tmp_path / "run", JOB, 1, [WorkerSpec(), WorkerSpec(extra=("--keys", str(machine)))],
-                           server_args=reachable, keys=key_dir)
+                           server_args=reachable, keys=key_dir, env={"OMNIPS_TOKEN": "job-a"})
     ctx, impostors = zmq.Context(), {}
     try:
         cluster.start_scheduler()
         cluster.start_servers()
-        impostors = {"no keys": _spawn("server", "--scheduler", cluster.endpoint, *reachable)}
+        impostors = {"no keys": _spawn("server", "--scheduler", cluster.endpoint, *reachable),
+                     "wrong token": _spawn("worker", "--scheduler", cluster.endpoint, "--keys", str(key_dir),
+                                           "--token", "job-b")}
         n = wait_for_event(cluster.run_dir, lambda e: e["event"] == "start")["num_params"]
-        joins = [Register(role=role, host="impostor", endpoint="tcp://127.0.0.1:1")
+        joins = [Register(role=role, host="impostor", endpoint="tcp://127.0.0.1:1", token="job-a")
                  for role in ("server", "worker")]
         assert _who_is_heard(ctx, cluster.endpoint, keys, joins) == {
             "allowed key": True, "no key": False, "unknown key": False}
@@ -241,7 +268,8 @@ def test_with_keys_only_key_holders_are_heard_and_the_job_is_unaffected(tmp_path
         assert f"cannot join the scheduler at {cluster.endpoint}: " in errors["no keys"]
         assert "start this process with --keys too" in errors["no keys"]
         assert "anyone who can reach this port" in errors["no keys"]
-        assert not any("Traceback" in e for e in errors.values())
+        assert "scheduler refused us: bad_token: the job token differs" in errors["wrong token"]
+        assert "job-b" not in errors["wrong token"] and not any("Traceback" in e for e in errors.values())
         cluster.start_workers()
         run = finish(cluster)
     finally:
@@ -255,6 +283,8 @@ def test_with_keys_only_key_holders_are_heard_and_the_job_is_unaffected(tmp_path
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5)
     logs = {p.stem: p.read_text() for p in (run.dir / "logs").glob("*.log")}
+    assert "job-a" not in "".join(logs.values())  # the token is never logged
     for name in ("scheduler", "server0"):
         assert "not in the allow-list" in logs[name]
+    assert "refused a registration: the job token differs" in logs["scheduler"]
     assert "anyone who can reach this port" not in logs["server0"]

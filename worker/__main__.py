@@ -56,7 +56,7 @@ def parse(argv) -> WorkerOptions:
     logs.setup("worker", args.log_level)
     return WorkerOptions(args.scheduler, args.device, args.threads, args.capacity, args.rank, args.max_batch,
                          args.memory_limit, args.fault_oom_above, emulation,
-                         args.ack_timeout, args.welcome_timeout, args.server_timeout, args.keys)
+                         args.ack_timeout, args.welcome_timeout, args.server_timeout, args.keys, args.token)
 
 
 def main(argv=None) -> int:

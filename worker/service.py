@@ -4,7 +4,7 @@ import logging
 import os
 import socket as pysocket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import zmq
@@ -43,6 +43,7 @@ class WorkerOptions:
     welcome_timeout_s: float = 300.0
     server_timeout_s: float = 120.0
     keys: security.Keys | None = None
+    token: str = field(default="", repr=False)
 
 
 def run(opts: WorkerOptions) -> int:
@@ -55,7 +56,7 @@ def run(opts: WorkerOptions) -> int:
         welcome = link.register(
             Register(role="worker", host=pysocket.gethostname(), capacity=opts.capacity, device=str(device),
                      threads=torch.get_num_threads(), pid=os.getpid(), rank=opts.rank,
-                     memory_limit=opts.memory_limit),
+                     memory_limit=opts.memory_limit, token=opts.token),
             opts.ack_timeout_s, opts.welcome_timeout_s)
         cluster = link.cluster_fields(welcome, servers=list, ranges=list, num_params=int, total_steps=int,
                                       plan=dict, dead_after_s=float)
