@@ -10,6 +10,8 @@ One invocation measures, for one float32 vector of --params values (default 11 M
   as processes; this process registers as the only worker, initialises and pulls the
   shards, then times `ServerGroup.push_pull` (push every shard's gradient, receive
   every updated shard into the flat parameter buffer), as worker/service.py does.
+* omnips with CURVE: each of those configurations again, right after it, with every
+  process on --keys (encrypted and authenticated connections), for the on/off ratio.
 
 Raw and omnips round trips are interleaved (alternating order) while a cluster is up,
 so each ratio compares figures taken in the same seconds on this noisy machine.
@@ -179,22 +181,28 @@ def model_size(model_args: dict, dataset_args: dict) -> int:
 
 def run_cluster(mode: str, num_servers: int, model_args: dict, dataset_args: dict, warmup: int, repeats: int,
                 params: np.ndarray, grads: np.ndarray, raw: RawPeer, run_root: Path, host: str,
-                server_threads: int) -> dict:
+                server_threads: int, key_dir: Path | None) -> dict:
+    """One configuration; with `key_dir` every process (this one too) uses CURVE."""
     from omnips.launch import LocalCluster
     from omnips.link import SchedulerLink
     from omnips.protocol import Register, Report, Shutdown
+    from omnips.security import Keys
     from omnips.servers import ServerGroup
 
     steps = warmup + repeats
-    name = f"{mode}-{num_servers}s"
+    name = f"{mode}-{num_servers}s" + ("-curve" if key_dir else "")
     run_dir = run_root / name
     # ASP: a sample budget far beyond the run, so the scheduler never asks to stop.
     # BSP: exactly `steps` steps of global batch 1; the final evaluation is at version `steps`.
     max_steps = steps if mode == "bsp" else 10 ** 9
+    keys = Keys.load(key_dir, listens=False) if key_dir else None
+    key_args = ["--keys", str(key_dir)] if key_dir else []
     cluster = LocalCluster(run_dir, [], num_servers, [])
     ctx = zmq.Context()
-    result = {"config": f"omnips {mode.upper()}, {num_servers} server{'s' if num_servers > 1 else ''}",
-              "mode": mode, "servers": num_servers, "logs": str(run_dir / "logs")}
+    result = {"config": f"omnips {mode.upper()}, {num_servers} server{'s' if num_servers > 1 else ''}"
+                        + (", CURVE" if key_dir else ""),
+              "plain": f"omnips {mode.upper()}, {num_servers} server{'s' if num_servers > 1 else ''}",
+              "curve": key_dir is not None, "mode": mode, "servers": num_servers, "logs": str(run_dir / "logs")}
     try:
         # LocalCluster.start always starts its own workers; start the scheduler and the
         # servers through its _spawn (which applies MALLOC_ENV) and be the worker here.
@@ -202,26 +210,26 @@ def run_cluster(mode: str, num_servers: int, model_args: dict, dataset_args: dic
             "--mode", mode, "--model", "mlp", "--model-args", json.dumps(model_args),
             "--dataset", "synthetic", "--dataset-args", json.dumps(dataset_args),
             "--global-batch", "1", "--max-steps", str(max_steps), "--num-servers", str(num_servers),
-            "--num-workers", "1", "--host", host, "--port", "0", "--run-dir", str(run_dir)],
+            "--num-workers", "1", "--host", host, "--port", "0", "--run-dir", str(run_dir), *key_args],
             stdout=subprocess.PIPE)
         cluster.endpoint = cluster._read_endpoint(sched, 60.0)
         for s in range(num_servers):
             cluster._spawn(f"server{s}", "server", ["--scheduler", cluster.endpoint, "--host", host,
-                                                    "--threads", str(server_threads)])
+                                                    "--threads", str(server_threads), *key_args])
 
         def check_children():  # called while waiting for servers: fail fast if one died
             dead = {name: code for name, code in cluster.exit_codes().items() if code is not None}
             if dead:
                 raise RuntimeError(f"cluster process(es) exited early: {dead}")
 
-        link = SchedulerLink(ctx, cluster.endpoint)
+        link = SchedulerLink(ctx, cluster.endpoint, keys=keys)
         welcome = link.register(Register(role="worker", host=pysocket.gethostname(), capacity=1.0, device="cpu",
                                          threads=1, pid=os.getpid()), ack_timeout_s=10.0, welcome_timeout_s=60.0)
         info = welcome.cluster
         link.dead_after_s = info["dead_after_s"]
         if info["num_params"] != params.size:
             raise RuntimeError(f"the scheduler's model has {info['num_params']} values, expected {params.size}")
-        group = ServerGroup(ctx, info["servers"], info["ranges"], REPLY_TIMEOUT_S, on_wait=check_children)
+        group = ServerGroup(ctx, info["servers"], info["ranges"], REPLY_TIMEOUT_S, on_wait=check_children, keys=keys)
 
         copy_s = [0.0]  # time in ServerGroup.accept: the np.copyto of each reply into `params`
         accept = group.accept
@@ -355,8 +363,8 @@ def summarize(results: list[dict]) -> list[dict]:
     for r in results:
         om, raw = statistics.median(r["omni"]), statistics.median(r["raw"])
         rows.append({
-            "config": r["config"], "median": om, "p10": float(np.percentile(r["omni"], 10)),
-            "p90": float(np.percentile(r["omni"], 90)), "raw": raw, "ratio": om / raw,
+            "config": r["config"], "plain": r["plain"], "curve": r["curve"], "median": om,
+            "p10": float(np.percentile(r["omni"], 10)), "p90": float(np.percentile(r["omni"], 90)), "raw": raw, "ratio": om / raw,
             "copy": statistics.median(r["copy"]),
             # per-pair ratio: each omnips round trip over the raw one taken next to it
             "pair_ratio": statistics.median(o / w for o, w in zip(r["omni"], r["raw"])),
@@ -364,6 +372,24 @@ def summarize(results: list[dict]) -> list[dict]:
             "min_ratio": min(r["omni"]) / min(r["raw"]),
         })
     return rows
+
+
+def curve_section(rows: list[dict], nbytes: int) -> list[str]:
+    """CURVE on vs off for each configuration measured both ways (each run right after the other)."""
+    plain = {r["config"]: r for r in rows if not r["curve"]}
+    pairs = [(plain[r["plain"]], r) for r in rows if r["curve"] and r["plain"] in plain]
+    if not pairs:
+        return []
+    lines = ["", "## CURVE on vs off (every process on --keys: encrypted, authenticated connections)", "",
+             "| configuration | off ms | on ms | on / off | on / off, each over its raw | off GB/s | on GB/s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for off, on in pairs:
+        lines.append(f"| {off['config']} | {ms(off['median'])} | {ms(on['median'])} "
+                     f"| {on['median'] / off['median']:.2f}x | {on['ratio'] / off['ratio']:.2f}x | {2 * nbytes / off['median'] / 1e9:.2f} "
+                     f"| {2 * nbytes / on['median'] / 1e9:.2f} |")
+    lines += ["", "GB/s: bytes pushed plus bytes pulled per second of round trip. The second ratio divides each "
+              "configuration by the raw round trips interleaved with it, cancelling drift between the two runs."]
+    return lines
 
 
 def render(rows, all_raw, piece_times, args, n, total_s) -> str:
@@ -383,9 +409,11 @@ def render(rows, all_raw, piece_times, args, n, total_s) -> str:
         "(ServerGroup.push_pull: push gradients, server checks + SGD-momentum step, reply copied into params), "
         f"servers with --threads {args.server_threads}; "
         "raw round trips interleaved with omnips ones while each cluster runs",
+        *(["- CURVE: each configuration again right after it, every process (this one too) on --keys"]
+          if any(r["curve"] for r in rows) else []),
         f"- raw median over all configurations: {ms(statistics.median(all_raw))} ms "
         f"({nbytes * 2 / statistics.median(all_raw) / 1e9:.2f} GB/s both ways)",
-        f"- target: omnips / raw <= {TARGET_RATIO} (judged on the median ratio)",
+        f"- target: omnips / raw <= {TARGET_RATIO} (judged on the median ratio; plain TCP, not CURVE)",
         f"- load average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())} "
         "(other processes on these cores inflate omnips, which computes, more than raw)",
         "",
@@ -396,7 +424,8 @@ def render(rows, all_raw, piece_times, args, n, total_s) -> str:
     for r in rows:
         lines.append(f"| {r['config']} | {ms(r['median'])} | {ms(r['p10'])} | {ms(r['p90'])} | {ms(r['raw'])} "
                      f"| {r['ratio']:.2f}x | {r['pair_ratio']:.2f}x | {r['min_ratio']:.2f}x | {ms(r['copy'])} "
-                     f"| {'yes' if r['ratio'] <= TARGET_RATIO else 'no'} |")
+                     f"| {'-' if r['curve'] else 'yes' if r['ratio'] <= TARGET_RATIO else 'no'} |")
+    lines += curve_section(rows, nbytes)
     lines += ["", "## Where the time goes (in-process pieces, medians, run after the clusters)", "",
               "| piece | ms |", "|---|---:|"]
     for name, t in piece_times.items():
@@ -406,7 +435,7 @@ def render(rows, all_raw, piece_times, args, n, total_s) -> str:
     for mode in ("ASP", "BSP"):
         handle = piece_times[f"server: ShardCore.handle(Push), {mode} (check + update)"]
         est = raw_med + copy + handle
-        measured = [r["median"] for r in rows if r["config"].startswith(f"omnips {mode}, 1 ")]
+        measured = [r["median"] for r in rows if r["config"] == f"omnips {mode}, 1 server"]
         tail = f"; measured {ms(measured[0])} ms" if measured else ""
         lines.append("")
         lines.append(f"{mode} 1 server, sum of the pieces if nothing overlapped: raw {ms(raw_med)} + reply copy "
@@ -424,6 +453,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed round trips first")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--no-bsp", action="store_true", help="skip the BSP 1-server configuration")
+    p.add_argument("--no-curve", action="store_true", help="skip the CURVE (--keys) twin of each configuration")
     p.add_argument("--server-threads", type=int, default=1, help="torch threads per server (server --threads)")
     p.add_argument("--out", default=str(HERE / "results" / "pushpull.md"))
     p.add_argument("--keep-runs", action="store_true", help="keep the clusters' run directories and logs")
@@ -434,6 +464,7 @@ def main(argv=None) -> int:
     if args.repeats < 1 or args.warmup < 0 or args.params < 1000:
         p.error("need --repeats >= 1, --warmup >= 0, --params >= 1000")
 
+    from omnips import security
     from omnips.flat import aligned_zeros
 
     t_start = time.monotonic()
@@ -447,17 +478,20 @@ def main(argv=None) -> int:
     grads = aligned_zeros(n)
     grads.fill(1e-4)
 
-    configs = [("asp", 1), ("asp", 2)] + ([] if args.no_bsp else [("bsp", 1)])
     run_root = Path(tempfile.mkdtemp(prefix="omnips-pushpull-"))
+    key_dir = run_root / "keys"
+    security.keygen(key_dir)
+    configs = [(mode, servers, k) for mode, servers in [("asp", 1), ("asp", 2)] + ([] if args.no_bsp else [("bsp", 1)])
+               for k in [None] + ([] if args.no_curve else [key_dir])]
     results = []
     raw = RawPeer(n, args.host)
     ok = False
     try:
         for _ in range(args.warmup):
             raw.round_trip()
-        for mode, servers in configs:
+        for mode, servers, keys in configs:
             r = run_cluster(mode, servers, model_args, dataset_args, args.warmup, args.repeats, params, grads,
-                            raw, run_root, args.host, args.server_threads)
+                            raw, run_root, args.host, args.server_threads, keys)
             print(f"  {r['config']}: median {ms(statistics.median(r['omni']))} ms, raw alongside "
                   f"{ms(statistics.median(r['raw']))} ms", flush=True)
             results.append(r)

@@ -1,5 +1,5 @@
 """The user's command: `omnips launch` starts a whole local cluster and shows its progress;
-`omnips plot RUN_DIR` draws a run."""
+`omnips plot RUN_DIR` draws a run; `omnips keygen DIR` makes the keys for --keys."""
 
 import argparse
 import json
@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import security
+from .flags import add_security
 from .launch import LaunchError, LocalCluster, WorkerSpec
 from .plot import PlotError, plot_run
 
@@ -39,6 +41,7 @@ def launch_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds before the job is stopped")
     p.add_argument("--no-progress", action="store_true", help="print no progress line")
     p.add_argument("--no-plots", action="store_true", help="do not draw RUN_DIR/plots at the end")
+    add_security(p, listens=True)  # for every process
     return p
 
 
@@ -86,7 +89,8 @@ def launch(argv) -> int:
     run_dir = Path(args.resume or args.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
     if not args.resume and (run_dir / "metrics.jsonl").exists():
         parser.error(f"run directory {run_dir} already holds a run: choose another --run-dir")
-    cluster = LocalCluster(run_dir, scheduler_args, args.num_servers, workers)
+    cluster = LocalCluster(run_dir, scheduler_args, args.num_servers, workers, env={"OMNIPS_TOKEN": args.token},
+                           keys=args.keys.path if args.keys else None)
     try:
         cluster.start()
         show = Progress(run_dir, enabled=not args.no_progress)
@@ -205,11 +209,34 @@ def plot(argv) -> int:
     return 0
 
 
+def keygen(argv) -> int:
+    p = argparse.ArgumentParser(prog="omnips keygen", description="Make the CURVE keys for --keys: a server pair, "
+                                "a client pair and the allow-list DIR/authorized/. With --client NAME, add a key "
+                                "for one machine instead: DIR/clients/NAME (copy it there and use it as --keys) "
+                                "and its public key in DIR/authorized/NAME.key (delete it to shut that machine out).")
+    p.add_argument("dir")
+    p.add_argument("--client", metavar="NAME", help="add a client key for one machine to the keys in DIR")
+    args = p.parse_args(argv)
+    try:
+        if args.client:
+            print(f"client keys for {args.client} in {security.keygen_client(args.dir, args.client)}; "
+                  f"its public key is allowed in {Path(args.dir) / 'authorized'}")
+        else:
+            security.keygen(args.dir)
+            print(f"keys in {args.dir}: start every process with --keys {args.dir} (keep it private: it holds "
+                  "secret keys)")
+    except security.KeysError as exc:
+        print(f"omnips keygen: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"launch": launch, "plot": plot}
+    commands = {"launch": launch, "plot": plot, "keygen": keygen}
     if not argv or argv[0] not in commands:
-        print("usage: omnips launch [options] | omnips plot RUN_DIR   (--help for each)", file=sys.stderr)
+        print("usage: omnips launch [options] | omnips plot RUN_DIR | omnips keygen DIR   (--help for each)",
+              file=sys.stderr)
         return 2
     return commands[argv[0]](argv[1:])
 

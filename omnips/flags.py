@@ -1,6 +1,9 @@
 """Command-line value types shared by the roles' parsers."""
 
 import argparse
+import os
+
+from .security import Keys, KeysError
 
 
 def seconds(text: str) -> float:
@@ -28,3 +31,19 @@ def size(text: str) -> int:
     if not 1 <= value < 2**60:
         raise argparse.ArgumentTypeError(f"{text!r}: a size must be from 1 byte to 1 EiB")
     return int(value)
+
+
+def add_security(p: argparse.ArgumentParser, listens: bool) -> None:
+    """--keys and --token, the same on every role; `listens`: the role binds a port."""
+    def keys(text: str) -> Keys:
+        try:
+            return Keys.load(text, listens)
+        except KeysError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    p.add_argument("--keys", type=keys, default=None, metavar="DIR",
+                   help="CURVE-encrypt and authenticate every connection with the keys in DIR "
+                        "(made by 'omnips keygen DIR'); default: plain TCP")
+    p.add_argument("--token", default=os.environ.get("OMNIPS_TOKEN", ""),
+                   help="job token: the scheduler refuses processes whose token differs "
+                        "(default: $OMNIPS_TOKEN, which unlike this flag no other user sees in ps)")

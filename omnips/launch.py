@@ -80,7 +80,8 @@ class LocalCluster:
     num_servers: int
     workers: list[WorkerSpec]
     server_args: list[str] = field(default_factory=list)
-    env: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)  # e.g. OMNIPS_TOKEN, which unlike a flag stays out of ps
+    keys: Path | None = None  # --keys for every process (a worker's own --keys in its extra wins)
     ranks: int | None = None  # worker ranks (--num-workers); default: one per worker started now
     procs: dict = field(default_factory=dict)  # name -> Popen
     endpoint: str | None = None
@@ -99,23 +100,36 @@ class LocalCluster:
         return proc
 
     def start(self, timeout_s: float = 60.0) -> "LocalCluster":
+        self.start_scheduler(timeout_s)
+        self.start_servers()
+        self.start_workers()
+        return self
+
+    # start() in three stages, so that a test can act while the cluster is incomplete
+    def start_scheduler(self, timeout_s: float = 60.0) -> None:
         sched = self._spawn("scheduler", "scheduler", [
-            *self.scheduler_args, "--num-servers", str(self.num_servers),
+            *self.scheduler_args, *self._keys(), "--num-servers", str(self.num_servers),
             "--num-workers", str(self.ranks or len(self.workers)), "--port", "0", "--run-dir", str(self.run_dir)],
             stdout=subprocess.PIPE)
         self.endpoint = self._read_endpoint(sched, timeout_s)
         threading.Thread(target=_drain, args=(sched.stdout, self.run_dir / "logs" / "scheduler.out"),
                          daemon=True).start()
+
+    def start_servers(self) -> None:
         for s in range(self.num_servers):
-            self._spawn(f"server{s}", "server", ["--scheduler", self.endpoint, *self.server_args])
+            self._spawn(f"server{s}", "server", ["--scheduler", self.endpoint, *self._keys(), *self.server_args])
+
+    def start_workers(self) -> None:
         for i, w in enumerate(self.workers):
             self.add_worker(w, i)
-        return self
+
+    def _keys(self) -> list[str]:
+        return ["--keys", str(self.keys)] if self.keys is not None else []
 
     def add_worker(self, spec: WorkerSpec, rank: int, name: str | None = None) -> str:
         """Start a worker asking for `rank` (also into a running job, where the rank is vacant)."""
         name = name or f"worker{rank}"
-        self._spawn(name, "worker", ["--scheduler", self.endpoint, "--rank", str(rank), *spec.args()])
+        self._spawn(name, "worker", ["--scheduler", self.endpoint, "--rank", str(rank), *self._keys(), *spec.args()])
         return name
 
     def _read_endpoint(self, proc: subprocess.Popen, timeout_s: float) -> str:

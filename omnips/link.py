@@ -2,7 +2,8 @@
 
 Registration is two-phase so that a wrong address fails fast: the scheduler
 acknowledges a `register` at once (a missing ack within `ack_timeout_s` means
-nobody is listening there), then sends `welcome` when the whole cluster is in.
+nobody is listening there; a listener that refuses the connection itself, for want
+of the right keys, is reported at once), then sends `welcome` when the whole cluster is in.
 While waiting, and all through the job, the scheduler's heartbeats prove it
 alive; silence for `dead_after_s` ends the process with a clear error. Ours go the
 other way every `heartbeat_s`: a worker silent for long leaves the job.
@@ -12,8 +13,9 @@ import logging
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-from . import protocol, transport
+from . import protocol, security, transport
 from .protocol import Ack, Error, Heartbeat, ProtocolError, Register, Shutdown, Welcome
 
 log = logging.getLogger(__name__)
@@ -24,20 +26,29 @@ class LinkError(RuntimeError):
 
 
 class SchedulerLink:
-    def __init__(self, ctx: zmq.Context, endpoint: str, dead_after_s: float = 30.0, clock=time.monotonic):
+    def __init__(self, ctx: zmq.Context, endpoint: str, dead_after_s: float = 30.0, clock=time.monotonic,
+                 keys: security.Keys | None = None):
         self.endpoint = endpoint
         self.dead_after_s = dead_after_s
         self.heartbeat_s = 1.0
         self.clock = clock
         self._beat_at = clock()
+        self.keys = keys
         self.sock = transport.socket(ctx, zmq.DEALER)
         self.sock.setsockopt(zmq.SNDHWM, 100_000)  # reports are small; never block a training step
-        transport.connect(self.sock, endpoint)
+        # watched from before the connection until registration: a refused handshake is not retried
+        self._handshakes = self.sock.get_monitor_socket(security.HANDSHAKE_FAILED)
+        transport.connect(self.sock, endpoint, keys)
         self.last_heard = clock()
 
     def register(self, reg: Register, ack_timeout_s: float, welcome_timeout_s: float) -> Welcome:
-        transport.send(self.sock, reg)
-        if not isinstance(self._next(ack_timeout_s, "acknowledge the registration"), Ack):
+        try:
+            transport.send(self.sock, reg)
+            ack = self._next(ack_timeout_s, "acknowledge the registration", self._handshakes)
+        finally:
+            self.sock.disable_monitor()
+            self._handshakes.close()
+        if not isinstance(ack, Ack):
             raise LinkError(f"scheduler at {self.endpoint} answered the registration out of turn")
         msg = self._next(welcome_timeout_s, "complete the cluster (are all servers and workers started?)")
         if not isinstance(msg, Welcome):
@@ -52,14 +63,24 @@ class SchedulerLink:
                 raise LinkError(f"malformed welcome from the scheduler: {key!r} is not {tp.__name__}")
         return welcome.cluster
 
-    def _next(self, timeout_s: float, what: str) -> protocol.Message:
-        """The next message that is not a heartbeat, or LinkError after `timeout_s`."""
+    def _next(self, timeout_s: float, what: str, handshakes: zmq.Socket | None = None) -> protocol.Message:
+        """The next message that is not a heartbeat, or LinkError after `timeout_s` or
+        when `handshakes` (a monitor of the socket) reports a refused connection."""
         deadline = self.clock() + timeout_s
+        poller = zmq.Poller()
+        for sock in (self.sock, handshakes):
+            if sock is not None:
+                poller.register(sock, zmq.POLLIN)
         while True:
             left = deadline - self.clock()
             if left <= 0:
                 raise LinkError(f"scheduler at {self.endpoint} did not {what} within {timeout_s:g} s")
-            if not transport.wait_readable(self.sock, min(left, 1.0)):
+            events = dict(poller.poll(int(min(left, 1.0) * 1000)))
+            if handshakes in events:
+                event = recv_monitor_message(handshakes)
+                raise LinkError(f"cannot join the scheduler at {self.endpoint}: "
+                                f"{security.handshake_failure(event['event'], event['value'], self.keys)}")
+            if self.sock not in events:
                 self.check_alive()  # the scheduler heartbeats registered processes while they wait
                 continue
             msg = self.receive()

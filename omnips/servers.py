@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from . import protocol, transport
+from . import protocol, security, transport
 from .protocol import Ack, Error, Init, Params, ProtocolError, Pull, Push
 
 
@@ -38,7 +38,7 @@ class Exchange:
 
 class ServerGroup:
     def __init__(self, ctx: zmq.Context, endpoints: list[str], ranges: list, timeout_s: float,
-                 on_wait=None, tick_s: float = 1.0):
+                 on_wait=None, tick_s: float = 1.0, keys: security.Keys | None = None):
         """`on_wait()` is called about every `tick_s` while a call waits for servers (a
         worker checks on the scheduler there); it may raise to abandon the wait."""
         if len(endpoints) != len(ranges):
@@ -49,7 +49,7 @@ class ServerGroup:
         self.socks = []
         for ep in self.endpoints:
             sock = transport.socket(ctx, zmq.DEALER)
-            transport.connect(sock, ep)
+            transport.connect(sock, ep, keys)
             self.socks.append(sock)
         self.versions = [0] * len(self.socks)
         self._poller = zmq.Poller()

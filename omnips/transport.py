@@ -11,7 +11,7 @@ import logging
 
 import zmq
 
-from . import protocol
+from . import protocol, security
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +50,28 @@ def socket(ctx: zmq.Context, kind: int, identity: bytes | None = None) -> zmq.So
     return sock
 
 
-def bind(sock: zmq.Socket, host: str, port: int) -> str:
-    """Bind to host:port (0 = any free port) and return the endpoint peers should use."""
+def bind(sock: zmq.Socket, host: str, port: int, keys: security.Keys | None = None) -> str:
+    """Bind to host:port (0 = any free port) and return the endpoint peers should use.
+    With `keys` the socket is a CURVE server (its process must run a security.Gate);
+    without, a warning is logged when the address is reachable from other machines."""
+    if keys is not None:
+        keys.listen(sock)
     try:
         sock.bind(f"tcp://{host}:{port if port else '*'}")
     except zmq.ZMQError as exc:
         if exc.errno == zmq.EADDRINUSE:
             raise TransportError(f"cannot bind {host}:{port}: the port is in use") from None
         raise TransportError(f"cannot bind {host}:{port}: {exc}") from None
-    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    if keys is None and security.exposed(endpoint.removeprefix("tcp://").rsplit(":", 1)[0]):
+        log.warning(security.EXPOSED_WARNING, endpoint)
+    return endpoint
 
 
-def connect(sock: zmq.Socket, endpoint: str) -> None:
+def connect(sock: zmq.Socket, endpoint: str, keys: security.Keys | None = None) -> None:
+    """Connect to `endpoint`; with `keys` as a CURVE client of the job's listeners."""
+    if keys is not None:
+        keys.connect(sock)
     try:
         sock.connect(endpoint)
     except zmq.ZMQError as exc:

@@ -9,6 +9,8 @@ range); workers once every server and --min-workers workers are in (they need
 every server's address). Later a worker takes a vacant rank: one never filled, or
 one whose worker was lost. A resumed job's welcomes name the checkpoint servers
 restore their shard from and the step and sample position workers continue at.
+A registration whose job token differs from the scheduler's is refused before
+anything else.
 """
 
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from omnips.batching import BatchPlan, initial_batches, spread
 from omnips.checkpoint import Manifest
 from omnips.job import JobSpec
 from omnips.protocol import Ack, Error, Message, Register, Welcome
+from omnips.security import token_matches
 from omnips.sharding import shard_ranges
 
 
@@ -30,9 +33,11 @@ class Member:
 
 class Registry:
     def __init__(self, job: JobSpec, num_params: int, num_trained: int, total_steps: int, dead_after_s: float,
-                 heartbeat_s: float = 1.0, checkpoint_dir: str = "", resume: Manifest | None = None):
+                 heartbeat_s: float = 1.0, checkpoint_dir: str = "", resume: Manifest | None = None,
+                 token: str = ""):
         self.job = job
         self.checkpoint_dir, self.resume = checkpoint_dir, resume
+        self._token = token
         self.num_params = num_params
         self.num_trained = num_trained
         self.total_steps = total_steps
@@ -55,6 +60,9 @@ class Registry:
         return [r for r in range(self.job.num_workers) if r not in self.workers]
 
     def register(self, peer: bytes, reg: Register) -> list[tuple[bytes, Message]]:
+        if not token_matches(reg.token, self._token):  # first: another job's process learns nothing of this one
+            return [(peer, Error(code="bad_token", text="the job token differs from the scheduler's (--token / "
+                                                        "OMNIPS_TOKEN): this process belongs to another job"))]
         if peer in self.by_peer:
             return [(peer, Error(code="duplicate", text="this connection has registered already"))]
         if reg.role == "worker" and self.complete:

@@ -7,14 +7,14 @@ moves messages between them and the sockets and writes what happened.
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import zmq
 
-from omnips import data, models, protocol, transport
+from omnips import data, models, protocol, security, transport
 from omnips.batching import BatchPlan, memory_batch
 from omnips.checkpoint import Manifest, discard_after
 from omnips.flat import FlatModel
@@ -49,6 +49,8 @@ class SchedulerOptions:
     stall_timeout_s: float = 300.0
     server_timeout_s: float = 120.0
     checkpoint_every: int = 0  # steps (BSP) or reported updates (ASP/SSP) between checkpoints; 0: none
+    keys: security.Keys | None = None  # CURVE on every connection, clients from the allow-list only
+    token: str = field(default="", repr=False)
 
 
 class JobFailed(RuntimeError):
@@ -69,7 +71,7 @@ class Scheduler:
             self.progress.resume(resume.worker_steps, resume.positions)
         checkpoints = Path(opts.run_dir).resolve() / "checkpoints"  # absolute: servers elsewhere write there
         self.registry = Registry(job, self.flat.size, self.flat.num_trained, self.progress.total_steps,
-                                 opts.dead_after_s, opts.heartbeat_s, str(checkpoints), resume)
+                                 opts.dead_after_s, opts.heartbeat_s, str(checkpoints), resume, opts.token)
         self.checkpoints = CheckpointBook(checkpoints, job, self.registry.ranges, opts.checkpoint_every,
                                           resume.step if resume else 0) if opts.checkpoint_every else None
         self._checkpoint_steps: list[int] = []
@@ -93,6 +95,7 @@ class Scheduler:
             for path in discard_after(checkpoints, resume.step):
                 log.info("removed %s, newer than the checkpoint resumed from", path)
         self.ctx = zmq.Context()
+        self.gate = security.Gate(self.ctx, opts.keys) if opts.keys else None
         self.router = transport.socket(self.ctx, zmq.ROUTER)
         self.router.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_HEADER_BYTES)  # the scheduler takes headers only
         self.poller = zmq.Poller()
@@ -101,7 +104,7 @@ class Scheduler:
     # -- lifecycle ----------------------------------------------------------------
     def serve(self) -> int:
         try:
-            endpoint = transport.bind(self.router, self.opts.host, self.opts.port)
+            endpoint = transport.bind(self.router, self.opts.host, self.opts.port, self.opts.keys)
             self.announce(f"omnips scheduler listening on {endpoint}", flush=True)
             if self.resume is not None:
                 self.run.event("resume", step=self.resume.step, checkpoint=str(self.resume.path))
@@ -112,6 +115,8 @@ class Scheduler:
                            budget_epochs=self.progress.budget / self.progress.train_size)
             log.info("job: %s, %d server(s), %d worker(s), %d parameters, run dir %s", self.job.mode,
                      self.job.num_servers, self.job.num_workers, self.flat.size, self.run.path)
+            log.info("connections: %s; %s", security.describe(self.opts.keys),
+                     "a job token is required" if self.opts.token else "no job token")
             self._loop()
         except (JobFailed, ServerError, transport.TransportError) as exc:
             return self._finish(f"failed: {exc}")
@@ -127,6 +132,8 @@ class Scheduler:
         self.run.event("end", status=status)
         self.run.write_summary(self._summary(status))
         self.run.close()
+        if self.gate is not None:
+            self.gate.stop()
         self.ctx.destroy(linger=transport.LINGER_MS)
         return 0 if ok else 1
 
@@ -289,7 +296,7 @@ class Scheduler:
 
     def _connect_servers(self) -> None:
         self.servers = ServerGroup(self.ctx, [m.info.endpoint for m in self.registry.servers],
-                                   self.registry.ranges, self.opts.server_timeout_s)
+                                   self.registry.ranges, self.opts.server_timeout_s, keys=self.opts.keys)
         for sock in self.servers.socks:
             self.poller.register(sock, zmq.POLLIN)
         if self.job.mode == "bsp":

@@ -5,7 +5,7 @@ import logging
 import sys
 
 from omnips import logs, transport
-from omnips.flags import seconds
+from omnips.flags import add_security, seconds
 from omnips.link import LinkError
 
 from .service import serve
@@ -22,6 +22,7 @@ def parse(argv):
                         "second thread competes with ZeroMQ's I/O thread and with workers on the same host)")
     p.add_argument("--ack-timeout", type=seconds, default=10.0, help="seconds to wait for the scheduler to answer")
     p.add_argument("--welcome-timeout", type=seconds, default=300.0, help="seconds to wait for the cluster to form")
+    add_security(p, listens=True)
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     if args.threads < 1:
@@ -37,7 +38,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     transport.tune_malloc()
     try:
-        return serve(args.scheduler, args.host, args.port, args.advertise, args.ack_timeout, args.welcome_timeout)
+        return serve(args.scheduler, args.host, args.port, args.advertise, args.ack_timeout, args.welcome_timeout,
+                     args.keys, args.token)
     except (LinkError, transport.TransportError, ValueError) as exc:
         logging.getLogger("omnips.server").error("%s", exc)
         return 1

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import zmq
 
-from omnips import protocol, transport
+from omnips import protocol, security, transport
 from omnips.job import JobSpec
 from omnips.link import SchedulerLink
 from omnips.protocol import Init, Params, Plan, ProtocolError, Push, Register, Shutdown
@@ -30,15 +30,16 @@ def advertised_host(host: str, advertise: str | None) -> str:
 
 
 def serve(scheduler: str, host: str, port: int, advertise: str | None,
-          ack_timeout_s: float, welcome_timeout_s: float) -> int:
+          ack_timeout_s: float, welcome_timeout_s: float, keys: security.Keys | None = None, token: str = "") -> int:
     ctx = zmq.Context()
-    router = transport.socket(ctx, zmq.ROUTER)
+    gate = security.Gate(ctx, keys) if keys else None  # before binding: it admits the clients
     try:
-        bound = transport.bind(router, host, port)
+        router = transport.socket(ctx, zmq.ROUTER)
+        bound = transport.bind(router, host, port, keys)
         endpoint = f"tcp://{advertised_host(host, advertise)}:{bound.rsplit(':', 1)[1]}"
-        link = SchedulerLink(ctx, scheduler)
+        link = SchedulerLink(ctx, scheduler, keys=keys)
         welcome = link.register(Register(role="server", host=pysocket.gethostname(), endpoint=endpoint,
-                                         pid=os.getpid()), ack_timeout_s, welcome_timeout_s)
+                                         pid=os.getpid(), token=token), ack_timeout_s, welcome_timeout_s)
         job = JobSpec.from_dict(welcome.job)
         cluster = link.cluster_fields(welcome, range=list, dead_after_s=float, heartbeat_s=float, num_trained=int,
                                       num_params=int, checkpoint_dir=str, restore=str)
@@ -51,10 +52,12 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
         writer = checkpointer.ShardWriter(Path(cluster["checkpoint_dir"]), welcome.rank, lo, hi)
         # the largest message a worker sends is a push of this shard: refuse anything bigger
         router.setsockopt(zmq.MAXMSGSIZE, (hi - lo) * 4 + protocol.MAX_HEADER_BYTES)
-        log.info("server %d serves [%d, %d) of %d values on %s (%s)", welcome.rank, lo, hi,
-                 cluster["num_params"], endpoint, job.mode)
+        log.info("server %d serves [%d, %d) of %d values on %s (%s; %s)", welcome.rank, lo, hi,
+                 cluster["num_params"], endpoint, job.mode, security.describe(keys))
         return _loop(router, link, core, writer)
     finally:
+        if gate is not None:
+            gate.stop()
         ctx.destroy(linger=transport.LINGER_MS)
 
 

@@ -1,8 +1,12 @@
 """Helpers for end-to-end tests: real processes over ZeroMQ on loopback."""
 
 import json
+import time
 from pathlib import Path
 
+import torch
+
+from omnips import data, models
 from omnips.launch import LocalCluster, WorkerSpec
 from omnips.metrics import read_events
 
@@ -39,3 +43,37 @@ def finish(cluster: LocalCluster, expect_ok: bool = True) -> Run:
         assert code == 0 and all(c == 0 for c in codes.values()), f"exit codes {codes}\n{run.logs()}"
     return run
 
+
+
+def wait_for_event(run_dir, match, timeout_s: float = 60.0) -> dict:
+    """The first event of a running job's metrics.jsonl for which match(event) holds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (Path(run_dir) / "metrics.jsonl").exists():
+            for e in read_events(run_dir):
+                if match(e):
+                    return e
+        time.sleep(0.1)  # polling a file another process writes; bounded by the deadline
+    raise AssertionError(f"no matching event in {run_dir} within {timeout_s:g} s")
+
+
+def server_endpoint(run_dir, timeout_s: float = 60.0) -> str:
+    """Server 0's address, once it has registered with the scheduler."""
+    joined = wait_for_event(run_dir, lambda e: e["event"] == "membership" and e["role"] == "server", timeout_s)
+    return joined["endpoint"]
+
+
+def single_process_model(steps: int, global_batch: int, lr: float, momentum: float = 0.9,
+                         weight_decay: float = 0.0, seed: int = 0) -> dict:
+    """The state_dict that torch's SGD in one process reaches on the global batches of a BSP
+    job (mlp on digits): what any BSP run of that job must end with."""
+    train, _ = data.load("digits", {})
+    model = models.build("mlp", {}, train, seed=seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    stream, batcher = data.SampleStream(len(train), seed=seed), data.Batcher(train)
+    for t in range(steps):
+        x, y = batcher(stream.take(t * global_batch, global_batch))
+        opt.zero_grad()
+        models.loss_fn(model(x), y).backward()
+        opt.step()
+    return model.state_dict()

@@ -11,9 +11,8 @@ import torch
 import zmq
 
 from omnips.launch import WorkerSpec
-from omnips.metrics import read_events
 
-from helpers import finish, start_cluster
+from helpers import finish, server_endpoint, start_cluster
 
 JOB = ["--mode", "bsp", "--max-steps", "40", "--global-batch", "32", "--lr", "0.05", "--seed", "11"]
 WORKERS = [WorkerSpec(ms_per_step=40.0), WorkerSpec(ms_per_step=40.0)]
@@ -37,20 +36,10 @@ def _garbage_messages(rng: random.Random) -> list[list[bytes]]:
     ]
 
 
-def _wait_for_server_endpoint(run_dir, deadline) -> str:
-    while time.monotonic() < deadline:
-        if (run_dir / "metrics.jsonl").exists():
-            for e in read_events(run_dir):
-                if e["event"] == "membership" and e["role"] == "server":
-                    return e["endpoint"]
-        time.sleep(0.1)  # polling a file another process writes; bounded by the deadline
-    raise AssertionError("the server never registered")
-
-
 def _attack(cluster, run_dir) -> int:
     """Send garbage to the scheduler's and the server's ports until the job ends."""
     rng = random.Random(5)
-    server = _wait_for_server_endpoint(run_dir, time.monotonic() + 60)
+    server = server_endpoint(run_dir)
     ctx = zmq.Context()
     socks = []
     for ep in (cluster.endpoint, server):

@@ -5,6 +5,8 @@ import torch
 from omnips import data, models
 from omnips.launch import WorkerSpec
 
+from helpers import single_process_model
+
 DIGITS_FAST = ["--dataset", "digits", "--model", "mlp", "--global-batch", "64", "--lr", "0.05",
                "--momentum", "0.9", "--seed", "3"]
 HETERO = [WorkerSpec(slowdown="1"), WorkerSpec(slowdown="2"), WorkerSpec(slowdown="3")]
@@ -46,17 +48,8 @@ def test_bsp_equals_single_process_training(run_job):
     run = run_job(args, workers, num_servers=2)
     assert run.summary["final_batches"] == [10, 20, 34]  # the launcher asks for ranks in its order
     got = torch.load(run.dir / "model.pt")
-
+    want = single_process_model(steps=20, global_batch=64, lr=0.1, weight_decay=0.01, seed=7)
     train, _ = data.load("digits", {})
-    model = models.build("mlp", {}, train, seed=7)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
-    stream, batcher = data.SampleStream(len(train), seed=7), data.Batcher(train)
-    for t in range(20):
-        x, y = batcher(stream.take(t * 64, 64))
-        opt.zero_grad()
-        models.loss_fn(model(x), y).backward()
-        opt.step()
-    want = model.state_dict()
     assert got.keys() == want.keys()
     for k in want:
         assert not torch.equal(want[k], models.build("mlp", {}, train, seed=7).state_dict()[k])  # it trained

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from omnips import security
 from omnips.launch import read_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -14,11 +15,16 @@ SMALL_JOB = ["--max-steps", "15", "--global-batch", "32", "--seed", "2"]
 
 
 def test_launch_local_runs_a_job_and_prints_the_summary(tmp_path):
+    security.keygen(tmp_path / "keys")
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "launch_local.py"), "--num-workers", "2", "--slowdown", "1", "2",
-         "--run-dir", str(tmp_path / "run"), *SMALL_JOB],
+         "--run-dir", str(tmp_path / "run"), "--keys", str(tmp_path / "keys"), "--token", "t0k3n", *SMALL_JOB],
         capture_output=True, text=True, timeout=150)
     assert out.returncode == 0, out.stderr
+    # --keys and --token reach every process: a worker without either would not be admitted
+    log = (tmp_path / "run" / "logs" / "scheduler.log").read_text()
+    assert "connections: CURVE, admitting the 1 client key(s)" in log and "a job token is required" in log
+    assert "CURVE" in (tmp_path / "run" / "logs" / "server0.log").read_text()
     assert re.search(r"^status\s+completed$", out.stdout, re.M), out.stdout
     assert re.search(r"^final_batches\s+16 16$", out.stdout, re.M), out.stdout
     assert "epoch" in out.stderr and "samples/s" in out.stderr  # the progress line

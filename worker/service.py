@@ -4,13 +4,13 @@ import logging
 import os
 import socket as pysocket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import zmq
 
-from omnips import data, models
+from omnips import data, models, security
 from omnips.batching import BatchPlan
 from omnips.flat import FlatModel, all_finite
 from omnips.job import JobSpec
@@ -44,6 +44,8 @@ class WorkerOptions:
     ack_timeout_s: float = 10.0
     welcome_timeout_s: float = 300.0
     server_timeout_s: float = 120.0
+    keys: security.Keys | None = None
+    token: str = field(default="", repr=False)
 
 
 def run(opts: WorkerOptions) -> int:
@@ -52,11 +54,11 @@ def run(opts: WorkerOptions) -> int:
         torch.set_num_threads(opts.threads)
     ctx = zmq.Context()
     try:
-        link = SchedulerLink(ctx, opts.scheduler)
+        link = SchedulerLink(ctx, opts.scheduler, keys=opts.keys)
         welcome = link.register(
             Register(role="worker", host=pysocket.gethostname(), capacity=opts.capacity, device=str(device),
                      threads=torch.get_num_threads(), pid=os.getpid(), rank=opts.rank,
-                     memory_limit=opts.memory_limit),
+                     memory_limit=opts.memory_limit, token=opts.token),
             opts.ack_timeout_s, opts.welcome_timeout_s)
         cluster = link.cluster_fields(welcome, servers=list, ranges=list, num_params=int, total_steps=int,
                                       plan=dict, dead_after_s=float, heartbeat_s=float, join_gen=int, resumed=bool,
@@ -65,7 +67,8 @@ def run(opts: WorkerOptions) -> int:
         link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
         session = _Session(job, welcome.rank, cluster, device, opts, link)
         session.servers = ServerGroup(ctx, cluster["servers"], cluster["ranges"], opts.server_timeout_s,
-                                      on_wait=session.check_scheduler, tick_s=min(1.0, link.heartbeat_s))
+                                      on_wait=session.check_scheduler, tick_s=min(1.0, link.heartbeat_s),
+                                      keys=opts.keys)
         try:
             return session.train()
         except JobEnded:
