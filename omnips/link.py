@@ -60,7 +60,7 @@ class SchedulerLink:
         """welcome.cluster checked to hold each named field with its type."""
         for key, tp in types.items():
             if not protocol.type_ok(welcome.cluster.get(key), tp):
-                raise LinkError(f"malformed welcome from the scheduler: {key!r} is not {tp.__name__}")
+                raise LinkError(f"malformed welcome from the scheduler: {key!r} is not {getattr(tp, '__name__', tp)}")
         return welcome.cluster
 
     def _next(self, timeout_s: float, what: str, handshakes: zmq.Socket | None = None) -> protocol.Message:

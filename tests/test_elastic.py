@@ -6,7 +6,6 @@ from collections import defaultdict
 from helpers import finish, start_cluster
 
 from omnips.launch import WorkerSpec
-from omnips.metrics import read_events
 
 from test_failures import _wait_for_steps
 
@@ -21,15 +20,20 @@ def _batches_by_step(events) -> dict[int, dict[int, int]]:
     return steps
 
 
-def test_a_killed_bsp_worker_leaves_and_the_others_carry_the_global_batch(tmp_path):
-    run_dir = tmp_path / "run"
-    workers = [WorkerSpec(ms_per_step=15.0)] * 3
-    job = ["--mode", "bsp", "--epochs", "5", "--global-batch", "48", "--lr", "0.1", "--seed", "3", *LIVENESS]
-    with start_cluster(run_dir, job, workers) as cluster:
-        _wait_for_steps(run_dir, 3 * 15)
-        cluster.procs["worker2"].send_signal(signal.SIGKILL)
+def _kill_mid_run(run_dir, job, workers, victim: str, after_reports: int):
+    """Run `job`, SIGKILL worker `victim` once `after_reports` step reports are in; the
+    run once the scheduler has ended it, which must be a success."""
+    with start_cluster(run_dir, [*job, *LIVENESS], workers) as cluster:
+        _wait_for_steps(run_dir, after_reports)
+        cluster.procs[victim].send_signal(signal.SIGKILL)
         run = finish(cluster, expect_ok=False)
     assert run.code == 0, run.logs()
+    return run
+
+
+def test_a_killed_bsp_worker_leaves_and_the_others_carry_the_global_batch(tmp_path):
+    job = ["--mode", "bsp", "--epochs", "5", "--global-batch", "48", "--lr", "0.1", "--seed", "3"]
+    run = _kill_mid_run(tmp_path / "run", job, [WorkerSpec(ms_per_step=15.0)] * 3, "worker2", 3 * 15)
     s = run.summary
     assert s["status"] == "completed" and s["workers_lost"] == 1 and s["workers_joined"] == 0
     assert s["final_batches"][2] == 0 and sum(s["final_batches"]) == 48
@@ -72,16 +76,10 @@ def test_a_worker_started_later_joins_at_a_step_boundary_and_gets_a_share(tmp_pa
 
 
 def test_a_killed_ssp_worker_does_not_hold_the_others(tmp_path):
-    run_dir = tmp_path / "run"
-    workers = [WorkerSpec(ms_per_step=10.0)] * 3
-    job = ["--mode", "ssp", "--staleness", "2", "--max-steps", "80", "--global-batch", "30", *LIVENESS]
-    with start_cluster(run_dir, job, workers) as cluster:
-        _wait_for_steps(run_dir, 3 * 10)
-        cluster.procs["worker1"].send_signal(signal.SIGKILL)
-        run = finish(cluster, expect_ok=False)
-    assert run.code == 0, run.logs()
+    job = ["--mode", "ssp", "--staleness", "2", "--max-steps", "80", "--global-batch", "30"]
+    run = _kill_mid_run(tmp_path / "run", job, [WorkerSpec(ms_per_step=10.0)] * 3, "worker1", 3 * 10)
     s = run.summary
     assert s["status"] == "completed" and s["workers_lost"] == 1 and s["samples"] >= 80 * 30
     assert s["final_batches"][1] == 0 and sum(s["final_batches"]) == 30
-    lost_at = next(e["t"] for e in read_events(run_dir) if e["event"] == "membership" and e["change"] == "lost")
+    lost_at = next(e["t"] for e in run.events if e["event"] == "membership" and e["change"] == "lost")
     assert any(e["event"] == "step" and e["worker"] == 0 and e["t"] > lost_at for e in run.events)

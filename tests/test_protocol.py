@@ -1,6 +1,7 @@
 """The wire codec: round trips for every op, and refusals with stable error codes."""
 
 import math
+import re
 from dataclasses import fields
 
 import msgpack
@@ -450,3 +451,11 @@ def test_mutated_header_is_refused_or_valid(msg, mutations):
     assert isinstance(got, protocol.Message) and type(got) is protocol.OPS[got.OP]
     got.check()
     assert_same_message(decode([bytes(f) for f in encode(got)]), got)
+
+
+@pytest.mark.parametrize("value,tp,shown", [(5, str, "str"), ("x", int | None, "int | None"), (None, list, "list")])
+def test_a_malformed_welcome_field_is_named_with_its_type(value, tp, shown):
+    from omnips.link import LinkError, SchedulerLink
+    with pytest.raises(LinkError, match=f"'field' is not {re.escape(shown)}"):
+        SchedulerLink.cluster_fields(Welcome(rank=0, job={}, cluster={"field": value}), field=tp)
+    assert SchedulerLink.cluster_fields(Welcome(rank=0, job={}, cluster={"field": None}), field=int | None)
