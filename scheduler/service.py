@@ -181,13 +181,20 @@ class Scheduler:
         elif not self.router.poll(0):  # judge silences only with nothing unread
             self._check_silences(now)
 
+    def _recovery_hint(self) -> str:
+        """How the user can go on after a failure, if a checkpoint allows it."""
+        if self.checkpoints is None or not self.checkpoints.complete:
+            return ""
+        return f"; start the processes again with --resume {self.run.path} on the scheduler"
+
     def _check_silences(self, now: float) -> None:
         """A worker silent for --dead-after leaves the job; a silent server fails it. Silence
         counts from the start at the earliest: until their welcome, processes beat slower."""
         for m in self.registry.servers:
             silent = now - max(self._heard.get(m.peer, 0.0), self._complete_at)
             if silent > self.opts.dead_after_s:
-                raise JobFailed(f"server {m.rank} at {m.info.endpoint} has been silent for {silent:.0f} s")
+                raise JobFailed(f"server {m.rank} at {m.info.endpoint} has been silent for {silent:.0f} s"
+                                + self._recovery_hint())
         for rank, m in list(self.registry.workers.items()):
             silent = now - max(self._heard.get(m.peer, 0.0), self._complete_at)
             if silent > self.opts.dead_after_s and not self.progress.workers[rank].done:
@@ -208,9 +215,13 @@ class Scheduler:
         elif isinstance(msg, Report):
             self._on_report(peer, msg)
         elif not isinstance(msg, Heartbeat):
-            transport.reply(self.router, peer, protocol.Error(code="bad_op", text=f"the scheduler does not take {msg.OP!r}"))
+            self._refuse(peer, "bad_op", f"the scheduler does not take {msg.OP!r}")
         if peer in self.registry.by_peer:  # registered (now): any word proves it alive
             self._heard[peer] = time.monotonic()
+
+    def _refuse(self, peer: bytes, code: str, text: str) -> None:
+        log.warning("refused a message: %s: %s", code, text)
+        transport.reply(self.router, peer, protocol.Error(code=code, text=text))
 
     def _on_register(self, peer: bytes, msg: Register) -> None:
         servers_before = len(self.registry.servers) == self.job.num_servers
@@ -315,15 +326,15 @@ class Scheduler:
 
     def _on_report(self, peer: bytes, r: Report) -> None:
         if not self.registry.complete:
-            transport.reply(self.router, peer, protocol.Error(code="not_started", text="the job has not started"))
+            self._refuse(peer, "not_started", "the job has not started")
             return
         member = self.registry.by_peer.get(peer)
         if member is None or member.role != "worker" or member.rank != r.rank:
-            transport.reply(self.router, peer, protocol.Error(code="bad_rank", text="report from an unregistered peer or the wrong rank"))
+            self._refuse(peer, "bad_rank", "report from an unregistered peer or the wrong rank")
             return
         if not self.progress.expects(r):
             expected = self.progress.workers[r.rank].next_step
-            transport.reply(self.router, peer, protocol.Error(code="bad_step", text=f"report for step {r.step}, expected {expected}"))
+            self._refuse(peer, "bad_step", f"report for step {r.step}, expected {expected}")
             return
         if r.nonfinite:
             self.nonfinite += 1
