@@ -117,7 +117,11 @@ class LocalCluster:
 
     def start_servers(self) -> None:
         for s in range(self.num_servers):
-            self._spawn(f"server{s}", "server", ["--scheduler", self.endpoint, *self._keys(), *self.server_args])
+            self.start_server(f"server{s}")
+
+    def start_server(self, name: str) -> None:
+        """A server with the cluster's command line (also one that takes a lost server's shard)."""
+        self._spawn(name, "server", ["--scheduler", self.endpoint, *self._keys(), *self.server_args])
 
     def start_workers(self) -> None:
         for i, w in enumerate(self.workers):

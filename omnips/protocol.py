@@ -246,8 +246,33 @@ class Saved(Message):
         _non_negative(self, "step", "version", "size")
 
 
+@dataclass(frozen=True)
+class Restore(Message):
+    """Scheduler to a server, after another server died: forget every request and go
+    back to the checkpoint in `path`; it answers `ack` once restored."""
+
+    OP = "restore"
+    path: str
+
+
+@dataclass(frozen=True)
+class Rewind(Message):
+    """Scheduler to a worker, once every server is back at checkpoint `step`: continue
+    from there with `plan`, on the servers at `servers` (a restarted one has a new address)."""
+
+    OP = "rewind"
+    step: int
+    plan: dict
+    servers: list
+
+    def check(self):
+        _non_negative(self, "step")
+        if not self.servers or not all(isinstance(e, str) for e in self.servers):
+            raise ValueError("servers must be a list of endpoints")
+
+
 OPS = {cls.OP: cls for cls in (Register, Welcome, Report, Heartbeat, Shutdown, Error,
-                               Ack, Init, Pull, Push, Params, Plan, Checkpoint, Saved)}
+                               Ack, Init, Pull, Push, Params, Plan, Checkpoint, Saved, Restore, Rewind)}
 
 
 def _count(x) -> bool:

@@ -66,12 +66,13 @@ class ServerGroup:
             transport.send(sock, Init(rank=0, data=values[lo:hi]))
         self._gather(Ack, None, None)
 
-    def pull(self, into: np.ndarray, gen: int = -1) -> Exchange:
+    def pull(self, into: np.ndarray, gen: int = -1, at: int | None = None) -> Exchange:
         """Fetch every shard into `into` (waits while servers are not initialised; with
-        `gen`, until the step being collected runs that plan: BSP joins)."""
+        `gen`, until the step being collected runs that plan: BSP joins; with `at`, at
+        that version)."""
         self._req += 1
         for sock in self.socks:
-            transport.send(sock, Pull(req=self._req, gen=gen))
+            transport.send(sock, Pull(req=self._req, at=at, gen=gen))
         return self._gather(Params, self._req, into)
 
     def push_pull(self, rank: int, step: int, grads: np.ndarray, batch: int, gen: int,
@@ -110,6 +111,11 @@ class ServerGroup:
                     held = max(held, msg.held_s)
                 waiting.discard(s)
         return Exchange(list(self.versions), plan, held, time.perf_counter() - start)
+
+    def close(self) -> None:
+        """Drop the connections and whatever they still hold (a rewind abandons them)."""
+        for sock in self.socks:
+            sock.close(linger=0)
 
     # -- pieces the scheduler's poll loop uses too --------------------------------
     def send_pull(self, req: int, at: int | None) -> None:

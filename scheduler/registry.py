@@ -45,6 +45,8 @@ class Registry:
         self.heartbeat_s = heartbeat_s
         self.ranges = shard_ranges(num_params, job.num_servers)
         self.servers: list[Member] = []
+        self.vacant_servers: set[int] = set()  # ranks of servers lost, until a new one takes them
+        self.reseated: list[Member] = []  # servers that took such a rank: the scheduler welcomes them
         self.waiting: list[Member] = []  # workers registered before the job started
         self.workers: dict[int, Member] = {}  # rank -> the worker in it, once the job started
         self.joined: list[Member] = []  # workers seated after the start: the scheduler welcomes them
@@ -67,6 +69,13 @@ class Registry:
             return [(peer, Error(code="duplicate", text="this connection has registered already"))]
         if reg.role == "worker" and self.complete:
             return self._seat(peer, reg)
+        if reg.role == "server" and self.vacant_servers:
+            member = Member(peer, "server", min(self.vacant_servers), reg)
+            self.vacant_servers.discard(member.rank)
+            self.servers[member.rank] = member
+            self.by_peer[peer] = member
+            self.reseated.append(member)
+            return [(peer, Ack())]
         group, want = (self.servers, self.job.num_servers) if reg.role == "server" else \
             (self.waiting, self.job.num_workers)
         if len(group) >= want:
@@ -80,7 +89,7 @@ class Registry:
         out = [(peer, Ack())]
         servers_in = len(self.servers) == self.job.num_servers
         if reg.role == "server" and servers_in:
-            out += [(m.peer, self._server_welcome(m)) for m in self.servers]
+            out += [(m.peer, self.server_welcome(m)) for m in self.servers]
         if servers_in and len(self.waiting) >= self.job.start_workers:
             out += self._complete()
         return out
@@ -120,6 +129,11 @@ class Registry:
         self.joined.append(member)
         return [(peer, Ack())]
 
+    def vacate_server(self, rank: int) -> None:
+        """Server `rank` is gone: the next server to register takes its shard."""
+        self.by_peer.pop(self.servers[rank].peer, None)
+        self.vacant_servers.add(rank)
+
     def depart(self, rank: int) -> Member:
         """The worker in `rank` is gone: its rank becomes vacant."""
         member = self.workers.pop(rank)
@@ -137,12 +151,14 @@ class Registry:
         me = self.workers[rank].info
         return sum(1 for m in self.workers.values() if (m.info.host, m.info.device) == (me.host, me.device))
 
-    def _server_welcome(self, m: Member) -> Welcome:
+    def server_welcome(self, m: Member, restore: str = "") -> Welcome:
+        """`restore`: the checkpoint a server taking a lost one's shard starts from."""
         lo, hi = self.ranges[m.rank]
         return Welcome(rank=m.rank, job=self.job.to_dict(), cluster={
             "range": [lo, hi], "num_params": self.num_params, "num_trained": self.num_trained,
             "dead_after_s": self.dead_after_s, "heartbeat_s": self.heartbeat_s,
-            "checkpoint_dir": self.checkpoint_dir, "restore": str(self.resume.path) if self.resume else ""})
+            "checkpoint_dir": self.checkpoint_dir,
+            "restore": restore or (str(self.resume.path) if self.resume else "")})
 
     def worker_welcome(self, m: Member, join_gen: int = -1, start_step: int = 0) -> Welcome:
         """`join_gen` >= 0 for a worker joining a running job: it starts at the first step of

@@ -16,11 +16,12 @@ import zmq
 
 from omnips import data, models, protocol, security, transport
 from omnips.batching import BatchPlan, memory_batch
-from omnips.checkpoint import Manifest, discard_after
+from omnips.checkpoint import Manifest, discard_after, newest_complete
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
 from omnips.metrics import RunDir
-from omnips.protocol import Checkpoint, Heartbeat, Params, Plan, ProtocolError, Register, Report, Saved, Shutdown
+from omnips.protocol import (Ack, Checkpoint, Heartbeat, Params, Plan, ProtocolError, Register, Report, Restore,
+                             Rewind, Saved, Shutdown)
 from omnips.servers import ServerError, ServerGroup
 
 from .checkpoints import CheckpointBook
@@ -57,6 +58,15 @@ class JobFailed(RuntimeError):
     pass
 
 
+@dataclass
+class Recovery:
+    """A server was lost: the servers go back to `checkpoint`; `waiting` have not said so yet."""
+
+    checkpoint: Manifest
+    waiting: set[int]
+    reached: int  # the furthest step reported before the loss
+
+
 class Scheduler:
     def __init__(self, job: JobSpec, opts: SchedulerOptions, announce=print, resume: Manifest | None = None):
         """`resume`: continue the interrupted run in opts.run_dir from this checkpoint."""
@@ -82,6 +92,8 @@ class Scheduler:
         self.control: BatchControl | None = None
         self.nonfinite = 0  # gradients with NaN or inf the workers reported
         self.lost, self.joined = 0, 0  # workers
+        self.restores = 0  # times a lost server's shard was taken over and the job went back
+        self._recovery: Recovery | None = None
         self._heard: dict[bytes, float] = {}  # registered peer -> when it last said anything
         self._memory_warned: set[int] = set()  # ranks whose memory estimate could not be applied
         self._plan_logged = False
@@ -177,7 +189,7 @@ class Scheduler:
                 raise JobFailed(f"servers did not answer the final evaluation pull within "
                                 f"{self.opts.server_timeout_s:g} s")
         elif now - (self.progress.last_report or self._complete_at) > self.opts.stall_timeout_s:
-            raise JobFailed(f"no progress reported for {self.opts.stall_timeout_s:g} s")
+            raise JobFailed(f"no progress reported for {self.opts.stall_timeout_s:g} s" + self._recovery_hint())
         elif not self.router.poll(0):  # judge silences only with nothing unread
             self._check_silences(now)
 
@@ -187,14 +199,62 @@ class Scheduler:
             return ""
         return f"; start the processes again with --resume {self.run.path} on the scheduler"
 
+    def _server_lost(self, m, why: str) -> None:
+        """BSP with a complete checkpoint: every server goes back to it, the lost one's shard
+        on whichever server registers next; otherwise the job fails."""
+        ckpt = None
+        if self.job.mode == "bsp" and self.checkpoints is not None and self._recovery is None:
+            ckpt, _ = newest_complete(self.checkpoints.root)
+        if ckpt is None:
+            raise JobFailed(f"server {m.rank} at {m.info.endpoint} {why}" + self._recovery_hint())
+        self.registry.vacate_server(m.rank)
+        self._heard.pop(m.peer, None)
+        reached = max((w.next_step or 0 for w in self.progress.workers if w.present), default=0)
+        self._recovery = Recovery(ckpt, set(range(self.job.num_servers)), reached)
+        for other in self.registry.servers:
+            if other.rank != m.rank:
+                transport.reply(self.router, other.peer, Restore(path=str(ckpt.path)))
+        self._membership(m, "lost", reason=why)
+        log.warning("server %d lost (%s): start a server again; the job goes back to step %d", m.rank, why, ckpt.step)
+
+    def _on_restored(self, rank: int) -> None:
+        """A server is back at the checkpoint; once all are, the workers go back too."""
+        if self._recovery is None:
+            return  # restored at its welcome when the job was resumed
+        self._recovery.waiting.discard(rank)
+        if self._recovery.waiting:
+            return
+        ckpt, reached = self._recovery.checkpoint, self._recovery.reached
+        self._recovery = None
+        self.progress.resume(ckpt.worker_steps, ckpt.positions)
+        for w in self.progress.workers:
+            w.next_step = w.steps if w.present else w.next_step
+        for sock in self.servers.socks:  # evaluation and checkpoint requests died with the rewind
+            self.poller.unregister(sock)
+        self.servers.close()
+        self.evals = EvalBook(self.job.num_servers)
+        complete = self.checkpoints.complete
+        self.checkpoints = CheckpointBook(self.checkpoints.root, self.job, self.registry.ranges,
+                                          self.opts.checkpoint_every, ckpt.step)
+        self.checkpoints.complete = complete
+        self._connect_servers()
+        plan = BatchPlan(self.registry.plan.gen + 1, self.registry.plan.batches)
+        self._send_plan(plan)
+        endpoints = [s.info.endpoint for s in self.registry.servers]
+        for w in self.registry.workers.values():
+            transport.reply(self.router, w.peer, Rewind(step=ckpt.step, plan=plan.to_wire(), servers=endpoints))
+        self.restores += 1
+        self.run.event("rewind", step=ckpt.step, steps_lost=max(0, reached - ckpt.step), checkpoint=str(ckpt.path))
+        log.info("every server is back at step %d (%d steps lost): the workers go on from there",
+                 ckpt.step, max(0, reached - ckpt.step))
+
     def _check_silences(self, now: float) -> None:
         """A worker silent for --dead-after leaves the job; a silent server fails it. Silence
         counts from the start at the earliest: until their welcome, processes beat slower."""
         for m in self.registry.servers:
             silent = now - max(self._heard.get(m.peer, 0.0), self._complete_at)
-            if silent > self.opts.dead_after_s:
-                raise JobFailed(f"server {m.rank} at {m.info.endpoint} has been silent for {silent:.0f} s"
-                                + self._recovery_hint())
+            if silent > self.opts.dead_after_s and m.rank not in self.registry.vacant_servers:
+                self._server_lost(m, f"has been silent for {silent:.0f} s")
         for rank, m in list(self.registry.workers.items()):
             silent = now - max(self._heard.get(m.peer, 0.0), self._complete_at)
             if silent > self.opts.dead_after_s and not self.progress.workers[rank].done:
@@ -214,6 +274,8 @@ class Scheduler:
             self._on_register(peer, msg)
         elif isinstance(msg, Report):
             self._on_report(peer, msg)
+        elif isinstance(msg, Ack) and getattr(self.registry.by_peer.get(peer), "role", "") == "server":
+            self._on_restored(self.registry.by_peer[peer].rank)
         elif not isinstance(msg, Heartbeat):
             self._refuse(peer, "bad_op", f"the scheduler does not take {msg.OP!r}")
         if peer in self.registry.by_peer:  # registered (now): any word proves it alive
@@ -251,6 +313,11 @@ class Scheduler:
         for member in self.registry.joined:
             self._join(member)
         self.registry.joined.clear()
+        for member in self.registry.reseated:  # takes a lost server's shard, from the checkpoint
+            transport.reply(self.router, member.peer,
+                            self.registry.server_welcome(member, restore=str(self._recovery.checkpoint.path)))
+            self._membership(member, "joined", late=True)
+        self.registry.reseated.clear()
 
     def _membership(self, m, change: str = "joined", **more) -> None:
         i = m.info
@@ -499,6 +566,7 @@ class Scheduler:
             "nonfinite_gradients": self.nonfinite,
             "workers_lost": self.lost,
             "workers_joined": self.joined,
+            "server_restores": self.restores,
             "resumed_from_step": self.resume.step if self.resume else None,
             "checkpoints": self.checkpoints.complete if self.checkpoints else 0,
         }

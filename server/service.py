@@ -1,5 +1,6 @@
 """The server process: moves bytes between sockets and the shard core (server/shard.py)."""
 
+import functools
 import logging
 import os
 import socket as pysocket
@@ -11,7 +12,7 @@ import zmq
 from omnips import protocol, security, transport
 from omnips.job import JobSpec
 from omnips.link import SchedulerLink
-from omnips.protocol import Init, Params, Plan, ProtocolError, Push, Register, Shutdown
+from omnips.protocol import Ack, Init, Params, Plan, ProtocolError, Push, Register, Restore, Shutdown
 
 from . import checkpointer
 from .shard import Outgoing, ShardCore, Snapshot
@@ -46,22 +47,29 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
         lo, hi = cluster["range"]
         link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
         core = ShardCore(job, lo, hi, cluster["num_trained"])
-        if cluster["restore"]:  # a resumed job: this shard continues from a checkpoint
-            version = checkpointer.load(core, cluster["restore"], welcome.rank, lo, hi)
-            log.info("server %d restored version %d from %s", welcome.rank, version, cluster["restore"])
+        restore = functools.partial(_restore, core, welcome.rank, lo, hi, link)
+        if cluster["restore"]:  # a resumed job, or a lost server's shard: continue from a checkpoint
+            restore(cluster["restore"])
         writer = checkpointer.ShardWriter(Path(cluster["checkpoint_dir"]), welcome.rank, lo, hi)
         # the largest message a worker sends is a push of this shard: refuse anything bigger
         router.setsockopt(zmq.MAXMSGSIZE, (hi - lo) * 4 + protocol.MAX_HEADER_BYTES)
         log.info("server %d serves [%d, %d) of %d values on %s (%s; %s)", welcome.rank, lo, hi,
                  cluster["num_params"], endpoint, job.mode, security.describe(keys))
-        return _loop(router, link, core, writer)
+        return _loop(router, link, core, writer, restore)
     finally:
         if gate is not None:
             gate.stop()
         ctx.destroy(linger=transport.LINGER_MS)
 
 
-def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.ShardWriter) -> int:
+def _restore(core: ShardCore, rank: int, lo: int, hi: int, link: SchedulerLink, path: str) -> None:
+    """Go back to the checkpoint in `path` and tell the scheduler (ack)."""
+    version = checkpointer.load(core, path, rank, lo, hi)
+    log.info("server %d restored version %d from %s", rank, version, path)
+    link.send(Ack())
+
+
+def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.ShardWriter, restore) -> int:
     poller = zmq.Poller()
     poller.register(router, zmq.POLLIN)
     poller.register(link.sock, zmq.POLLIN)
@@ -77,6 +85,10 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
                 return 0
             if isinstance(msg, Plan):
                 _send(router, core.set_plan(msg, time.monotonic()), trackers, writer)
+            if isinstance(msg, Restore):  # another server died: the job goes back to a checkpoint
+                _wait_for_sends(trackers)
+                core.rewind()
+                restore(msg.path)
         if router in events:
             peer, *frames = transport.recv_frames(router)
             try:

@@ -304,6 +304,18 @@ class ShardCore:
                   "optimizer": scalars},
             arrays={"values": self.values.copy(), **{f"opt.{k}": v for k, v in buffers.items()}})
 
+    def rewind(self) -> None:
+        """Forget every request, binding and plan: the job goes back to a checkpoint (a
+        restore follows) and the workers come back on new connections."""
+        self._pending.clear()
+        self._pending_gen = None
+        self._held, self._pulls, self._gen_pulls = [], [], []
+        self._owner.clear()
+        self._gone.clear()
+        self._joiners.clear()
+        self._plans = {}
+        self.plan = None
+
     def restore(self, state: ShardState, next_steps: list[int] | None = None) -> None:
         """Take `state`, from state() of a shard of the same job and range. `next_steps`:
         the step each worker pushes next when the workers resume from the same checkpoint

@@ -1,12 +1,13 @@
 """Nothing waits forever: a dead scheduler or server, or a NaN gradient, ends the job with a clear reason."""
 
 import json
+import math
 import signal
 import time
 
 import torch
 
-from helpers import JOB_TIMEOUT_S, start_cluster
+from helpers import JOB_TIMEOUT_S, finish, start_cluster
 
 from omnips.launch import WorkerSpec
 from omnips.metrics import read_events
@@ -39,12 +40,13 @@ def test_dead_scheduler_ends_servers_and_workers(tmp_path):
         assert "no word from the scheduler" in (run_dir / "logs" / f"{name}.log").read_text(), name
 
 
-def test_dead_server_fails_the_job_with_a_reason(tmp_path):
+def test_dead_server_fails_an_asp_job_with_the_way_on(tmp_path):
     run_dir = tmp_path / "run"
     workers = [WorkerSpec(ms_per_step=50.0, extra=("--server-timeout", "20"))] * 2
-    job = [*SLOW, "--stall-timeout", "60", "--heartbeat", "0.5", "--dead-after", "3", "--checkpoint-every", "3"]
+    job = [*SLOW, "--mode", "asp", "--stall-timeout", "60", "--heartbeat", "0.5", "--dead-after", "3",
+           "--checkpoint-every", "3"]
     with start_cluster(run_dir, job, workers) as cluster:
-        _wait_for_steps(run_dir, 2 * 8)  # past the first checkpoints
+        _wait_for_event(run_dir, lambda e: e["event"] == "checkpoint" and e["complete"])
         cluster.procs["server0"].send_signal(signal.SIGKILL)
         code = cluster.procs["scheduler"].wait(timeout=JOB_TIMEOUT_S)
         worker_codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
@@ -80,3 +82,37 @@ def test_nan_policy_fail_ends_the_job_at_once_with_the_reason(tmp_path):
     assert summary["status"].startswith("failed: worker 1's gradient at step 4 has NaN or inf values")
     assert summary["nonfinite_gradients"] == 1 and summary["worker_steps"][1] == 4
     assert "--nan-policy fail" in (run_dir / "logs" / "worker1.log").read_text()
+
+
+def test_a_server_started_again_takes_the_lost_shard_and_the_job_goes_back_to_the_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    workers = [WorkerSpec(ms_per_step=20.0)] * 2
+    every = 10
+    job = ["--mode", "bsp", "--epochs", "6", "--global-batch", "32", "--lr", "0.05", "--seed", "5",
+           "--heartbeat", "0.3", "--dead-after", "3", "--checkpoint-every", str(every)]
+    with start_cluster(run_dir, job, workers, num_servers=2) as cluster:
+        _wait_for_steps(run_dir, 2 * 35)
+        cluster.procs["server1"].send_signal(signal.SIGKILL)
+        _wait_for_event(run_dir, lambda e: e["event"] == "membership" and e["change"] == "lost")
+        cluster.start_server("server1-again")  # the same command line
+        run = finish(cluster, expect_ok=False)
+    assert run.code == 0, run.logs()
+    s = run.summary
+    assert s["status"] == "completed" and s["server_restores"] == 1 and s["final_test_accuracy"] >= 0.90
+    rewind = [e for e in run.events if e["event"] == "rewind"]
+    assert len(rewind) == 1 and rewind[0]["step"] % every == 0 and rewind[0]["step"] >= every
+    assert 0 <= rewind[0]["steps_lost"] <= 2 * every  # the newest complete checkpoint, one may be in writing
+    after = [e for e in run.events if e["event"] == "step" and e["t"] > rewind[0]["t"]]
+    assert {e["step"] for e in after if e["step"] < rewind[0]["step"] + 1} == {rewind[0]["step"]}
+    assert sorted({e["worker"] for e in after}) == [0, 1] and s["steps"] == math.ceil(6 * 1438 / 32)
+    codes = run.cluster.exit_codes()
+    assert codes["server1"] == -signal.SIGKILL and all(c == 0 for n, c in codes.items() if n != "server1"), codes
+
+
+def _wait_for_event(run_dir, pred, timeout_s=60):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(pred(e) for e in read_events(run_dir)):
+            return
+        time.sleep(0.1)  # polling a file another process writes; bounded by the deadline
+    raise AssertionError("the event never came")

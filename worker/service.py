@@ -15,7 +15,7 @@ from omnips.batching import BatchPlan
 from omnips.flat import FlatModel, all_finite
 from omnips.job import JobSpec
 from omnips.link import LinkError, SchedulerLink
-from omnips.protocol import Register, Report, Shutdown
+from omnips.protocol import Register, Report, Rewind, Shutdown
 from omnips.servers import ServerGroup
 
 from . import memory
@@ -27,6 +27,14 @@ log = logging.getLogger("omnips.worker")
 
 class JobEnded(Exception):
     """The scheduler closed the job (successfully) while this worker was busy or waiting."""
+
+
+class Rewound(Exception):
+    """A server died and the job went back to a checkpoint: continue from `msg.step`."""
+
+    def __init__(self, msg: Rewind):
+        super().__init__(f"rewind to step {msg.step}")
+        self.msg = msg
 
 
 @dataclass(frozen=True)
@@ -66,9 +74,10 @@ def run(opts: WorkerOptions) -> int:
         job = JobSpec.from_dict(welcome.job)
         link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
         session = _Session(job, welcome.rank, cluster, device, opts, link)
-        session.servers = ServerGroup(ctx, cluster["servers"], cluster["ranges"], opts.server_timeout_s,
-                                      on_wait=session.check_scheduler, tick_s=min(1.0, link.heartbeat_s),
-                                      keys=opts.keys)
+        session.connect = lambda endpoints: ServerGroup(
+            ctx, endpoints, cluster["ranges"], opts.server_timeout_s, on_wait=session.check_scheduler,
+            tick_s=min(1.0, link.heartbeat_s), keys=opts.keys)
+        session.servers = session.connect(cluster["servers"])
         try:
             return session.train()
         except JobEnded:
@@ -82,6 +91,7 @@ class _Session:
     def __init__(self, job, rank, cluster, device, opts, link):
         self.job, self.rank, self.opts, self.link = job, rank, opts, link
         self.servers: ServerGroup | None = None
+        self.connect = None  # endpoints -> a ServerGroup on them
         self.total_steps = cluster["total_steps"]
         # join_gen -1: there from the start; resumed: servers restored a checkpoint, go on from its
         # step and sample position
@@ -122,38 +132,57 @@ class _Session:
             log.info("worker %d joins at step %d", self.rank, step)
         self.flat.load_params()
         while not self.plan.stop and not (bsp and step >= self.total_steps):
-            batch = self.plan.batches[self.rank]
-            if not batch:
-                raise LinkError(f"worker {self.rank} is no longer in the batch plan: the scheduler removed it")
-            if bsp:
-                start = data.bsp_slice_start(step * self.job.global_batch, self.plan.batches, self.rank)
-            else:
-                start, asp_pos = asp_pos, asp_pos + batch
-            loss, real_s = self.trainer.compute(self.stream.take(start, batch))
-            compute_s = self._pad(step, batch, real_s)
-            if step in self.opts.fault_nan_at:
-                self.flat.grads[0] = np.nan
-            finite = all_finite(self.flat.grads)
-            if not finite:
-                self._nonfinite(step, batch, loss)
-            before = list(self.servers.versions)
-            ex = self.servers.push_pull(self.rank, step, self.flat.grads, batch if finite else 0, self.plan.gen,
-                                        self.flat.params)
-            self.flat.load_params()
-            if ex.plan is not None:
-                self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)
-            staleness = max(0, max(v - 1 - b for v, b in zip(ex.versions, before)))
-            last = Report(rank=self.rank, step=step, batch=batch, compute_s=compute_s,
-                          network_s=max(0.0, ex.elapsed_s - ex.held_s), wait_s=ex.held_s, loss=loss,
-                          staleness=staleness, mem_batch=self.trainer.max_batch,
-                          mem_free=memory.free_bytes(self.flat.device),
-                          sample_bytes=self.sample_bytes, nonfinite=not finite)
-            self.link.send(last)
-            self.check_scheduler()
-            step += 1
+            try:
+                asp_pos, last = self._step(step, asp_pos, bsp)
+                step += 1
+            except Rewound as rw:
+                step = self._rewind(rw.msg)
         self.link.send(Report(rank=self.rank, step=step, batch=0, compute_s=0.0, network_s=0.0, wait_s=0.0,
                               loss=last.loss if last else 0.0, done=True))
         self._await_shutdown()
+
+    def _rewind(self, msg: Rewind) -> int:
+        """Abandon the step in flight, connect to the servers as they are now, and pull the
+        model at the checkpoint's step."""
+        log.info("worker %d: a server was lost, the job goes back to step %d", self.rank, msg.step)
+        self.servers.close()
+        self.servers = self.connect(msg.servers)
+        self.plan = BatchPlan.from_wire(msg.plan, self.job.num_workers)
+        self.servers.pull(self.flat.params, at=msg.step)
+        self.flat.load_params()
+        return msg.step
+
+    def _step(self, step: int, asp_pos: int, bsp: bool) -> tuple[int, Report]:
+        """One step: compute, push and pull, report; returns the ASP stream position and the report."""
+        batch = self.plan.batches[self.rank]
+        if not batch:
+            raise LinkError(f"worker {self.rank} is no longer in the batch plan: the scheduler removed it")
+        if bsp:
+            start = data.bsp_slice_start(step * self.job.global_batch, self.plan.batches, self.rank)
+        else:
+            start, asp_pos = asp_pos, asp_pos + batch
+        loss, real_s = self.trainer.compute(self.stream.take(start, batch))
+        compute_s = self._pad(step, batch, real_s)
+        if step in self.opts.fault_nan_at:
+            self.flat.grads[0] = np.nan
+        finite = all_finite(self.flat.grads)
+        if not finite:
+            self._nonfinite(step, batch, loss)
+        before = list(self.servers.versions)
+        ex = self.servers.push_pull(self.rank, step, self.flat.grads, batch if finite else 0, self.plan.gen,
+                                    self.flat.params)
+        self.flat.load_params()
+        if ex.plan is not None:
+            self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)
+        staleness = max(0, max(v - 1 - b for v, b in zip(ex.versions, before)))
+        last = Report(rank=self.rank, step=step, batch=batch, compute_s=compute_s,
+                      network_s=max(0.0, ex.elapsed_s - ex.held_s), wait_s=ex.held_s, loss=loss,
+                      staleness=staleness, mem_batch=self.trainer.max_batch,
+                      mem_free=memory.free_bytes(self.flat.device),
+                      sample_bytes=self.sample_bytes, nonfinite=not finite)
+        self.link.send(last)
+        self.check_scheduler()
+        return asp_pos, last
 
     def _nonfinite(self, step: int, batch: int, loss: float) -> None:
         """--nan-policy skip: log it (the push then carries no gradient); fail: tell the
@@ -173,11 +202,14 @@ class _Session:
         return max(target, real_s)
 
     def check_scheduler(self) -> None:
-        """Handle what the scheduler sent; JobEnded when it closed the job, LinkError
-        when it failed it or went silent."""
+        """Handle what the scheduler sent; JobEnded when it closed the job, Rewound when
+        it took the job back to a checkpoint, LinkError when it failed it or went silent."""
         while self.link.sock.poll(0):
-            if isinstance(self.link.receive(), Shutdown):
+            msg = self.link.receive()
+            if isinstance(msg, Shutdown):
                 raise JobEnded()
+            if isinstance(msg, Rewind):
+                raise Rewound(msg)
         self.link.check_alive()
 
     def _await_shutdown(self) -> None:
