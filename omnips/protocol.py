@@ -257,16 +257,20 @@ class Restore(Message):
 
 @dataclass(frozen=True)
 class Rewind(Message):
-    """Scheduler to a worker, once every server is back at checkpoint `step`: continue
-    from there with `plan`, on the servers at `servers` (a restarted one has a new address)."""
+    """Scheduler to the workers, once every server is back at a checkpoint: worker r
+    continues at step `steps[r]` and sample position `positions[r]` with `plan`, on the
+    servers at `servers` (a restarted one has a new address)."""
 
     OP = "rewind"
-    step: int
+    steps: list
+    positions: list
     plan: dict
     servers: list
 
     def check(self):
-        _non_negative(self, "step")
+        if not self.steps or len(self.positions) != len(self.steps) \
+                or not all(_count(x) for x in [*self.steps, *self.positions]):
+            raise ValueError("steps and positions must be one count per worker")
         if not self.servers or not all(isinstance(e, str) for e in self.servers):
             raise ValueError("servers must be a list of endpoints")
 

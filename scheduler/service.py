@@ -200,10 +200,10 @@ class Scheduler:
         return f"; start the processes again with --resume {self.run.path} on the scheduler"
 
     def _server_lost(self, m, why: str) -> None:
-        """BSP with a complete checkpoint: every server goes back to it, the lost one's shard
-        on whichever server registers next; otherwise the job fails."""
+        """With a complete checkpoint, every server goes back to it, the lost one's shard on
+        whichever server registers next; without one, the job fails."""
         ckpt = None
-        if self.job.mode == "bsp" and self.checkpoints is not None and self._recovery is None:
+        if self.checkpoints is not None and self._recovery is None:
             ckpt, _ = newest_complete(self.checkpoints.root)
         if ckpt is None:
             raise JobFailed(f"server {m.rank} at {m.info.endpoint} {why}" + self._recovery_hint())
@@ -241,12 +241,15 @@ class Scheduler:
         plan = BatchPlan(self.registry.plan.gen + 1, self.registry.plan.batches)
         self._send_plan(plan)
         endpoints = [s.info.endpoint for s in self.registry.servers]
+        rewind = Rewind(steps=list(ckpt.worker_steps), positions=list(ckpt.positions), plan=plan.to_wire(),
+                        servers=endpoints)
         for w in self.registry.workers.values():
-            transport.reply(self.router, w.peer, Rewind(step=ckpt.step, plan=plan.to_wire(), servers=endpoints))
+            transport.reply(self.router, w.peer, rewind)
         self.restores += 1
-        self.run.event("rewind", step=ckpt.step, steps_lost=max(0, reached - ckpt.step), checkpoint=str(ckpt.path))
-        log.info("every server is back at step %d (%d steps lost): the workers go on from there",
-                 ckpt.step, max(0, reached - ckpt.step))
+        self.run.event("rewind", step=ckpt.step, worker_steps=list(ckpt.worker_steps),
+                       steps_lost=max(0, reached - max(ckpt.worker_steps)), checkpoint=str(ckpt.path))
+        log.info("every server is back at checkpoint %d: the workers go on from steps %s", ckpt.step,
+                 list(ckpt.worker_steps))
 
     def _check_silences(self, now: float) -> None:
         """A worker silent for --dead-after leaves the job; a silent server fails it. Silence

@@ -68,7 +68,9 @@ STRATEGIES = {
     "checkpoint": st.builds(Checkpoint, req=ANY_INT, step=U64, at=st.none() | U64),
     "saved": st.builds(Saved, req=ANY_INT, step=U64, version=U64, size=U64, sha256=TEXT, error=TEXT),
     "restore": st.builds(Restore, path=TEXT),
-    "rewind": st.builds(Rewind, step=U64, plan=DICTS, servers=st.lists(TEXT, min_size=1, max_size=3)),
+    "rewind": st.integers(1, 4).flatmap(lambda n: st.builds(
+        Rewind, steps=st.lists(U64, min_size=n, max_size=n), positions=st.lists(U64, min_size=n, max_size=n),
+        plan=DICTS, servers=st.lists(TEXT, min_size=1, max_size=3))),
 }
 ANY_MESSAGE = st.one_of(*STRATEGIES.values())
 
@@ -286,7 +288,8 @@ SAMPLE = {
     "checkpoint": Checkpoint(req=1, step=10, at=10),
     "saved": Saved(req=1, step=10, version=10, size=100, sha256="ab" * 32),
     "restore": Restore(path="/run/checkpoints/step-10"),
-    "rewind": Rewind(step=10, plan={"gen": 3, "batches": [8, 8], "stop": False}, servers=["tcp://h:1"]),
+    "rewind": Rewind(steps=[10, 10], positions=[640, 640], plan={"gen": 3, "batches": [8, 8], "stop": False},
+                     servers=["tcp://h:1"]),
 }
 WRONG = {  # field type -> values of other types
     int: [True, False, "1", 1.5, None, [1], {"a": 1}, b"1"],
@@ -368,7 +371,8 @@ def test_missing_data_length():
     ("plan", "gen", -1), ("plan", "batches", [0, 0]), ("plan", "batches", [3, -1]), ("plan", "batches", []),
     ("plan", "departed", [[5, 1]]), ("plan", "departed", [[0]]), ("plan", "departed", [[0, -2]]), ("plan", "departed", [[0, 1.5]]),
     ("pull", "at", -1), ("checkpoint", "step", -1), ("checkpoint", "at", -1), ("saved", "step", -1),
-    ("saved", "version", -1), ("saved", "size", -1), ("rewind", "step", -1), ("rewind", "servers", []),
+    ("saved", "version", -1), ("saved", "size", -1), ("rewind", "steps", [-1, 2]), ("rewind", "positions", [1]),
+    ("rewind", "servers", []),
     ("rewind", "servers", [1]),
     ("register", "role", "boss"), ("register", "capacity", 0.0), ("register", "capacity", -1.0),
     ("register", "capacity", math.nan), ("register", "capacity", math.inf), ("register", "endpoint", ""),

@@ -30,10 +30,10 @@ class JobEnded(Exception):
 
 
 class Rewound(Exception):
-    """A server died and the job went back to a checkpoint: continue from `msg.step`."""
+    """A server died and the job went back to a checkpoint: continue from `msg.steps[rank]`."""
 
     def __init__(self, msg: Rewind):
-        super().__init__(f"rewind to step {msg.step}")
+        super().__init__(f"rewind to steps {msg.steps}")
         self.msg = msg
 
 
@@ -136,21 +136,24 @@ class _Session:
                 asp_pos, last = self._step(step, asp_pos, bsp)
                 step += 1
             except Rewound as rw:
-                step = self._rewind(rw.msg)
+                step, asp_pos = self._rewind(rw.msg)
         self.link.send(Report(rank=self.rank, step=step, batch=0, compute_s=0.0, network_s=0.0, wait_s=0.0,
                               loss=last.loss if last else 0.0, done=True))
         self._await_shutdown()
 
-    def _rewind(self, msg: Rewind) -> int:
+    def _rewind(self, msg: Rewind) -> tuple[int, int]:
         """Abandon the step in flight, connect to the servers as they are now, and pull the
-        model at the checkpoint's step."""
-        log.info("worker %d: a server was lost, the job goes back to step %d", self.rank, msg.step)
+        model of the checkpoint; the step and sample position to go on from."""
+        if len(msg.steps) != self.job.num_workers:
+            raise LinkError(f"a rewind for {len(msg.steps)} workers, the job has {self.job.num_workers}")
+        step = msg.steps[self.rank]
+        log.info("worker %d: a server was lost, the job goes back to step %d", self.rank, step)
         self.servers.close()
         self.servers = self.connect(msg.servers)
         self.plan = BatchPlan.from_wire(msg.plan, self.job.num_workers)
-        self.servers.pull(self.flat.params, at=msg.step)
+        self.servers.pull(self.flat.params)  # BSP: the version stays the checkpoint's until all have pushed
         self.flat.load_params()
-        return msg.step
+        return step, msg.positions[self.rank]
 
     def _step(self, step: int, asp_pos: int, bsp: bool) -> tuple[int, Report]:
         """One step: compute, push and pull, report; returns the ASP stream position and the report."""
