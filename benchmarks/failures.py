@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""How fast a dead worker is detected, and what its death costs a BSP job.
+"""How fast a dead worker is detected, what its death costs a BSP job, and what a
+lost server costs.
 
 For each --dead-after value D (heartbeats every D/5 s), one invocation runs BSP on
 digits (mlp, 3 workers on virtual devices of 20 ms per step, one server) and SIGKILLs
@@ -16,7 +17,13 @@ shares) it takes:
 Detection over D is the figure of merit: a silence has to last D, and the scheduler
 looks at least every 100 ms, so it should sit a little above 1.
 
-    python benchmarks/failures.py [--dead-after 1,2,5] [--repeats 2]
+Then, for each --checkpoint-every K, a BSP job on 2 servers has server 1 SIGKILLed
+after 37 steps and started again once the scheduler logs the loss; from the `rewind`
+event: the steps lost (reached minus the checkpoint's step: at most K, or 2K if the
+newest checkpoint was still being written) and the time from the kill to the rewind
+(D = 2 s of detection, the new server's start-up and its restore).
+
+    python benchmarks/failures.py [--dead-after 1,2,5] [--checkpoint-every 5,10,20] [--repeats 2]
 
 Prints a table and writes it to benchmarks/results/failures.md.
 """
@@ -87,9 +94,32 @@ def run_one(root: Path, dead_after: float, k: int) -> dict:
             "lost_samples": short, "switch_step": switch["step"], "last_step": lost["last_step"]}
 
 
+def restart_one(root: Path, every: int, k: int) -> dict:
+    run_dir = root / f"k{every}-{k}"
+    job = ["--mode", "bsp", "--max-steps", "200", "--global-batch", str(GLOBAL_BATCH), "--seed", str(k),
+           "--heartbeat", "0.4", "--dead-after", "2", "--checkpoint-every", str(every)]
+    cluster = LocalCluster(run_dir, job, 2, [WorkerSpec(ms_per_step=20.0)] * 2)
+    with cluster:
+        cluster.start()
+        _wait_until(lambda: sum(e["event"] == "step" for e in _events(run_dir)) >= 2 * 37, 60, "the first steps")
+        killed_at = time.monotonic()
+        cluster.procs["server1"].send_signal(signal.SIGKILL)
+        _wait_until(lambda: any(e["event"] == "membership" and e["change"] == "lost" for e in _events(run_dir)),
+                    60, "the loss")
+        cluster.start_server("server1-again")
+        code = cluster.wait(JOB_TIMEOUT_S)
+    if code != 0:
+        raise SystemExit(f"K={every}: the job failed (run dir {run_dir}): {cluster.tail('scheduler')}")
+    events = read_events(run_dir)
+    t0 = next(e["clock_t0"] for e in events if e["event"] == "start")
+    rewind = next(e for e in events if e["event"] == "rewind")
+    return {"lost": rewind["steps_lost"], "recover_s": t0 + rewind["t"] - killed_at, "step": rewind["step"]}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dead-after", default="1,2,5", help="comma-separated --dead-after values, seconds")
+    p.add_argument("--checkpoint-every", default="5,10,20", help="comma-separated intervals for the server part")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", type=Path, default=HERE / "results" / "failures.md")
     args = p.parse_args(argv)
@@ -104,10 +134,17 @@ def main(argv=None) -> int:
                 print(f"D {d:g} s: detected after {r['detect_s']:.2f} s, survivors stepped after "
                       f"{r['stall_s']:.2f} s, {r['lost_samples']} samples not learned", flush=True)
             rows.append((d, runs))
+        restarts = []
+        for every in [int(v) for v in args.checkpoint_every.split(",")]:
+            runs = [restart_one(root, every, k) for k in range(args.repeats)]
+            for r in runs:
+                print(f"K {every}: back to step {r['step']}, {r['lost']} steps lost, rewound "
+                      f"{r['recover_s']:.2f} s after the kill", flush=True)
+            restarts.append((every, runs))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     lines = [
-        "# Dead-worker detection and its cost (BSP)", "",
+        "# Dead workers and lost servers: detection and cost (BSP)", "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
         f"- nproc: {len(os.sched_getaffinity(0))}, {platform.machine()}, Python {platform.python_version()}",
         f"- command: `python benchmarks/failures.py {' '.join(sys.argv[1:])}` ({time.monotonic() - start:.0f} s)",
@@ -123,7 +160,13 @@ def main(argv=None) -> int:
         lost = "/".join(str(r["lost_samples"]) for r in runs)
         lines.append(f"| {d:g} | {len(runs)} | {det:.2f} | {det / d:.2f} | {stall:.2f} | {lost} |")
     lines += ["", "Samples not learned: the dead worker's slice (16 of 48) of each step between its last "
-              "reported step and the survivors' switch to the new plan, usually the one step in flight."]
+              "reported step and the survivors' switch to the new plan, usually the one step in flight.",
+              "", "## A lost server, started again (BSP, 2 servers, 2 workers, --dead-after 2 s)", "",
+              "| --checkpoint-every K | runs | steps lost | kill to rewind (s), median |",
+              "|---:|---:|---|---:|"]
+    for every, runs in restarts:
+        lines.append(f"| {every} | {len(runs)} | {'/'.join(str(r['lost']) for r in runs)} | "
+                     f"{statistics.median(r['recover_s'] for r in runs):.2f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
