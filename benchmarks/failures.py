@@ -9,10 +9,10 @@ the scheduler's `clock_t0` on the system's monotonic clock, which this process
 shares) it takes:
 
 * detection: kill -> the scheduler's `membership lost` event;
-* stall: kill -> the first step the survivors complete after it (BSP waits for the
-  dead worker until it is declared gone);
-* lost samples: the global batch minus what the steps between the kill and the
-  survivors' new plan trained on (the dead worker's slices of those steps).
+* resume: the loss -> the first step the survivors complete after it (BSP waits for
+  the dead worker until it is declared gone);
+* samples missing: the global batch minus what the reported steps after the dead
+  worker's last report trained on (its slices of those steps).
 
 Detection over D is the figure of merit: a silence has to last D, and the scheduler
 looks at least every 100 ms, so it should sit a little above 1.
@@ -82,7 +82,7 @@ def run_one(root: Path, dead_after: float, k: int) -> dict:
     events = read_events(run_dir)
     t0 = next(e["clock_t0"] for e in events if e["event"] == "start")
     lost = next(e for e in events if e["event"] == "membership" and e["change"] == "lost")
-    after = [e for e in events if e["event"] == "step" and t0 + e["t"] > killed_at and e["worker"] != 2]
+    after = [e for e in events if e["event"] == "step" and e["t"] > lost["t"] and e["worker"] != 2]
     switch = next(e for e in events if e["event"] == "assign" and e["reason"] == "lost")
     steps = {}
     for e in events:
@@ -90,7 +90,7 @@ def run_one(root: Path, dead_after: float, k: int) -> dict:
             steps.setdefault(e["step"], 0)
             steps[e["step"]] += e["batch"]
     short = sum(GLOBAL_BATCH - b for s, b in steps.items() if s > lost["last_step"])
-    return {"detect_s": t0 + lost["t"] - killed_at, "stall_s": t0 + min(e["t"] for e in after) - killed_at,
+    return {"detect_s": t0 + lost["t"] - killed_at, "resume_s": min(e["t"] for e in after) - lost["t"],
             "lost_samples": short, "switch_step": switch["step"], "last_step": lost["last_step"]}
 
 
@@ -131,8 +131,8 @@ def main(argv=None) -> int:
         for d in values:
             runs = [run_one(root, d, k) for k in range(args.repeats)]
             for r in runs:
-                print(f"D {d:g} s: detected after {r['detect_s']:.2f} s, survivors stepped after "
-                      f"{r['stall_s']:.2f} s, {r['lost_samples']} samples not learned", flush=True)
+                print(f"D {d:g} s: detected after {r['detect_s']:.2f} s, survivors stepped "
+                      f"{r['resume_s']:.3f} s after that, {r['lost_samples']} samples missing", flush=True)
             rows.append((d, runs))
         restarts = []
         for every in [int(v) for v in args.checkpoint_every.split(",")]:
@@ -150,23 +150,31 @@ def main(argv=None) -> int:
         f"- command: `python benchmarks/failures.py {' '.join(sys.argv[1:])}` ({time.monotonic() - start:.0f} s)",
         f"- job: BSP, mlp on digits, 3 workers on 20 ms virtual steps, --global-batch {GLOBAL_BATCH}; "
         f"worker 2 SIGKILLed after {KILL_AFTER_STEPS} steps; --heartbeat D/5", "",
-        "| --dead-after D (s) | runs | detection (s), median | detection / D | survivors' next step after (s) "
-        "| samples not learned |",
+        "| --dead-after D (s) | runs | detection (s), median | detection / D | survivors' next step after the "
+        "loss (s) | samples missing |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for d, runs in rows:
         det = statistics.median(r["detect_s"] for r in runs)
-        stall = statistics.median(r["stall_s"] for r in runs)
+        resume = statistics.median(r["resume_s"] for r in runs)
         lost = "/".join(str(r["lost_samples"]) for r in runs)
-        lines.append(f"| {d:g} | {len(runs)} | {det:.2f} | {det / d:.2f} | {stall:.2f} | {lost} |")
-    lines += ["", "Samples not learned: the dead worker's slice (16 of 48) of each step between its last "
-              "reported step and the survivors' switch to the new plan, usually the one step in flight.",
+        lines.append(f"| {d:g} | {len(runs)} | {det:.2f} | {det / d:.2f} | {resume:.3f} | {lost} |")
+    lines += ["", "Samples missing: the dead worker's slice (16 of 48) of each step after its last report: "
+              "the step in flight, which is not learned from, and, when the kill fell between a push and "
+              "its report, the step before, which was learned but never reported.",
               "", "## A lost server, started again (BSP, 2 servers, 2 workers, --dead-after 2 s)", "",
-              "| --checkpoint-every K | runs | steps lost | kill to rewind (s), median |",
-              "|---:|---:|---|---:|"]
+              "| --checkpoint-every K | runs | step reached -> checkpoint gone back to | steps lost "
+              "| kill to rewind (s), median |",
+              "|---:|---:|---|---|---:|"]
     for every, runs in restarts:
-        lines.append(f"| {every} | {len(runs)} | {'/'.join(str(r['lost']) for r in runs)} | "
+        where = ", ".join(f"{r['step'] + r['lost']} -> {r['step']}" for r in runs)
+        lost = "/".join(str(r["lost"]) for r in runs)
+        lines.append(f"| {every} | {len(runs)} | {where} | {lost} | "
                      f"{statistics.median(r['recover_s'] for r in runs):.2f} |")
+    lines += ["", "Steps lost are those between the newest complete checkpoint and the step reached when the "
+              "server died (fewer than K, or up to 2K while the newest is still being written); where the "
+              "kill falls in the interval is chance. Kill to rewind: --dead-after (2 s), the new server's "
+              "start-up (a Python process importing torch) and the restores."]
     text = "\n".join(lines) + "\n"
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

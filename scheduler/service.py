@@ -217,6 +217,17 @@ class Scheduler:
         self._membership(m, "lost", reason=why)
         log.warning("server %d lost (%s): start a server again; the job goes back to step %d", m.rank, why, ckpt.step)
 
+    def _replace_silent_server(self) -> None:
+        """A server registers while every shard has one: one that has missed two heartbeats
+        is taken for lost now rather than after --dead-after (a supervisor restarting a
+        crashed server need not wait); with all of them alive the newcomer is refused."""
+        now = time.monotonic()
+        for m in self.registry.servers:
+            silent = now - max(self._heard.get(m.peer, 0.0), self._complete_at)
+            if silent > 2 * self.opts.heartbeat_s:
+                self._server_lost(m, f"silent for {silent:.1f} s when a new server registered")
+                return
+
     def _on_restored(self, rank: int) -> None:
         """A server is back at the checkpoint; once all are, the workers go back too."""
         if self._recovery is None:
@@ -289,6 +300,8 @@ class Scheduler:
         transport.reply(self.router, peer, protocol.Error(code=code, text=text))
 
     def _on_register(self, peer: bytes, msg: Register) -> None:
+        if msg.role == "server" and self.registry.complete and not self.registry.vacant_servers:
+            self._replace_silent_server()
         servers_before = len(self.registry.servers) == self.job.num_servers
         for to, out in self.registry.register(peer, msg):
             transport.reply(self.router, to, out)
