@@ -29,9 +29,6 @@ Prints a table and writes it to benchmarks/results/failures.md.
 """
 
 import argparse
-import datetime
-import os
-import platform
 import shutil
 import signal
 import statistics
@@ -42,6 +39,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from report import machine_lines, publish  # noqa: E402
 
 from omnips.launch import LocalCluster, WorkerSpec  # noqa: E402
 from omnips.metrics import read_events  # noqa: E402
@@ -145,8 +145,7 @@ def main(argv=None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     lines = [
         "# Dead workers and lost servers: detection and cost (BSP)", "",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
-        f"- nproc: {len(os.sched_getaffinity(0))}, {platform.machine()}, Python {platform.python_version()}",
+        *machine_lines(),
         f"- command: `python benchmarks/failures.py {' '.join(sys.argv[1:])}` ({time.monotonic() - start:.0f} s)",
         f"- job: BSP, mlp on digits, 3 workers on 20 ms virtual steps, --global-batch {GLOBAL_BATCH}; "
         f"worker 2 SIGKILLed after {KILL_AFTER_STEPS} steps; --heartbeat D/5", "",
@@ -175,10 +174,7 @@ def main(argv=None) -> int:
               "server died (fewer than K, or up to 2K while the newest is still being written); where the "
               "kill falls in the interval is chance. Kill to rewind: --dead-after (2 s), the new server's "
               "start-up (a Python process importing torch) and the restores."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    publish(lines, args.out)
     return 0
 
 

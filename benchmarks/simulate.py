@@ -22,9 +22,6 @@ Prints a table and writes it to benchmarks/results/simulate.md.
 """
 
 import argparse
-import datetime
-import os
-import platform
 import statistics
 import sys
 import time
@@ -34,6 +31,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from report import machine_lines, publish  # noqa: E402
 
 from omnips.batching import BatchPlan, equal_time, initial_batches  # noqa: E402
 from omnips.job import JobSpec  # noqa: E402
@@ -122,8 +122,7 @@ def main(argv=None) -> int:
         rows.append(s)
     lines = [
         "# The controller simulated at scale (BSP, modelled workers)", "",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
-        f"- nproc: {len(os.sched_getaffinity(0))}, {platform.machine()}, Python {platform.python_version()}",
+        *machine_lines(),
         f"- command: `python benchmarks/simulate.py {' '.join(sys.argv[1:])}` ({time.monotonic() - start:.0f} s)",
         f"- workers: compute F*(a + c*b) s, a in 2..10 ms, c in 0.5..2 ms, speeds 1..8 (F = 1/speed), "
         f"±{args.noise:.0%} noise per step; {SAMPLES_PER_WORKER} samples per worker in the global batch; "
@@ -142,10 +141,7 @@ def main(argv=None) -> int:
               "throughput that step (noise included) and nobody waiting; communication counted in both. With "
               "independent noise the slowest of N workers is always near +noise: that, not the plan, is what "
               "a BSP step waits for at large N."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    publish(lines, args.out)
     return 0
 
 
