@@ -52,7 +52,8 @@ class BatchControl:
             self._window[rank] = []
             return
         window = self._window[rank]
-        if window and abs(compute_s - statistics.median(window)) > CHANGE * statistics.median(window):
+        typical = statistics.median(window) if window else None
+        if typical is not None and abs(compute_s - typical) > CHANGE * typical:
             # the worker's speed changed inside the window: a median across the change would be
             # a time it never had (and a fit through it a wrong slope): start the window anew
             window.clear()
@@ -85,8 +86,8 @@ class BatchControl:
             self._window[rank] = []
             times.append(statistics.median(window) if window else 0.0)
         active = self.active if active is None else active
-        lines, bounds = self._lines(len(active)), self.max_batch
-        sub = decide([batches[r] for r in active], [lines[r] for r in active], self.job.global_batch,
+        bounds = self.max_batch
+        sub = decide([batches[r] for r in active], self._lines(active), self.job.global_batch,
                      self.min_batch, [bounds[r] for r in active],
                      0.0 if reason in ("memory", "membership") else self.job.deadband)
         n = len(batches)
@@ -142,13 +143,12 @@ class BatchControl:
     def _enforce(self, rank: int) -> Adjustment | None:
         return self.replan("memory") if self.plan.batches[rank] > self.max_batch[rank] else None
 
-    def _lines(self, workers: int) -> list[tuple[float, float]]:
-        """Each worker's time model; one never measured is assumed to take the cluster's
-        typical time at its current batch (the plan it is on is taken as balanced), or at
-        an equal share of the global batch among `workers` when it has none (it just joined)."""
-        measured = [(m.line(), m.newest[0]) for m, b in zip(self.models, self.plan.batches)
-                    if m.newest is not None and b]
-        typical = statistics.median(a + c * b for (a, c), b in measured) if measured else 1.0
-        share = self.job.global_batch / workers
-        return [m.line() if m.newest is not None else (0.0, typical / (b or share))
-                for m, b in zip(self.models, self.plan.batches)]
+    def _lines(self, active: list[int]) -> list[tuple[float, float]]:
+        """The `active` workers' time models, each fitted once; one never measured is assumed
+        to take the cluster's typical time at its current batch (the plan it is on is taken
+        as balanced), or at an equal share of the global batch when it has none (it just joined)."""
+        fitted = {r: self.models[r].line() for r in active if self.models[r].newest is not None}
+        typical = statistics.median(a + c * self.models[r].newest[0] for r, (a, c) in fitted.items()
+                                    if self.plan.batches[r]) if fitted else 1.0
+        share = self.job.global_batch / len(active)
+        return [fitted[r] if r in fitted else (0.0, typical / (self.plan.batches[r] or share)) for r in active]
