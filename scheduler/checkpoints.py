@@ -49,6 +49,11 @@ class CheckpointBook:
         self._next_step = (updates // self.every + 1) * self.every
         return True
 
+    def rewind(self, step: int) -> None:
+        """The job went back to checkpoint `step`: what was asked after it will not come."""
+        self.pending.clear()
+        self._next_step = (step // self.every + 1) * self.every
+
     def open(self, step: int, worker_steps: list[int], positions: list[int]) -> int:
         self._next_req += 1
         self.pending[self._next_req] = PendingCheckpoint(step, list(worker_steps), list(positions))

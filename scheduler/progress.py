@@ -54,7 +54,7 @@ class Progress:
     def resume(self, worker_steps: list[int], positions: list[int]) -> None:
         """Continue from a checkpoint: each worker's next step and sample-stream position."""
         for w, steps, position in zip(self.workers, worker_steps, positions):
-            w.steps = w.start = steps
+            w.steps = w.start = w.next_step = steps
             w.samples = 0 if self.job.mode == "bsp" else position  # BSP: all read one stream, at positions[0]
         self.samples = self.start_samples = positions[0] if self.job.mode == "bsp" else sum(positions)
         self._epochs_seen = min(self.samples, self.budget) // self.train_size

@@ -223,7 +223,7 @@ class Scheduler:
         crashed server need not wait); with all of them alive the newcomer is refused."""
         now = time.monotonic()
         for m in self.registry.servers:
-            silent = now - max(self._heard.get(m.peer, 0.0), self._complete_at)
+            silent = self._silent(m, now)
             if silent > 2 * self.opts.heartbeat_s:
                 self._server_lost(m, f"silent for {silent:.1f} s when a new server registered")
                 return
@@ -238,16 +238,11 @@ class Scheduler:
         ckpt, reached = self._recovery.checkpoint, self._recovery.reached
         self._recovery = None
         self.progress.resume(ckpt.worker_steps, ckpt.positions)
-        for w in self.progress.workers:
-            w.next_step = w.steps if w.present else w.next_step
         for sock in self.servers.socks:  # evaluation and checkpoint requests died with the rewind
             self.poller.unregister(sock)
         self.servers.close()
         self.evals = EvalBook(self.job.num_servers)
-        complete = self.checkpoints.complete
-        self.checkpoints = CheckpointBook(self.checkpoints.root, self.job, self.registry.ranges,
-                                          self.opts.checkpoint_every, ckpt.step)
-        self.checkpoints.complete = complete
+        self.checkpoints.rewind(ckpt.step)
         self._connect_servers()
         plan = BatchPlan(self.registry.plan.gen + 1, self.registry.plan.batches)
         self._send_plan(plan)
@@ -262,15 +257,20 @@ class Scheduler:
         log.info("every server is back at checkpoint %d: the workers go on from steps %s", ckpt.step,
                  list(ckpt.worker_steps))
 
+    def _silent(self, m, now: float) -> float:
+        """Seconds since member `m` last said anything, counted from the start at the
+        earliest: until their welcome, processes beat at the default rate."""
+        return now - max(self._heard.get(m.peer, 0.0), self._complete_at)
+
     def _check_silences(self, now: float) -> None:
-        """A worker silent for --dead-after leaves the job; a silent server fails it. Silence
-        counts from the start at the earliest: until their welcome, processes beat slower."""
+        """A worker silent for --dead-after leaves the job; a silent server is replaced or
+        fails it."""
         for m in self.registry.servers:
-            silent = now - max(self._heard.get(m.peer, 0.0), self._complete_at)
+            silent = self._silent(m, now)
             if silent > self.opts.dead_after_s and m.rank not in self.registry.vacant_servers:
                 self._server_lost(m, f"has been silent for {silent:.0f} s")
         for rank, m in list(self.registry.workers.items()):
-            silent = now - max(self._heard.get(m.peer, 0.0), self._complete_at)
+            silent = self._silent(m, now)
             if silent > self.opts.dead_after_s and not self.progress.workers[rank].done:
                 self._depart(rank, f"silent for {silent:.0f} s")
 
