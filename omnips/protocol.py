@@ -1,9 +1,9 @@
-"""The wire protocol: one msgpack header frame, then at most one raw float32 frame.
+"""The wire protocol: one msgpack header frame, then at most one raw data frame.
 
 Every op is a frozen dataclass; `decode` turns received frames into one of them or
 raises `ProtocolError`, so past this module nothing handles raw dicts. The header
 carries the protocol version `v`, the op, the message's fields and, when a data
-frame follows, its dtype and element count. No pickle: msgpack only.
+frame follows, its dtype tag and element count. No pickle: msgpack only.
 """
 
 import reprlib
@@ -16,8 +16,10 @@ import numpy as np
 
 VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
-DTYPE = "f4"  # little-endian float32, the only dtype on the wire for now
-_NP_DTYPE = np.dtype("<f4")
+# data frame dtype tags -> the items' numpy dtype (little-endian); bfloat16 travels as
+# its uint16 bit patterns (omnips/wire.py converts). Which tag a message may carry is
+# the receiver's rule: the job's --wire-dtype for pushes and their replies, else float32.
+DTYPES = {"f4": np.dtype("<f4"), "bf16": np.dtype("<u2"), "f2": np.dtype("<f2")}
 
 
 _REPR = reprlib.Repr()
@@ -313,9 +315,11 @@ def encode(msg: Message) -> list:
             header[f.name] = value
     if data is None:
         return [msgpack.packb(header)]
-    if data.dtype != _NP_DTYPE or data.ndim != 1 or not data.flags.c_contiguous:
-        raise ValueError("wire data must be a 1-D C-contiguous float32 array")
-    header["dt"] = DTYPE
+    tag = next((t for t, dt in DTYPES.items() if data.dtype == dt), None)
+    if tag is None or data.ndim != 1 or not data.flags.c_contiguous:
+        raise ValueError("wire data must be a 1-D C-contiguous array of little-endian float32, "
+                         "float16 or uint16 (bfloat16 bits)")
+    header["dt"] = tag
     header["len"] = int(data.size)
     return [msgpack.packb(header), memoryview(data)]
 
@@ -368,11 +372,14 @@ def decode(frames: list) -> Message:
 
 
 def _decode_data(header: dict, buf: memoryview) -> np.ndarray:
-    if header.get("dt") != DTYPE:
-        raise ProtocolError("bad_dtype", f"data dtype {_brief(header.get('dt'))}, expected {DTYPE!r}")
+    tag = header.get("dt")
+    dtype = DTYPES.get(tag) if isinstance(tag, str) else None
+    if dtype is None:
+        raise ProtocolError("bad_dtype", f"data dtype {_brief(tag)}, expected one of {', '.join(DTYPES)}")
     n = header.get("len")
     if not type_ok(n, int) or n < 0:
         raise ProtocolError("bad_field", f"data length {_brief(n)} is not a count")
-    if buf.nbytes != n * _NP_DTYPE.itemsize:
-        raise ProtocolError("bad_length", f"data frame has {buf.nbytes} bytes, header says {n} float32")
-    return np.frombuffer(buf, dtype=_NP_DTYPE)
+    if buf.nbytes != n * dtype.itemsize:
+        raise ProtocolError("bad_length", f"data frame has {buf.nbytes} bytes, header says {n} {tag} "
+                                          f"({dtype.itemsize} bytes each)")
+    return np.frombuffer(buf, dtype=dtype)

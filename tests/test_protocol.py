@@ -93,8 +93,8 @@ def assert_same_message(got, want):
     for f in fields(want):
         a, b = getattr(got, f.name), getattr(want, f.name)
         if f.name == "data":
-            assert a.dtype == np.dtype("<f4") and a.ndim == 1
-            assert a.view("<u4").tolist() == b.view("<u4").tolist()  # bit-exact, NaN payloads included
+            assert a.dtype == b.dtype and a.dtype in protocol.DTYPES.values() and a.ndim == 1
+            assert a.tobytes() == b.tobytes()  # bit-exact, NaN payloads included
         else:
             assert same_value(a, b), (f.name, a, b)
 
@@ -164,9 +164,25 @@ def test_decode_accepts_zmq_like_frames_with_a_buffer_attribute():
     assert_same_message(got, msg)
 
 
+@pytest.mark.parametrize("tag", sorted(protocol.DTYPES))
+@FAST
+@given(bits=st.lists(st.integers(0, 2**32 - 1), max_size=24))
+def test_every_wire_dtype_round_trips_bit_exact(tag, bits):
+    dtype = protocol.DTYPES[tag]
+    data = np.array(bits, dtype="<u4").astype(f"<u{dtype.itemsize}").view(dtype)
+    for msg in (Push(rank=1, step=2, ver=2, batch=3, gen=0, data=data),
+                Params(req=1, version=2, held_s=0.0, plan=None, data=data)):
+        head, body = encode(msg)
+        header = msgpack.unpackb(head, raw=False)
+        assert header["dt"] == tag and header["len"] == data.size and len(bytes(body)) == data.size * dtype.itemsize
+        got = decode([bytes(head), bytes(body)])
+        assert got.data.dtype == dtype and got.data.tobytes() == data.tobytes()
+
+
 def test_encode_refuses_non_wire_arrays():
     for bad in (np.zeros(3, dtype=np.float64), np.zeros((2, 2), dtype=np.float32),
-                np.zeros(6, dtype=np.float32)[::2], np.zeros(3, dtype=">f4")):
+                np.zeros(6, dtype=np.float32)[::2], np.zeros(3, dtype=">f4"), np.zeros(3, dtype=">f2"),
+                np.zeros(3, dtype=">u2"), np.zeros(3, dtype=np.int16), np.zeros(3, dtype=np.uint32)):
         with pytest.raises(ValueError):
             encode(Init(rank=0, data=bad))
 
@@ -322,7 +338,8 @@ def test_ints_are_accepted_for_float_fields():
     assert msg.held_s == 3
 
 
-@pytest.mark.parametrize("dt", ["f8", "<f4", "float32", "F4", 4, None, b"f4"])
+@pytest.mark.parametrize("dt", ["f8", "<f4", "float32", "F4", 4, None, b"f4", "bfloat16", "float16", "BF16", "u2",
+                                "<f2", "f2 ", b"bf16", ["bf16"]])
 def test_bad_dtype(dt):
     header = header_of(SAMPLE["push"])
     header["dt"] = dt
@@ -345,6 +362,20 @@ def test_data_length_must_match_the_header(n, nbytes):
         assert decode(frames).data.size == n
     else:
         assert refused(frames).code == "bad_length"
+
+
+@pytest.mark.parametrize("tag", ["bf16", "f2"])
+@FAST
+@given(n=st.integers(0, 50), nbytes=st.integers(0, 220))
+def test_a_two_byte_tag_needs_two_bytes_per_item(tag, n, nbytes):
+    header = header_of(SAMPLE["params"])
+    header.update(dt=tag, len=n)
+    frames = frames_with(header, bytes(nbytes))
+    if nbytes == 2 * n:
+        assert decode(frames).data.dtype == protocol.DTYPES[tag]
+    else:
+        err = refused(frames)
+        assert err.code == "bad_length" and tag in err.text
 
 
 @pytest.mark.parametrize("n", [-1, -(2**63), True, 1.0, "3", None])
