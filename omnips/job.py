@@ -14,6 +14,7 @@ BATCHINGS = ("uniform", "static", "dynamic")
 CONTROLLERS = ("affine", "proportional")
 STALENESS_LR = ("none", "inverse")
 NAN_POLICIES = ("fail", "skip")
+WIRE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class JobSpec:
     staleness: int = 3  # ssp: how many steps a worker may run ahead of the slowest
     staleness_lr: str = "none"
     nan_policy: str = "fail"  # a worker's non-finite gradient: end the job, or drop that gradient
+    wire_dtype: str = "float32"  # pushes and their replies travel in it; servers keep float32 (omnips/wire.py)
     seed: int = 0
 
     def check(self) -> None:
@@ -53,6 +55,7 @@ class JobSpec:
         _one_of("controller", self.controller, CONTROLLERS)
         _one_of("staleness-lr", self.staleness_lr, STALENESS_LR)
         _one_of("nan-policy", self.nan_policy, NAN_POLICIES)
+        _one_of("wire-dtype", self.wire_dtype, WIRE_DTYPES)
         if self.adjust_every < 2:
             raise ValueError(f"--adjust-every must be >= 2 (the first step after a change is not measured), "
                              f"not {self.adjust_every}")

@@ -13,9 +13,11 @@ import zmq
 
 from . import protocol, security, transport
 from .protocol import Ack, Error, Init, Params, ProtocolError, Pull, Push
+from .wire import WireDtype, name_of
 
 
 _NOTHING = np.zeros(0, dtype=np.float32)
+FLOAT32 = WireDtype("float32")  # init, pulls and their replies: exact state
 
 
 class ServerError(RuntimeError):
@@ -38,9 +40,10 @@ class Exchange:
 
 class ServerGroup:
     def __init__(self, ctx: zmq.Context, endpoints: list[str], ranges: list, timeout_s: float,
-                 on_wait=None, tick_s: float = 1.0, keys: security.Keys | None = None):
+                 on_wait=None, tick_s: float = 1.0, keys: security.Keys | None = None, wire: WireDtype = FLOAT32):
         """`on_wait()` is called about every `tick_s` while a call waits for servers (a
-        worker checks on the scheduler there); it may raise to abandon the wait."""
+        worker checks on the scheduler there); it may raise to abandon the wait. `wire`:
+        the job's wire dtype, that of the gradients pushed and of the replies to them."""
         if len(endpoints) != len(ranges):
             raise ValueError("one shard range per server endpoint is needed")
         self.endpoints = list(endpoints)
@@ -58,6 +61,7 @@ class ServerGroup:
         self._req = 0
         self._on_wait = on_wait
         self._tick_s = tick_s
+        self.wire = wire
 
     # -- blocking calls (workers) -------------------------------------------------
     def init(self, values: np.ndarray) -> None:
@@ -78,13 +82,14 @@ class ServerGroup:
     def push_pull(self, rank: int, step: int, grads: np.ndarray, batch: int, gen: int,
                   into: np.ndarray) -> Exchange:
         """Push each shard's gradient slice (none with batch 0: a dropped gradient); each
-        reply carries the updated shard."""
+        reply carries the updated shard. `grads` is in the wire dtype (WireDtype.narrow)."""
         for s, (sock, (lo, hi)) in enumerate(zip(self.socks, self.ranges)):
             transport.send(sock, Push(rank=rank, step=step, ver=self.versions[s], batch=batch, gen=gen,
                                       data=grads[lo:hi] if batch else _NOTHING))
-        return self._gather(Params, step, into)
+        return self._gather(Params, step, into, self.wire)
 
-    def _gather(self, want: type, req: int | None, into: np.ndarray | None) -> Exchange:
+    def _gather(self, want: type, req: int | None, into: np.ndarray | None,
+                wire: WireDtype = FLOAT32) -> Exchange:
         start = time.perf_counter()
         deadline = time.monotonic() + self.timeout_s
         waiting = set(range(len(self.socks)))
@@ -106,7 +111,7 @@ class ServerGroup:
                 if s not in waiting or not isinstance(msg, want) or (req is not None and msg.req != req):
                     continue  # a late answer to an earlier, abandoned request: read and dropped
                 if isinstance(msg, Params):
-                    self.accept(s, msg, into)
+                    self.accept(s, msg, into, wire)
                     plan = msg.plan if _newer(msg.plan, plan) else plan
                     held = max(held, msg.held_s)
                 waiting.discard(s)
@@ -134,13 +139,17 @@ class ServerGroup:
             raise ServerError(f"server {self.endpoints[s]} refused: {msg.code}: {msg.text}", msg.code)
         return msg
 
-    def accept(self, s: int, msg: Params, into: np.ndarray | None) -> None:
+    def accept(self, s: int, msg: Params, into: np.ndarray | None, wire: WireDtype = FLOAT32) -> None:
+        """Take a shard's values into `into` (float32), expecting them in `wire`."""
         lo, hi = self.ranges[s]
         if msg.data.size != hi - lo:
             raise ServerError(f"server {self.endpoints[s]} sent {msg.data.size} values for a shard of {hi - lo}",
                               "bad_length")
+        if msg.data.dtype != wire.dtype:
+            raise ServerError(f"server {self.endpoints[s]} sent {name_of(msg.data)} values, expected {wire.name}",
+                              "bad_dtype")
         if into is not None:
-            np.copyto(into[lo:hi], msg.data)
+            wire.widen(msg.data, into[lo:hi])
         self.versions[s] = msg.version
 
 

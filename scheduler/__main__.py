@@ -12,7 +12,7 @@ from pathlib import Path
 from omnips import logs, transport
 from omnips.flags import add_security, seconds
 from omnips.data import FactoryError
-from omnips.job import BATCHINGS, CONTROLLERS, MODES, NAN_POLICIES, OPTIMIZERS, STALENESS_LR, JobSpec
+from omnips.job import BATCHINGS, CONTROLLERS, MODES, NAN_POLICIES, OPTIMIZERS, STALENESS_LR, WIRE_DTYPES, JobSpec
 
 from omnips.metrics import RunDirInUse
 
@@ -69,6 +69,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=d.max_batch, help="largest per-worker batch (default: no limit)")
     p.add_argument("--nan-policy", choices=NAN_POLICIES, default=d.nan_policy,
                    help="a worker's gradient with NaN or inf: fail ends the job (default), skip drops that gradient")
+    p.add_argument("--wire-dtype", choices=WIRE_DTYPES, default=d.wire_dtype,
+                   help="what gradient pushes and the shards that answer them travel as: float32 (default, exact), "
+                        "or bfloat16 / float16 (half the bytes; servers keep float32 values and optimizer state; "
+                        "a float16 gradient beyond +-65504 counts as non-finite, see --nan-policy)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--run-dir", default=None,
                    help="where config.json, metrics.jsonl, summary.json go (default runs/YYYYmmdd-HHMMSS); "

@@ -424,7 +424,9 @@ class Scheduler:
             self.run.event("nonfinite", worker=r.rank, step=r.step, loss=r.loss, policy=self.job.nan_policy)
             if self.job.nan_policy == "fail":
                 raise JobFailed(f"worker {r.rank}'s gradient at step {r.step} has NaN or inf values "
-                                f"(loss {r.loss:g}); --nan-policy skip would drop such gradients instead")
+                                f"(loss {r.loss:g}); --nan-policy skip would drop such gradients instead"
+                                + ("; float16 on the wire turns |values| >= 65520 into inf"
+                                   if self.job.wire_dtype == "float16" else ""))
             log.warning("worker %d's gradient at step %d has NaN or inf values: dropped", r.rank, r.step)
         for point in self.progress.on_report(r, time.monotonic()):
             self._ask_eval(point, final=False)

@@ -53,8 +53,8 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
         writer = checkpointer.ShardWriter(Path(cluster["checkpoint_dir"]), welcome.rank, lo, hi)
         # the largest message a worker sends is a push of this shard: refuse anything bigger
         router.setsockopt(zmq.MAXMSGSIZE, (hi - lo) * 4 + protocol.MAX_HEADER_BYTES)
-        log.info("server %d serves [%d, %d) of %d values on %s (%s; %s)", welcome.rank, lo, hi,
-                 cluster["num_params"], endpoint, job.mode, security.describe(keys))
+        log.info("server %d serves [%d, %d) of %d values on %s (%s, %s on the wire; %s)", welcome.rank, lo, hi,
+                 cluster["num_params"], endpoint, job.mode, job.wire_dtype, security.describe(keys))
         return _loop(router, link, core, writer, restore)
     finally:
         if gate is not None:
@@ -84,6 +84,7 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
                 writer.finished(wait_s=LAST_WRITE_S)  # let a file being written end whole
                 return 0
             if isinstance(msg, Plan):
+                _wait_for_sends(trackers)  # a plan can complete a BSP step: the values change
                 _send(router, core.set_plan(msg, time.monotonic()), trackers, writer)
             if isinstance(msg, Restore):  # another server died: the job goes back to a checkpoint
                 _wait_for_sends(trackers)

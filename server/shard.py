@@ -12,21 +12,26 @@ to a worker's step s waits until s - (the slowest worker's last step) <= S.
 Shard slots past the trained parameters hold model buffers (e.g. normalisation
 statistics): they take the batch-weighted mean of the pushed values (BSP) or the
 latest pushed values (ASP) and never see the optimizer.
+With --wire-dtype bfloat16 or float16, a push is widened into a float32 buffer of its
+rank's (so the BSP sum stays in rank order) and checked for finiteness there; replies
+to pushes carry the shard narrowed into one buffer, once per version. Init, pulls and
+checkpoints stay float32: they set or save state, which must not lose precision.
 A `checkpoint` request is served like a pull (at once, or when the version reaches
 `at`): the core answers with a `Snapshot` instruction holding a copy of its
 state, which the server writes; `restore` takes such a state back.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from omnips import optim
-from omnips.flat import aligned_zeros, all_finite
+from omnips.flat import aligned_empty, aligned_zeros, all_finite
 from omnips.job import JobSpec
 from omnips.protocol import Ack, Checkpoint, Error, Init, Message, Params, Plan, Pull, Push, Saved
+from omnips.wire import WireDtype, name_of
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,10 @@ class ShardCore:
         self.values = aligned_zeros(self.n)
         self._agg = aligned_zeros(self.n) if job.mode == "bsp" else None
         self._opt = optim.make(job, torch.from_numpy(self.values[:self.trained]))
+        self.wire = WireDtype(job.wire_dtype)
+        self._widened: dict[int, np.ndarray] = {}  # float32 buffers for narrow pushes, one per BSP rank
+        self._reply = self.wire.buffer(self.n)  # the shard narrowed for push replies (None: float32)
+        self._reply_version: int | None = None  # the version _reply holds
         self._b_ref = job.global_batch / job.num_workers
         self.version = 0
         self.initialized = False
@@ -131,6 +140,8 @@ class ShardCore:
             return [_error(peer, "already_initialized", "this shard already holds values")]
         if msg.data.size != self.n:
             return [_error(peer, "bad_length", f"init carries {msg.data.size} values, shard holds {self.n}")]
+        if msg.data.dtype != np.float32:
+            return [_error(peer, "bad_dtype", f"init carries {name_of(msg.data)} values: initial values are float32")]
         if not all_finite(msg.data):
             return [_error(peer, "non_finite", "initial values contain NaN or inf")]
         refusal = self._claim(peer, msg.rank)
@@ -162,6 +173,10 @@ class ShardCore:
         refusal = self._check_push(peer, msg)
         if refusal:
             return [refusal]
+        msg = self._float32(msg)
+        if not all_finite(msg.data):
+            return [_error(peer, "non_finite", f"gradient from worker {msg.rank} for step {msg.step} "
+                                               "has NaN, inf or overflowing values")]
         self._claim(peer, msg.rank)
         self._joiners.discard(msg.rank)
         if self.job.mode == "bsp":
@@ -181,6 +196,9 @@ class ShardCore:
         owner = self._owner.get(msg.rank)
         if owner is not None and owner != peer:
             return _error(peer, "rank_taken", f"worker rank {msg.rank} is bound to another connection")
+        if msg.batch and msg.data.dtype != self.wire.dtype:
+            return _error(peer, "bad_dtype", f"push carries {name_of(msg.data)} values, the job's wire dtype is "
+                                             f"{self.wire.name}")
         if msg.batch and msg.data.size != self.n:
             return _error(peer, "bad_length", f"push carries {msg.data.size} values, shard holds {self.n}")
         if msg.ver > self.version:
@@ -197,10 +215,18 @@ class ShardCore:
                 return _error(peer, "not_in_plan", f"worker {msg.rank} has no batch in plan {msg.gen}")
         elif msg.step <= self._last_step.get(msg.rank, -1):
             return _error(peer, "duplicate", f"worker {msg.rank} already pushed step {msg.step}")
-        if not all_finite(msg.data):
-            return _error(peer, "non_finite", f"gradient from worker {msg.rank} for step {msg.step} "
-                                              "has NaN, inf or overflowing values")
         return None
+
+    def _float32(self, msg: Push) -> Push:
+        """`msg` with float32 values: a narrow push (checked, so not a duplicate of a pending
+        one) widened into its rank's buffer (BSP keeps it until the barrier; ASP applies it
+        at once, so one buffer serves all)."""
+        if self.wire.exact or not msg.batch:
+            return msg
+        slot = msg.rank if self.job.mode == "bsp" else 0
+        if slot not in self._widened:
+            self._widened[slot] = aligned_empty(self.n)  # once per rank, not per step
+        return replace(msg, data=self.wire.widen(msg.data, self._widened[slot]))
 
     def _claim(self, peer, rank) -> Outgoing | None:
         owner = self._owner.setdefault(rank, peer)
@@ -345,6 +371,7 @@ class ShardCore:
             raise ValueError(f"the saved shard holds unknown arrays: {sorted(arrays)}")
         self._opt.load_state(m["optimizer"], buffers)  # checks before it changes anything
         np.copyto(self.values, values)
+        self._reply_version = None
         self.version, self.updates = m["version"], m["updates"]
         self.staleness_sum, self.staleness_max = stale
         self._last_step = ({r: s for r, s in enumerate(last) if s >= 0} if next_steps is None
@@ -363,11 +390,23 @@ class ShardCore:
         return _error(peer, code, text)
 
     def _params(self, peer, req, held_s, gen_seen, snapshot=False):
+        """A reply with the shard: to a pull (snapshot) in float32, to a push in the wire dtype."""
         plan = None
         if self.plan is not None and gen_seen is not None and gen_seen < self.plan.gen:
             plan = {"gen": self.plan.gen, "batches": self.plan.batches, "stop": self.plan.stop}
-        return Outgoing(peer, Params(req=req, version=self.version, held_s=held_s, plan=plan, data=self.values),
-                        snapshot)
+        data = self.values if snapshot else self._narrowed()
+        return Outgoing(peer, Params(req=req, version=self.version, held_s=held_s, plan=plan, data=data), snapshot)
+
+    def _narrowed(self) -> np.ndarray:
+        """The shard in the wire dtype, narrowed once per version. Replies alias it (zero-copy,
+        tracked), as they alias `values` in float32: the server waits for them to leave before
+        handling anything that can change the values."""
+        if self.wire.exact:
+            return self.values
+        if self._reply_version != self.version:
+            self.wire.narrow(self.values, self._reply)
+            self._reply_version = self.version
+        return self._reply
 
     def _release_pulls(self, now):
         ready, waiting = [], []

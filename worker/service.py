@@ -12,11 +12,12 @@ import zmq
 
 from omnips import data, models, security
 from omnips.batching import BatchPlan
-from omnips.flat import FlatModel, all_finite
+from omnips.flat import FlatModel
 from omnips.job import JobSpec
 from omnips.link import LinkError, SchedulerLink
 from omnips.protocol import Register, Report, Rewind, Shutdown
 from omnips.servers import ServerGroup
+from omnips.wire import WireDtype
 
 from . import memory
 from .emulation import Emulation
@@ -76,7 +77,7 @@ def run(opts: WorkerOptions) -> int:
         session = _Session(job, welcome.rank, cluster, device, opts, link)
         session.connect = lambda endpoints: ServerGroup(
             ctx, endpoints, cluster["ranges"], opts.server_timeout_s, on_wait=session.check_scheduler,
-            tick_s=min(1.0, link.heartbeat_s), keys=opts.keys)
+            tick_s=min(1.0, link.heartbeat_s), keys=opts.keys, wire=session.wire)
         session.servers = session.connect(cluster["servers"])
         try:
             return session.train()
@@ -103,6 +104,8 @@ class _Session:
         if self.flat.size != cluster["num_params"]:
             raise ValueError(f"this worker's model has {self.flat.size} values, the scheduler's "
                              f"{cluster['num_params']}: the model or its code differs between machines")
+        self.wire = WireDtype(job.wire_dtype)
+        self.wire_grads = self.wire.buffer(self.flat.size)  # what a push carries (None: flat.grads itself)
         batcher = data.Batcher(train)
         self.trainer = Trainer(self.flat, batcher, opts.max_batch, opts.fault_oom_above)
         # before the first pull, which overwrites whatever the probe touched
@@ -168,12 +171,12 @@ class _Session:
         compute_s = self._pad(step, batch, real_s)
         if step in self.opts.fault_nan_at:
             self.flat.grads[0] = np.nan
-        finite = all_finite(self.flat.grads)
+        finite = self.wire.finite(self.flat.grads)
         if not finite:
             self._nonfinite(step, batch, loss)
         before = list(self.servers.versions)
-        ex = self.servers.push_pull(self.rank, step, self.flat.grads, batch if finite else 0, self.plan.gen,
-                                    self.flat.params)
+        ex = self.servers.push_pull(self.rank, step, self.wire.narrow(self.flat.grads, self.wire_grads),
+                                    batch if finite else 0, self.plan.gen, self.flat.params)
         self.flat.load_params()
         if ex.plan is not None:
             self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)
@@ -190,7 +193,8 @@ class _Session:
     def _nonfinite(self, step: int, batch: int, loss: float) -> None:
         """--nan-policy skip: log it (the push then carries no gradient); fail: tell the
         scheduler, which ends the job, and stop."""
-        what = f"worker {self.rank}'s gradient at step {step} has NaN or inf values (loss {loss:g})"
+        as_wire = "" if self.wire.exact else f" as {self.wire.name}"
+        what = f"worker {self.rank}'s gradient at step {step} has NaN or inf values{as_wire} (loss {loss:g})"
         if self.job.nan_policy == "skip":
             log.warning("%s: dropped (--nan-policy skip)", what)
             return
