@@ -103,6 +103,7 @@ def test_bfloat16_rounds_to_nearest_even(x):
 
 @PROPS
 @given(x=F32_ARRAYS)
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 def test_float16_rounds_as_numpy_does(x):
     got = narrowed(F16, x)
     want = x.astype(np.float16)  # numpy's own conversion: round to nearest even, overflow to inf
@@ -140,6 +141,7 @@ def test_round_trip_error_is_at_most_half_a_unit_in_the_last_place(x):
 @example(x=np.array([65519.996, -65504.0], np.float32))
 @example(x=np.array([1.0, 65520.0], np.float32))
 @example(x=np.array([-65520.0], np.float32))
+@pytest.mark.filterwarnings("ignore:overflow encountered in dot:RuntimeWarning")
 def test_finite_means_every_value_arrives_finite(x):
     for w in (F32, BF16, F16):
         arrives = all_finite(x) and bool(np.isfinite(widened(w, narrowed(w, x))).all())
