@@ -162,7 +162,12 @@ class Pull(Message):
 @dataclass(frozen=True)
 class Push(Message):
     """A gradient for one shard at `step`, computed on parameters of version `ver`;
-    batch 0 and no values: the worker dropped this step's gradient (not finite)."""
+    batch 0 and no values: the worker dropped this step's gradient (not finite), and
+    any parts of it already sent are void.
+
+    A push may come in parts (buckets sent while backward still runs): each part
+    carries values for [offset, offset + len) of a shard of `whole` values, and the
+    parts of one push tile the shard exactly; whole 0: the push is in one message."""
 
     OP = "push"
     HAS_DATA = True
@@ -172,11 +177,18 @@ class Push(Message):
     batch: int
     gen: int  # the newest batch-plan generation this worker has seen
     data: np.ndarray = field(repr=False)
+    offset: int = 0
+    whole: int = 0
 
     def check(self):
-        _non_negative(self, "rank", "step", "ver", "gen", "batch")
+        _non_negative(self, "rank", "step", "ver", "gen", "batch", "offset", "whole")
         if self.batch == 0 and self.data.size:
             raise ValueError("a dropped gradient (batch 0) carries no values")
+        if not self.whole and self.offset:
+            raise ValueError("only a part (whole > 0) has an offset")
+        if self.whole and not (self.batch and self.data.size and self.offset + self.data.size <= self.whole):
+            raise ValueError(f"a part needs values within its shard: {self.data.size} at {self.offset} "
+                             f"of {self.whole}, batch {self.batch}")
 
 
 @dataclass(frozen=True)

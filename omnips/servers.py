@@ -79,9 +79,23 @@ class ServerGroup:
                   into: np.ndarray) -> Exchange:
         """Push each shard's gradient slice (none with batch 0: a dropped gradient); each
         reply carries the updated shard."""
-        for s, (sock, (lo, hi)) in enumerate(zip(self.socks, self.ranges)):
-            transport.send(sock, Push(rank=rank, step=step, ver=self.versions[s], batch=batch, gen=gen,
-                                      data=grads[lo:hi] if batch else _NOTHING))
+        for s, (lo, hi) in enumerate(self.ranges):
+            self.push(s, lo, hi, Push(rank=rank, step=step, ver=0, batch=batch, gen=gen, data=grads))
+        return self.collect(step, into)
+
+    def push(self, s: int, lo: int, hi: int, head: Push, track: bool = False) -> zmq.MessageTracker | None:
+        """Send `head.data[lo:hi]` (flat positions inside shard `s`) with head's fields: as
+        the shard's whole push, or as a part of it; batch 0 sends no values. The values go
+        zero-copy: with `track`, the tracker says when they may change again."""
+        slo, shi = self.ranges[s]
+        whole = (lo, hi) == (slo, shi) or not head.batch
+        msg = Push(rank=head.rank, step=head.step, ver=self.versions[s], batch=head.batch, gen=head.gen,
+                   data=head.data[lo:hi] if head.batch else _NOTHING,
+                   offset=0 if whole else lo - slo, whole=0 if whole else shi - slo)
+        return transport.send(self.socks[s], msg, track=track)
+
+    def collect(self, step: int, into: np.ndarray) -> Exchange:
+        """Every shard's reply to this step's push, written into `into`."""
         return self._gather(Params, step, into)
 
     def _gather(self, want: type, req: int | None, into: np.ndarray | None) -> Exchange:

@@ -79,8 +79,9 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
         if link.sock in events:
             msg = link.receive()
             if isinstance(msg, Shutdown):
-                log.info("shutdown: %s (%d updates applied, staleness mean %.2f max %d)", msg.reason or "job done",
-                         core.updates, core.staleness_sum / max(1, core.updates), core.staleness_max)
+                log.info("shutdown: %s (%d updates applied, %d pushes came in parts, staleness mean %.2f max %d)",
+                         msg.reason or "job done", core.updates, core.parts_joined,
+                         core.staleness_sum / max(1, core.updates), core.staleness_max)
                 writer.finished(wait_s=LAST_WRITE_S)  # let a file being written end whole
                 return 0
             if isinstance(msg, Plan):

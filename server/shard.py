@@ -12,6 +12,8 @@ to a worker's step s waits until s - (the slowest worker's last step) <= S.
 Shard slots past the trained parameters hold model buffers (e.g. normalisation
 statistics): they take the batch-weighted mean of the pushed values (BSP) or the
 latest pushed values (ASP) and never see the optimizer.
+A push may come in parts (buckets a worker sends while its backward pass runs):
+server/assembly.py joins them, and the core sees one push.
 A `checkpoint` request is served like a pull (at once, or when the version reaches
 `at`): the core answers with a `Snapshot` instruction holding a copy of its
 state, which the server writes; `restore` takes such a state back.
@@ -27,6 +29,8 @@ from omnips import optim
 from omnips.flat import aligned_zeros, all_finite
 from omnips.job import JobSpec
 from omnips.protocol import Ack, Checkpoint, Error, Init, Message, Params, Plan, Pull, Push, Saved
+
+from .assembly import Assembler, PartRefused
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class ShardCore:
         self._last_step: dict[int, int] = {}  # ASP/SSP: newest step applied per rank
         self._held: list[tuple[bytes, Push, float]] = []  # SSP replies waiting for the slowest worker
         self._pulls: list[tuple[bytes, Pull, float]] = []  # waiting for init or for `at`
+        self._parts = Assembler(self.n, max_open=2 * job.num_workers)  # pushes sent in buckets
         self.staleness_sum = 0
         self.staleness_max = 0
         self.updates = 0
@@ -88,12 +93,24 @@ class ShardCore:
     # -- entry point -------------------------------------------------------------
     def handle(self, peer: bytes, msg: Message, now: float) -> list[Outgoing | Snapshot]:
         if isinstance(msg, Push):
-            return self._push(peer, msg, now)
+            if not msg.whole:
+                self._parts.void(peer, msg)
+                return self._push(peer, msg, now)
+            try:
+                whole = self._parts.feed(peer, msg)
+            except PartRefused as exc:
+                return [_error(peer, exc.code, exc.text)]
+            return [] if whole is None else self._push(peer, whole, now)
         if isinstance(msg, (Pull, Checkpoint)):
             return self._pull(peer, msg, now)
         if isinstance(msg, Init):
             return self._init(peer, msg, now)
         return [_error(peer, "bad_op", f"a server does not take {msg.OP!r} from workers")]
+
+    @property
+    def parts_joined(self) -> int:
+        """Pushes that came in parts (sent while the worker's backward ran) and were joined."""
+        return self._parts.joined
 
     def set_plan(self, plan: Plan, now: float) -> list[Outgoing]:
         """A new batch plan: membership changes take effect (a departed worker's later steps
@@ -105,6 +122,7 @@ class ShardCore:
             self.plan = plan
         for rank, last in plan.departed:
             self._gone[rank] = (last, math.inf)
+            self._parts.forget(rank)
             self._joiners.discard(rank)
             if rank in self._pending and self.version > last:
                 del self._pending[rank]  # it died before every shard had its push: no shard uses it
@@ -310,6 +328,7 @@ class ShardCore:
         self._pending.clear()
         self._pending_gen = None
         self._held, self._pulls, self._gen_pulls = [], [], []
+        self._parts.clear()
         self._owner.clear()
         self._gone.clear()
         self._joiners.clear()

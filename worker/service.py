@@ -6,13 +6,12 @@ import socket as pysocket
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import zmq
 
 from omnips import data, models, security
 from omnips.batching import BatchPlan
-from omnips.flat import FlatModel, all_finite
+from omnips.flat import FlatModel
 from omnips.job import JobSpec
 from omnips.link import LinkError, SchedulerLink
 from omnips.protocol import Register, Report, Rewind, Shutdown
@@ -20,6 +19,7 @@ from omnips.servers import ServerGroup
 
 from . import memory
 from .emulation import Emulation
+from .pushing import Pusher
 from .trainer import Trainer, resolve_device
 
 log = logging.getLogger("omnips.worker")
@@ -54,6 +54,7 @@ class WorkerOptions:
     server_timeout_s: float = 120.0
     keys: security.Keys | None = None
     token: str = field(default="", repr=False)
+    bucket_bytes: int = 4 << 20  # the gradient leaves in buckets of this size while backward runs; 0: after it
 
 
 def run(opts: WorkerOptions) -> int:
@@ -105,8 +106,12 @@ class _Session:
                              f"{cluster['num_params']}: the model or its code differs between machines")
         batcher = data.Batcher(train)
         self.trainer = Trainer(self.flat, batcher, opts.max_batch, opts.fault_oom_above)
-        # before the first pull, which overwrites whatever the probe touched
+        # before the first pull, which overwrites whatever the probe touched (and before the
+        # pusher's hooks exist)
         self.sample_bytes = memory.sample_bytes(self.flat.module, batcher, range(len(train)), device)
+        live = device.type == "cpu" and not opts.emulation.active
+        self.pusher = Pusher(self.flat, cluster["ranges"], opts.bucket_bytes // 4, live)
+        self.trainer.on_retry = self.pusher.settle
         bsp = job.mode == "bsp"
         # ASP: a stream per worker; one that joins later draws a stream of its own, not its rank's old one
         incarnation = 0 if self.join_gen < 0 else 1 + self.join_gen
@@ -164,16 +169,16 @@ class _Session:
             start = data.bsp_slice_start(step * self.job.global_batch, self.plan.batches, self.rank)
         else:
             start, asp_pos = asp_pos, asp_pos + batch
-        loss, real_s = self.trainer.compute(self.stream.take(start, batch))
+        before = list(self.servers.versions)
+        self.pusher.begin(self.servers, self.rank, step, batch, self.plan.gen)
+        loss, real_s = self.trainer.compute(self.stream.take(start, batch), self.pusher.final_pass,
+                                            poison=step in self.opts.fault_nan_at)
         compute_s = self._pad(step, batch, real_s)
-        if step in self.opts.fault_nan_at:
-            self.flat.grads[0] = np.nan
-        finite = all_finite(self.flat.grads)
+        finite = self.pusher.finish()
         if not finite:
             self._nonfinite(step, batch, loss)
-        before = list(self.servers.versions)
-        ex = self.servers.push_pull(self.rank, step, self.flat.grads, batch if finite else 0, self.plan.gen,
-                                    self.flat.params)
+            self.pusher.drop()
+        ex = self.servers.collect(step, self.flat.params)
         self.flat.load_params()
         if ex.plan is not None:
             self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)

@@ -1,0 +1,107 @@
+"""A step's gradient on its way to the servers: bucket by bucket while backward still
+runs (communication overlaps computation), or shard by shard after it.
+
+Backward hooks send each bucket as soon as every parameter in it has its final
+gradient, checking it is finite first. The bucket that would complete a shard is
+held back until the whole gradient is known to be finite: a server then either gets
+the step's whole gradient or, with a batch-0 push, learns it was dropped (the parts
+it holds are void). Sends are zero-copy and tracked: the gradient buffer is only
+overwritten (a step redone after running out of memory) once they are out.
+
+Hooks send from backward's own thread, which is the calling thread on the CPU; on
+CUDA the gradients only reach the host buffer after backward, so there the buckets
+go after it, as they do when an emulated device pads the compute phase (its
+gradients exist only once the emulated time has passed).
+"""
+
+import functools
+import logging
+from dataclasses import replace
+
+import zmq
+
+from omnips.flat import FlatModel, all_finite
+from omnips.protocol import Push
+from omnips.servers import ServerGroup
+
+from .buckets import BucketPlan
+
+log = logging.getLogger("omnips.worker")
+
+SEND_WAIT_S = 30.0
+
+
+class Pusher:
+    def __init__(self, flat: FlatModel, ranges: list, bucket_values: int, live: bool):
+        self.flat = flat
+        self.ranges = ranges
+        self.live = live and bucket_values > 0
+        self.plan = BucketPlan(flat.spans, flat.size, ranges, bucket_values if self.live else 0)
+        self.finite = True
+        self._armed = False
+        self._servers: ServerGroup | None = None
+        self._head: Push | None = None
+        self._trackers: list[zmq.MessageTracker] = []
+        if self.live:
+            for i, p in enumerate(flat.trained):
+                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i))
+
+    def begin(self, servers: ServerGroup, rank: int, step: int, batch: int, gen: int) -> None:
+        """A new step's gradient is about to be computed."""
+        self._servers = servers
+        self._head = Push(rank=rank, step=step, ver=0, batch=batch, gen=gen, data=self.flat.grads)
+        self.plan.start()
+        self.finite = True
+        self._trackers = []
+
+    def final_pass(self) -> None:
+        """The next backward makes the gradients final (the trainer calls this)."""
+        self.plan.again()
+        self._armed = self.live
+
+    def settle(self) -> None:
+        """The gradients are about to be computed again: stop, and let what was sent leave."""
+        self._armed = False
+        for tracker in self._trackers:
+            tracker.wait(SEND_WAIT_S)  # zmq.NotDone past it: a server that takes nothing in 30 s
+        self._trackers = []
+
+    def _on_grad(self, i: int, _param) -> None:
+        if not self._armed:
+            return
+        self.flat.settle(i)
+        for b in self.plan.ready(i):
+            if not self.plan.completes_shard(b):
+                self._send(b)
+
+    def _send(self, b: int) -> None:
+        if self.finite and self._finite(b):
+            self._push(b)
+        else:
+            self.finite = False  # nothing more goes out: the step is dropped at finish
+
+    def _finite(self, b: int) -> bool:
+        bk = self.plan.buckets[b]
+        return all_finite(self.flat.grads[bk.lo:bk.hi])
+
+    def _push(self, b: int) -> None:
+        bk = self.plan.buckets[b]
+        tracker = self._servers.push(bk.shard, bk.lo, bk.hi, self._head, track=self.live)
+        self.plan.sent[b] = True
+        if tracker is not None:
+            self._trackers.append(tracker)
+
+    def finish(self) -> bool:
+        """After backward (and any padding): whether the gradient is finite; if so, what
+        is left of it is sent now, else nothing more is."""
+        self._armed = False
+        left = self.plan.unsent()
+        self.finite = self.finite and all(self._finite(b) for b in left)
+        for b in left if self.finite else ():
+            self._push(b)
+        return self.finite
+
+    def drop(self) -> None:
+        """The step's gradient is dropped: every server gets a batch-0 push."""
+        for s, (lo, hi) in enumerate(self.ranges):
+            self._servers.push(s, lo, hi, replace(self._head, batch=0))
