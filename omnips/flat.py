@@ -73,11 +73,13 @@ class FlatModel:
             self._grad_views.append((p, p.grad))
             self.spans.append((pos, pos + n))
             pos += n
+        self.places = {id(p): span for p, span in zip(params, self.spans)}  # tensor -> its [lo, hi)
         for owner, name, b in buffers:
             n = b.numel()
             view = self._dev_p[pos:pos + n].view_as(b)
             view.copy_(b.to(torch.float32))
             owner._buffers[name] = view
+            self.places[id(view)] = (pos, pos + n)
             pos += n
         if self._dev_p is not self._host_p:
             self._host_p.copy_(self._dev_p)
@@ -89,6 +91,13 @@ class FlatModel:
     def trained(self) -> list[torch.nn.Parameter]:
         """The trained parameters, in the flat vector's order."""
         return [p for p, _ in self._grad_views]
+
+    def reach(self, module: torch.nn.Module) -> tuple[int, int] | None:
+        """The part of the flat vector holding `module`'s own parameters and buffers
+        (not its children's), or None when it has none there."""
+        spans = [self.places[id(t)] for t in (*module.parameters(recurse=False), *module.buffers(recurse=False))
+                 if id(t) in self.places]
+        return (min(lo for lo, _ in spans), max(hi for _, hi in spans)) if spans else None
 
     def settle(self, i: int) -> None:
         """Make trained parameter i's gradient live in its slot of the flat gradient."""

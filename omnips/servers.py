@@ -56,6 +56,9 @@ class ServerGroup:
         for sock in self.socks:
             self._poller.register(sock, zmq.POLLIN)
         self._req = 0
+        self._upto: dict[int, int] = {}  # shard -> values of its reply in parts that have arrived
+        self._rest_into: np.ndarray | None = None
+        self._rest_req: int | None = None
         self._on_wait = on_wait
         self._tick_s = tick_s
 
@@ -91,19 +94,49 @@ class ServerGroup:
         whole = (lo, hi) == (slo, shi) or not head.batch
         msg = Push(rank=head.rank, step=head.step, ver=self.versions[s], batch=head.batch, gen=head.gen,
                    data=head.data[lo:hi] if head.batch else _NOTHING,
-                   offset=0 if whole else lo - slo, whole=0 if whole else shi - slo)
+                   offset=0 if whole else lo - slo, whole=0 if whole else shi - slo, reply_part=head.reply_part)
         return transport.send(self.socks[s], msg, track=track)
 
-    def collect(self, step: int, into: np.ndarray) -> Exchange:
-        """Every shard's reply to this step's push, written into `into`."""
-        return self._gather(Params, step, into)
+    def collect(self, step: int, into: np.ndarray, early: bool = False) -> Exchange:
+        """Every shard's reply to this step's push, written into `into`. With `early`, it
+        returns once every shard has begun its answer: the parts still to come are read by
+        `wait_for` (the next forward pass, layer by layer) or `complete`."""
+        ex = self._gather(Params, step, into)
+        if not early:
+            self.complete()
+        return ex
+
+    def wait_for(self, lo: int, hi: int) -> None:
+        """Until flat values [lo, hi) of the reply being read have arrived."""
+        def arrived():
+            return all(slo + self._upto.get(s, shi - slo) >= min(hi, shi) for s, (slo, shi) in enumerate(self.ranges)
+                       if slo < hi and lo < shi)
+        if self._upto and not arrived():
+            self._pump(arrived, None, None, self._rest_into)
+
+    def complete(self) -> None:
+        """Until the reply being read has arrived whole."""
+        if self._upto:
+            self._pump(lambda: not self._upto, None, None, self._rest_into)
 
     def _gather(self, want: type, req: int | None, into: np.ndarray | None) -> Exchange:
+        self.complete()  # a reply still arriving in parts comes before the next one
         start = time.perf_counter()
+        self._rest_into, self._rest_req = into, req
+        got = {}
+        self._pump(lambda: len(got) == len(self.socks), want, req, into, got)
+        params = [msg for msg in got.values() if isinstance(msg, Params)]
+        plan = None
+        for msg in params:
+            plan = msg.plan if _newer(msg.plan, plan) else plan
+        held = max((msg.held_s for msg in params), default=0.0)
+        return Exchange(list(self.versions), plan, held, time.perf_counter() - start)
+
+    def _pump(self, done, want: type | None, req: int | None, into: np.ndarray | None, got: dict | None = None):
+        """Read replies until done(): the first answer of each shard to `req` (into `got`),
+        and the later parts of replies in parts."""
         deadline = time.monotonic() + self.timeout_s
-        waiting = set(range(len(self.socks)))
-        plan, held = None, 0.0
-        while waiting:
+        while not done():
             left = deadline - time.monotonic()
             events = dict(self._poller.poll(int(min(left, self._tick_s) * 1000))) if left > 0 else {}
             if not events and left > self._tick_s:
@@ -111,20 +144,42 @@ class ServerGroup:
                     self._on_wait()
                 continue
             if not events:
-                names = ", ".join(self.endpoints[s] for s in sorted(waiting))
+                names = ", ".join(self.endpoints[s] for s, _ in enumerate(self.socks)
+                                  if got is not None and s not in got or s in self._upto)
                 raise ServerError(f"no answer from server(s) {names} within {self.timeout_s:g} s", "timeout")
             for s, sock in enumerate(self.socks):
                 if sock not in events:
                     continue
                 msg = self.decode_reply(s, transport.recv_frames(sock))
-                if s not in waiting or not isinstance(msg, want) or (req is not None and msg.req != req):
+                if s in self._upto:  # a reply in parts: nothing else can come before its end
+                    if not isinstance(msg, Params) or msg.req != self._rest_req or not msg.whole:
+                        raise ServerError(f"server {self.endpoints[s]} broke off a reply in parts", "protocol")
+                    self._accept_part(s, msg, self._rest_into)
+                    continue
+                if got is None or s in got or not isinstance(msg, want) or (req is not None and msg.req != req):
                     continue  # a late answer to an earlier, abandoned request: read and dropped
                 if isinstance(msg, Params):
-                    self.accept(s, msg, into)
-                    plan = msg.plan if _newer(msg.plan, plan) else plan
-                    held = max(held, msg.held_s)
-                waiting.discard(s)
-        return Exchange(list(self.versions), plan, held, time.perf_counter() - start)
+                    if msg.whole:
+                        self._upto[s] = 0
+                        self._accept_part(s, msg, into)
+                    else:
+                        self.accept(s, msg, into)
+                got[s] = msg
+
+    def _accept_part(self, s: int, msg: Params, into: np.ndarray | None) -> None:
+        lo, hi = self.ranges[s]
+        upto = self._upto[s]
+        if msg.whole != hi - lo or msg.offset != upto:
+            raise ServerError(f"server {self.endpoints[s]} sent values at {msg.offset} of {msg.whole} where "
+                              f"{upto} of {hi - lo} were due", "bad_length")
+        end = upto + msg.data.size
+        if into is not None:
+            np.copyto(into[lo + upto:lo + end], msg.data)
+        self.versions[s] = msg.version
+        if end == hi - lo:
+            del self._upto[s]
+        else:
+            self._upto[s] = end
 
     def close(self) -> None:
         """Drop the connections and whatever they still hold (a rewind abandons them)."""
@@ -150,7 +205,7 @@ class ServerGroup:
 
     def accept(self, s: int, msg: Params, into: np.ndarray | None) -> None:
         lo, hi = self.ranges[s]
-        if msg.data.size != hi - lo:
+        if msg.whole or msg.data.size != hi - lo:
             raise ServerError(f"server {self.endpoints[s]} sent {msg.data.size} values for a shard of {hi - lo}",
                               "bad_length")
         if into is not None:

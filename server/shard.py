@@ -20,7 +20,7 @@ state, which the server writes; `restore` takes such a state back.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ class Outgoing:
     to: bytes
     msg: Message
     snapshot: bool = False  # send a copy of the data: the receiver may never read it (pulls)
+    part: int = 0  # send Params in parts of this many values, the first ones first (0: whole)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class ShardCore:
         self.staleness_sum = 0
         self.staleness_max = 0
         self.updates = 0
+        self.replies_in_parts = 0
 
     # -- entry point -------------------------------------------------------------
     def handle(self, peer: bytes, msg: Message, now: float) -> list[Outgoing | Snapshot]:
@@ -136,7 +138,7 @@ class ShardCore:
                 self._joiners.add(rank)
         if plan.stop:  # the job is ending: nobody waits for the slowest any more
             held, self._held = self._held, []
-            return [self._params(peer, p.step, now - t, p.gen) for peer, p, t in held]
+            return [self._reply(peer, p, now - t) for peer, p, t in held]
         if self.job.mode == "bsp":
             return self._release_gen_pulls(now) + self._try_complete(now)
         return self._release_held(now) if self.job.mode == "ssp" else []
@@ -275,7 +277,7 @@ class ShardCore:
         self._pending.clear()
         self._plans = {g: b for g, b in self._plans.items() if g >= self._pending_gen}  # older ones are done
         self._pending_gen = None
-        replies = [self._params(peer, p.step, now - t, p.gen) for peer, p, t in pushes]
+        replies = [self._reply(peer, p, now - t) for peer, p, t in pushes]
         return replies + self._release_pulls(now)
 
     def _apply_asp(self, peer, msg: Push, now):
@@ -291,7 +293,7 @@ class ShardCore:
             self.staleness_max = max(self.staleness_max, staleness)
         self._last_step[msg.rank] = msg.step
         if self.job.mode == "asp":
-            return [self._params(peer, msg.step, 0.0, msg.gen)]
+            return [self._reply(peer, msg, 0.0)]
         self._held.append((peer, msg, now))
         return self._release_held(now)
 
@@ -303,7 +305,7 @@ class ShardCore:
         slowest = min(steps, default=math.inf)
         ready = [h for h in self._held if h[1].step - slowest <= self.job.staleness]
         self._held = [h for h in self._held if h[1].step - slowest > self.job.staleness]
-        return [self._params(p_peer, p.step, now - t, p.gen) for p_peer, p, t in ready]
+        return [self._reply(p_peer, p, now - t) for p_peer, p, t in ready]
 
     def _step(self, grad: np.ndarray, lr: float):
         """One optimizer step with `grad`; buffer slots simply take grad's values."""
@@ -380,6 +382,14 @@ class ShardCore:
         if isinstance(msg, Checkpoint):  # answered in kind: the scheduler counts the checkpoint's answers
             return Outgoing(peer, Saved(req=msg.req, step=msg.step, version=self.version, error=f"{code}: {text}"))
         return _error(peer, code, text)
+
+    def _reply(self, peer, push: Push, held_s) -> Outgoing:
+        """The answer to `push`: the shard after its step, in the parts the worker asked for."""
+        out = self._params(peer, push.step, held_s, push.gen)
+        if not 0 < push.reply_part < self.n:
+            return out
+        self.replies_in_parts += 1
+        return replace(out, part=push.reply_part)
 
     def _params(self, peer, req, held_s, gen_seen, snapshot=False):
         plan = None

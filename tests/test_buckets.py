@@ -3,12 +3,15 @@ assembly (server/assembly.py, through ShardCore), driven directly."""
 
 import numpy as np
 import pytest
+import zmq
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnips import data, models
+from omnips import data, models, protocol
 from omnips.flat import FlatModel
 from omnips.protocol import Params, Push
+from omnips.servers import ServerError, ServerGroup
 from omnips.sharding import shard_ranges
 from server.assembly import Assembler, PartRefused
 from test_shard_core import PEERS, assert_refused, make_core, push
@@ -166,7 +169,10 @@ class _Servers:
     """Records what a Pusher sends, with a copy of the values as they were then."""
 
     def __init__(self, ranges):
-        self.ranges, self.sent, self.computing = ranges, [], True
+        self.ranges, self.sent, self.computing, self.waited = ranges, [], True, []
+
+    def wait_for(self, lo, hi):
+        self.waited.append((lo, hi))
 
     def push(self, s, lo, hi, head, track=False):
         self.sent.append((s, lo, hi, head.batch, head.data[lo:hi].copy() if head.batch else None, self.computing))
@@ -210,6 +216,10 @@ def test_buckets_leave_during_backward_and_together_are_the_gradient(train, max_
     np.testing.assert_allclose(got, reference.flat.grads, rtol=1e-5, atol=1e-7)
     for s, (lo, hi) in enumerate(servers.ranges):  # no shard was complete before backward ended
         assert any(not c for sh, *_, c in servers.sent if sh == s)
+    # each layer's forward first waited for its own values of the last reply, first layers first
+    layers = [(w.weight, w.bias) for w in flat.module if isinstance(w, torch.nn.Linear)]
+    want = [(flat.places[id(w)][0], flat.places[id(b)][1]) for w, b in layers]
+    assert servers.waited[:len(want)] == want and pusher._head.reply_part == 1024
 
 
 def test_a_gradient_found_not_finite_midway_stops_the_buckets_and_is_dropped(train):
@@ -219,3 +229,64 @@ def test_a_gradient_found_not_finite_midway_stops_the_buckets_and_is_dropped(tra
     assert not pusher.finish() and len(servers.sent) == before  # nothing more
     pusher.drop()
     assert [(s, batch) for s, _, _, batch, _, _ in servers.sent[before:]] == [(0, 0), (1, 0)]
+
+
+# -- the worker's side: a reply read in parts --------------------------------------
+@pytest.fixture
+def group():
+    """A ServerGroup on two in-process ROUTERs standing in for shard servers of 8 and 4 values."""
+    ctx = zmq.Context()
+    routers = [ctx.socket(zmq.ROUTER) for _ in range(2)]
+    endpoints = [f"tcp://127.0.0.1:{r.bind_to_random_port('tcp://127.0.0.1')}" for r in routers]
+    g = ServerGroup(ctx, endpoints, [(0, 8), (8, 12)], timeout_s=0.5)
+    try:
+        yield g, routers
+    finally:
+        ctx.destroy(linger=0)
+
+
+def _answer(router, msgs, peer=None):
+    peer = peer or router.recv_multipart()[0]
+    for m in msgs:
+        router.send_multipart([peer, *protocol.encode(m)])
+    return peer
+
+
+def _params(values, offset=0, whole=0, req=5):
+    return Params(req=req, version=6, held_s=0.0, plan=None, data=np.asarray(values, dtype=np.float32),
+                  offset=offset, whole=whole)
+
+
+def _push_both(g):
+    for s, (lo, hi) in enumerate(g.ranges):
+        g.push(s, lo, hi, Push(rank=0, step=5, ver=0, batch=1, gen=0, data=np.ones(12, dtype=np.float32)))
+
+
+def test_a_reply_in_parts_is_read_as_far_as_the_next_forward_needs(group):
+    g, routers = group
+    into = np.zeros(12, dtype=np.float32)
+    _push_both(g)
+    peer = _answer(routers[0], [_params([1, 2, 3], 0, 8)])  # the rest of shard 0 comes later
+    _answer(routers[1], [_params([9, 10, 11, 12])])
+    ex = g.collect(5, into, early=True)
+    assert ex.versions == [6, 6] and into.tolist() == [1, 2, 3, 0, 0, 0, 0, 0, 9, 10, 11, 12]
+    g.wait_for(0, 3)
+    g.wait_for(8, 12)  # what has arrived: no wait
+    with pytest.raises(ServerError, match="no answer"):
+        g.wait_for(2, 5)  # values 3 and 4 have not come
+    _answer(routers[0], [_params([4, 5], 3, 8), _params([6, 7, 8], 5, 8)], peer)
+    g.wait_for(2, 5)
+    g.complete()
+    assert into.tolist() == list(range(1, 13))
+
+
+@pytest.mark.parametrize("bad, text", [([_params([1, 2], 0, 8), _params([5], 4, 8)], "where 2 of 8 were due"),
+                                       ([_params([1, 2], 0, 8), _params(np.arange(8))], "broke off a reply"),
+                                       ([_params([1, 2], 0, 9)], "where 0 of 8 were due")])
+def test_a_reply_in_parts_out_of_order_or_broken_off_is_an_error(group, bad, text):
+    g, routers = group
+    _push_both(g)
+    _answer(routers[1], [_params([9, 10, 11, 12])])
+    _answer(routers[0], bad)
+    with pytest.raises(ServerError, match=text):
+        g.collect(5, np.zeros(12, dtype=np.float32))

@@ -1,5 +1,7 @@
 """A step's gradient on its way to the servers: bucket by bucket while backward still
-runs (communication overlaps computation), or shard by shard after it.
+runs (communication overlaps computation), or shard by shard after it; and the
+servers' answer, which then comes in parts of the same size, first layers first:
+the next forward pass starts as soon as its first layers' values are in.
 
 Backward hooks send each bucket as soon as every parameter in it has its final
 gradient, checking it is finite first. The bucket that would complete a shard is
@@ -36,6 +38,7 @@ class Pusher:
         self.flat = flat
         self.ranges = ranges
         self.live = live and bucket_values > 0
+        self.bucket_values = bucket_values
         self.plan = BucketPlan(flat.spans, flat.size, ranges, bucket_values if self.live else 0)
         self.finite = True
         self._armed = False
@@ -45,11 +48,16 @@ class Pusher:
         if self.live:
             for i, p in enumerate(flat.trained):
                 p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i))
+            for module in flat.module.modules():
+                reach = flat.reach(module)
+                if reach is not None:
+                    module.register_forward_pre_hook(functools.partial(self._before_forward, *reach))
 
     def begin(self, servers: ServerGroup, rank: int, step: int, batch: int, gen: int) -> None:
         """A new step's gradient is about to be computed."""
         self._servers = servers
-        self._head = Push(rank=rank, step=step, ver=0, batch=batch, gen=gen, data=self.flat.grads)
+        self._head = Push(rank=rank, step=step, ver=0, batch=batch, gen=gen, data=self.flat.grads,
+                          reply_part=self.bucket_values if self.live else 0)
         self.plan.start()
         self.finite = True
         self._trackers = []
@@ -65,6 +73,11 @@ class Pusher:
         for tracker in self._trackers:
             tracker.wait(SEND_WAIT_S)  # zmq.NotDone past it: a server that takes nothing in 30 s
         self._trackers = []
+
+    def _before_forward(self, lo: int, hi: int, _module, _inputs) -> None:
+        """A layer's forward pass needs its values of the reply still arriving in parts."""
+        if self._servers is not None:
+            self._servers.wait_for(lo, hi)
 
     def _on_grad(self, i: int, _param) -> None:
         if not self._armed:

@@ -178,7 +178,7 @@ class _Session:
         if not finite:
             self._nonfinite(step, batch, loss)
             self.pusher.drop()
-        ex = self.servers.collect(step, self.flat.params)
+        ex = self.servers.collect(step, self.flat.params, early=self.pusher.live)
         self.flat.load_params()
         if ex.plan is not None:
             self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)
