@@ -62,6 +62,7 @@ class FlatModel:
             self._dev_p = torch.empty(self.size, dtype=torch.float32, device=self.device)
             self._dev_g = torch.zeros(self.size, dtype=torch.float32, device=self.device)
         self._grad_views = []
+        self.spans = []  # each trained parameter's [lo, hi) in the flat vector
         pos = 0
         for p in params:
             n = p.numel()
@@ -70,18 +71,44 @@ class FlatModel:
             p.data = view
             p.grad = self._dev_g[pos:pos + n].view_as(p)
             self._grad_views.append((p, p.grad))
+            self.spans.append((pos, pos + n))
             pos += n
+        self.places = {id(p): span for p, span in zip(params, self.spans)}  # tensor -> its [lo, hi)
         for owner, name, b in buffers:
             n = b.numel()
             view = self._dev_p[pos:pos + n].view_as(b)
             view.copy_(b.to(torch.float32))
             owner._buffers[name] = view
+            self.places[id(view)] = (pos, pos + n)
             pos += n
         if self._dev_p is not self._host_p:
             self._host_p.copy_(self._dev_p)
 
     def zero_grads(self) -> None:
         self._dev_g.zero_()
+
+    @property
+    def trained(self) -> list[torch.nn.Parameter]:
+        """The trained parameters, in the flat vector's order."""
+        return [p for p, _ in self._grad_views]
+
+    def reach(self, module: torch.nn.Module) -> tuple[int, int] | None:
+        """The part of the flat vector holding `module`'s own parameters and buffers
+        (not its children's), or None when it has none there."""
+        spans = [self.places[id(t)] for t in (*module.parameters(recurse=False), *module.buffers(recurse=False))
+                 if id(t) in self.places]
+        return (min(lo for lo, _ in spans), max(hi for _, hi in spans)) if spans else None
+
+    def settle(self, i: int) -> None:
+        """Make trained parameter i's gradient live in its slot of the flat gradient."""
+        p, view = self._grad_views[i]
+        if p.grad is None:  # unused this step (set to None by the user): zero
+            view.zero_()
+            p.grad = view
+        elif p.grad.data_ptr() != view.data_ptr():
+            # autograd replaced the tensor (e.g. a non-contiguous gradient): copy it home
+            view.copy_(p.grad)
+            p.grad = view
 
     def load_params(self) -> None:
         """Make the model see what was written into the host `params` buffer."""
@@ -91,14 +118,8 @@ class FlatModel:
     def finish_grads(self) -> None:
         """After backward: gather every gradient into the host `grads` buffer, with
         the buffers' current values in their slots."""
-        for p, view in self._grad_views:
-            if p.grad is None:  # unused this step (set to None by the user): zero
-                view.zero_()
-                p.grad = view
-            elif p.grad.data_ptr() != view.data_ptr():
-                # autograd replaced the tensor (e.g. a non-contiguous gradient): copy it home
-                view.copy_(p.grad)
-                p.grad = view
+        for i in range(len(self._grad_views)):
+            self.settle(i)
         nt = self.num_trained
         self._dev_g[nt:].copy_(self._dev_p[nt:])
         if self._dev_g is not self._host_g:

@@ -164,7 +164,12 @@ class Pull(Message):
 @dataclass(frozen=True)
 class Push(Message):
     """A gradient for one shard at `step`, computed on parameters of version `ver`;
-    batch 0 and no values: the worker dropped this step's gradient (not finite)."""
+    batch 0 and no values: the worker dropped this step's gradient (not finite), and
+    any parts of it already sent are void.
+
+    A push may come in parts (buckets sent while backward still runs): each part
+    carries values for [offset, offset + len) of a shard of `whole` values, and the
+    parts of one push tile the shard exactly; whole 0: the push is in one message."""
 
     OP = "push"
     HAS_DATA = True
@@ -174,16 +179,24 @@ class Push(Message):
     batch: int
     gen: int  # the newest batch-plan generation this worker has seen
     data: np.ndarray = field(repr=False)
+    offset: int = 0
+    whole: int = 0
+    reply_part: int = 0  # answer in parts of at most this many values (the first ones first); 0: whole
 
     def check(self):
-        _non_negative(self, "rank", "step", "ver", "gen", "batch")
+        _non_negative(self, "rank", "step", "ver", "gen", "batch", "offset", "whole", "reply_part")
         if self.batch == 0 and self.data.size:
             raise ValueError("a dropped gradient (batch 0) carries no values")
+        if self.whole and not self.batch:
+            raise ValueError("a dropped gradient (batch 0) does not come in parts")
+        _check_place(self)
 
 
 @dataclass(frozen=True)
 class Params(Message):
-    """A shard's values at `version`: the reply to a pull, and to a push (req = step)."""
+    """A shard's values at `version`: the reply to a pull, and to a push (req = step);
+    or, with `whole` > 0, the values from `offset` on of a shard of `whole` values (a
+    reply in parts comes in order, each part with the same header)."""
 
     OP = "params"
     HAS_DATA = True
@@ -192,6 +205,12 @@ class Params(Message):
     held_s: float  # how long the server held the request (barrier or `at` wait)
     plan: dict | None
     data: np.ndarray = field(repr=False)
+    offset: int = 0
+    whole: int = 0
+
+    def check(self):
+        _non_negative(self, "offset", "whole")
+        _check_place(self)
 
 
 @dataclass(frozen=True)
@@ -279,6 +298,13 @@ class Rewind(Message):
 
 OPS = {cls.OP: cls for cls in (Register, Welcome, Report, Heartbeat, Shutdown, Error,
                                Ack, Init, Pull, Push, Params, Plan, Checkpoint, Saved, Restore, Rewind)}
+
+
+def _check_place(msg: Push | Params) -> None:
+    if not msg.whole and msg.offset:
+        raise ValueError("only a part (whole > 0) has an offset")
+    if msg.whole and not (msg.data.size and msg.offset + msg.data.size <= msg.whole):
+        raise ValueError(f"a part needs values within its shard: {msg.data.size} at {msg.offset} of {msg.whole}")
 
 
 def _count(x) -> bool:

@@ -59,6 +59,10 @@ class ServerGroup:
         for sock in self.socks:
             self._poller.register(sock, zmq.POLLIN)
         self._req = 0
+        self._upto: dict[int, int] = {}  # shard -> values of its reply in parts that have arrived
+        self._rest_into: np.ndarray | None = None
+        self._rest_req: int | None = None
+        self._rest_wire = FLOAT32
         self._on_wait = on_wait
         self._tick_s = tick_s
         self.wire = wire
@@ -83,18 +87,63 @@ class ServerGroup:
                   into: np.ndarray) -> Exchange:
         """Push each shard's gradient slice (none with batch 0: a dropped gradient); each
         reply carries the updated shard. `grads` is in the wire dtype (WireDtype.narrow)."""
-        for s, (sock, (lo, hi)) in enumerate(zip(self.socks, self.ranges)):
-            transport.send(sock, Push(rank=rank, step=step, ver=self.versions[s], batch=batch, gen=gen,
-                                      data=grads[lo:hi] if batch else _NOTHING))
-        return self._gather(Params, step, into, self.wire)
+        for s, (lo, hi) in enumerate(self.ranges):
+            self.push(s, lo, hi, Push(rank=rank, step=step, ver=0, batch=batch, gen=gen, data=grads))
+        return self.collect(step, into)
+
+    def push(self, s: int, lo: int, hi: int, head: Push, track: bool = False) -> zmq.MessageTracker | None:
+        """Send `head.data[lo:hi]` (flat positions inside shard `s`) with head's fields: as
+        the shard's whole push, or as a part of it; batch 0 sends no values. The values go
+        zero-copy: with `track`, the tracker says when they may change again."""
+        slo, shi = self.ranges[s]
+        whole = (lo, hi) == (slo, shi) or not head.batch
+        msg = Push(rank=head.rank, step=head.step, ver=self.versions[s], batch=head.batch, gen=head.gen,
+                   data=head.data[lo:hi] if head.batch else _NOTHING,
+                   offset=0 if whole else lo - slo, whole=0 if whole else shi - slo, reply_part=head.reply_part)
+        return transport.send(self.socks[s], msg, track=track)
+
+    def collect(self, step: int, into: np.ndarray, early: bool = False) -> Exchange:
+        """Every shard's reply to this step's push, written into `into`. With `early`, it
+        returns once every shard has begun its answer: the parts still to come are read by
+        `wait_for` (the next forward pass, layer by layer) or `complete`."""
+        ex = self._gather(Params, step, into, self.wire)
+        if not early:
+            self.complete()
+        return ex
+
+    def wait_for(self, lo: int, hi: int) -> None:
+        """Until flat values [lo, hi) of the reply being read have arrived."""
+        def arrived():
+            return all(slo + self._upto.get(s, shi - slo) >= min(hi, shi) for s, (slo, shi) in enumerate(self.ranges)
+                       if slo < hi and lo < shi)
+        if self._upto and not arrived():
+            self._pump(arrived, None, None, self._rest_into)
+
+    def complete(self) -> None:
+        """Until the reply being read has arrived whole."""
+        if self._upto:
+            self._pump(lambda: not self._upto, None, None, self._rest_into)
 
     def _gather(self, want: type, req: int | None, into: np.ndarray | None,
                 wire: WireDtype = FLOAT32) -> Exchange:
+        """The first answer of every shard to `req`; Params values, expected in `wire`, into `into`."""
+        self.complete()  # a reply still arriving in parts comes before the next one
         start = time.perf_counter()
+        self._rest_into, self._rest_req, self._rest_wire = into, req, wire
+        got = {}
+        self._pump(lambda: len(got) == len(self.socks), want, req, into, got)
+        params = [msg for msg in got.values() if isinstance(msg, Params)]
+        plan = None
+        for msg in params:
+            plan = msg.plan if _newer(msg.plan, plan) else plan
+        held = max((msg.held_s for msg in params), default=0.0)
+        return Exchange(list(self.versions), plan, held, time.perf_counter() - start)
+
+    def _pump(self, done, want: type | None, req: int | None, into: np.ndarray | None, got: dict | None = None):
+        """Read replies until done(): the first answer of each shard to `req` (into `got`),
+        and the later parts of replies in parts."""
         deadline = time.monotonic() + self.timeout_s
-        waiting = set(range(len(self.socks)))
-        plan, held = None, 0.0
-        while waiting:
+        while not done():
             left = deadline - time.monotonic()
             events = dict(self._poller.poll(int(min(left, self._tick_s) * 1000))) if left > 0 else {}
             if not events and left > self._tick_s:
@@ -102,20 +151,43 @@ class ServerGroup:
                     self._on_wait()
                 continue
             if not events:
-                names = ", ".join(self.endpoints[s] for s in sorted(waiting))
+                names = ", ".join(self.endpoints[s] for s, _ in enumerate(self.socks)
+                                  if got is not None and s not in got or s in self._upto)
                 raise ServerError(f"no answer from server(s) {names} within {self.timeout_s:g} s", "timeout")
             for s, sock in enumerate(self.socks):
                 if sock not in events:
                     continue
                 msg = self.decode_reply(s, transport.recv_frames(sock))
-                if s not in waiting or not isinstance(msg, want) or (req is not None and msg.req != req):
+                if s in self._upto:  # a reply in parts: nothing else can come before its end
+                    if not isinstance(msg, Params) or msg.req != self._rest_req or not msg.whole:
+                        raise ServerError(f"server {self.endpoints[s]} broke off a reply in parts", "protocol")
+                    self._accept_part(s, msg, self._rest_into)
+                    continue
+                if got is None or s in got or not isinstance(msg, want) or (req is not None and msg.req != req):
                     continue  # a late answer to an earlier, abandoned request: read and dropped
                 if isinstance(msg, Params):
-                    self.accept(s, msg, into, wire)
-                    plan = msg.plan if _newer(msg.plan, plan) else plan
-                    held = max(held, msg.held_s)
-                waiting.discard(s)
-        return Exchange(list(self.versions), plan, held, time.perf_counter() - start)
+                    if msg.whole:
+                        self._upto[s] = 0
+                        self._accept_part(s, msg, into)
+                    else:
+                        self.accept(s, msg, into, self._rest_wire)
+                got[s] = msg
+
+    def _accept_part(self, s: int, msg: Params, into: np.ndarray | None) -> None:
+        lo, hi = self.ranges[s]
+        upto = self._upto[s]
+        if msg.whole != hi - lo or msg.offset != upto:
+            raise ServerError(f"server {self.endpoints[s]} sent values at {msg.offset} of {msg.whole} where "
+                              f"{upto} of {hi - lo} were due", "bad_length")
+        _check_dtype(self.endpoints[s], msg, self._rest_wire)
+        end = upto + msg.data.size
+        if into is not None:
+            self._rest_wire.widen(msg.data, into[lo + upto:lo + end])
+        self.versions[s] = msg.version
+        if end == hi - lo:
+            del self._upto[s]
+        else:
+            self._upto[s] = end
 
     def close(self) -> None:
         """Drop the connections and whatever they still hold (a rewind abandons them)."""
@@ -142,15 +214,18 @@ class ServerGroup:
     def accept(self, s: int, msg: Params, into: np.ndarray | None, wire: WireDtype = FLOAT32) -> None:
         """Take a shard's values into `into` (float32), expecting them in `wire`."""
         lo, hi = self.ranges[s]
-        if msg.data.size != hi - lo:
+        if msg.whole or msg.data.size != hi - lo:
             raise ServerError(f"server {self.endpoints[s]} sent {msg.data.size} values for a shard of {hi - lo}",
                               "bad_length")
-        if msg.data.dtype != wire.dtype:
-            raise ServerError(f"server {self.endpoints[s]} sent {name_of(msg.data)} values, expected {wire.name}",
-                              "bad_dtype")
+        _check_dtype(self.endpoints[s], msg, wire)
         if into is not None:
             wire.widen(msg.data, into[lo:hi])
         self.versions[s] = msg.version
+
+
+def _check_dtype(endpoint: str, msg: Params, wire: WireDtype) -> None:
+    if msg.data.dtype != wire.dtype:
+        raise ServerError(f"server {endpoint} sent {name_of(msg.data)} values, expected {wire.name}", "bad_dtype")
 
 
 def _newer(plan: dict | None, than: dict | None) -> bool:

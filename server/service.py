@@ -1,5 +1,6 @@
 """The server process: moves bytes between sockets and the shard core (server/shard.py)."""
 
+import dataclasses
 import functools
 import logging
 import os
@@ -79,8 +80,10 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
         if link.sock in events:
             msg = link.receive()
             if isinstance(msg, Shutdown):
-                log.info("shutdown: %s (%d updates applied, staleness mean %.2f max %d)", msg.reason or "job done",
-                         core.updates, core.staleness_sum / max(1, core.updates), core.staleness_max)
+                log.info("shutdown: %s (%d updates applied, %d pushes came in parts, %d replies went in parts, "
+                         "staleness mean %.2f max %d)", msg.reason or "job done", core.updates, core.parts_joined,
+                         core.replies_in_parts,
+                         core.staleness_sum / max(1, core.updates), core.staleness_max)
                 writer.finished(wait_s=LAST_WRITE_S)  # let a file being written end whole
                 return 0
             if isinstance(msg, Plan):
@@ -115,10 +118,22 @@ def _send(router, replies, trackers: list, writer: checkpointer.ShardWriter) -> 
         if isinstance(out, Snapshot):
             _send(router, writer.submit(out), trackers, writer)
             continue
-        tracker = transport.reply(router, out.to, out.msg, track=isinstance(out.msg, Params) and not out.snapshot,
-                                  snapshot=out.snapshot)
-        if tracker is not None:
-            trackers.append(tracker)
+        for msg in _parts(out):
+            tracker = transport.reply(router, out.to, msg, track=isinstance(msg, Params) and not out.snapshot,
+                                      snapshot=out.snapshot)
+            if tracker is not None:
+                trackers.append(tracker)
+
+
+def _parts(out: Outgoing) -> list:
+    """The messages `out` goes as: Params in parts of `out.part` values when asked (the
+    worker starts its next forward pass on the first ones while the rest arrive)."""
+    msg = out.msg
+    if not out.part or not isinstance(msg, Params) or msg.data.size <= out.part:
+        return [msg]
+    n = msg.data.size
+    return [dataclasses.replace(msg, data=msg.data[lo:lo + out.part], offset=lo, whole=n)
+            for lo in range(0, n, out.part)]
 
 
 def _wait_for_sends(trackers: list) -> None:

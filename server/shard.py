@@ -16,6 +16,8 @@ With --wire-dtype bfloat16 or float16, a push is widened into a float32 buffer o
 rank's (so the BSP sum stays in rank order) and checked for finiteness there; replies
 to pushes carry the shard narrowed into one buffer, once per version. Init, pulls and
 checkpoints stay float32: they set or save state, which must not lose precision.
+A push may come in parts (buckets a worker sends while its backward pass runs):
+server/assembly.py joins them (in the wire dtype), and the core sees one push.
 A `checkpoint` request is served like a pull (at once, or when the version reaches
 `at`): the core answers with a `Snapshot` instruction holding a copy of its
 state, which the server writes; `restore` takes such a state back.
@@ -33,12 +35,15 @@ from omnips.job import JobSpec
 from omnips.protocol import Ack, Checkpoint, Error, Init, Message, Params, Plan, Pull, Push, Saved
 from omnips.wire import WireDtype, name_of
 
+from .assembly import Assembler, PartRefused
+
 
 @dataclass(frozen=True)
 class Outgoing:
     to: bytes
     msg: Message
     snapshot: bool = False  # send a copy of the data: the receiver may never read it (pulls)
+    part: int = 0  # send Params in parts of this many values, the first ones first (0: whole)
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,8 @@ class ShardCore:
         self._opt = optim.make(job, torch.from_numpy(self.values[:self.trained]))
         self.wire = WireDtype(job.wire_dtype)
         self._widened: dict[int, np.ndarray] = {}  # float32 buffers for narrow pushes, one per BSP rank
-        self._reply = self.wire.buffer(self.n)  # the shard narrowed for push replies (None: float32)
-        self._reply_version: int | None = None  # the version _reply holds
+        self._wire_values = self.wire.buffer(self.n)  # the shard narrowed for push replies (None: float32)
+        self._wire_version: int | None = None  # the version _wire_values holds
         self._b_ref = job.global_batch / job.num_workers
         self.version = 0
         self.initialized = False
@@ -90,19 +95,36 @@ class ShardCore:
         self._last_step: dict[int, int] = {}  # ASP/SSP: newest step applied per rank
         self._held: list[tuple[bytes, Push, float]] = []  # SSP replies waiting for the slowest worker
         self._pulls: list[tuple[bytes, Pull, float]] = []  # waiting for init or for `at`
+        self._parts = Assembler(self.n, max_open=2 * job.num_workers)  # pushes sent in buckets
         self.staleness_sum = 0
         self.staleness_max = 0
         self.updates = 0
+        self.replies_in_parts = 0
 
     # -- entry point -------------------------------------------------------------
     def handle(self, peer: bytes, msg: Message, now: float) -> list[Outgoing | Snapshot]:
         if isinstance(msg, Push):
-            return self._push(peer, msg, now)
+            if not msg.whole:
+                self._parts.void(peer, msg)
+                return self._push(peer, msg, now)
+            if msg.data.dtype != self.wire.dtype:
+                return [_error(peer, "bad_dtype", f"a part of {name_of(msg.data)} values, the job's wire dtype is "
+                                                  f"{self.wire.name}")]
+            try:
+                whole = self._parts.feed(peer, msg)
+            except PartRefused as exc:
+                return [_error(peer, exc.code, exc.text)]
+            return [] if whole is None else self._push(peer, whole, now)
         if isinstance(msg, (Pull, Checkpoint)):
             return self._pull(peer, msg, now)
         if isinstance(msg, Init):
             return self._init(peer, msg, now)
         return [_error(peer, "bad_op", f"a server does not take {msg.OP!r} from workers")]
+
+    @property
+    def parts_joined(self) -> int:
+        """Pushes that came in parts (sent while the worker's backward ran) and were joined."""
+        return self._parts.joined
 
     def set_plan(self, plan: Plan, now: float) -> list[Outgoing]:
         """A new batch plan: membership changes take effect (a departed worker's later steps
@@ -114,6 +136,7 @@ class ShardCore:
             self.plan = plan
         for rank, last in plan.departed:
             self._gone[rank] = (last, math.inf)
+            self._parts.forget(rank)
             self._joiners.discard(rank)
             if rank in self._pending and self.version > last:
                 del self._pending[rank]  # it died before every shard had its push: no shard uses it
@@ -127,7 +150,7 @@ class ShardCore:
                 self._joiners.add(rank)
         if plan.stop:  # the job is ending: nobody waits for the slowest any more
             held, self._held = self._held, []
-            return [self._params(peer, p.step, now - t, p.gen) for peer, p, t in held]
+            return [self._reply(peer, p, now - t) for peer, p, t in held]
         if self.job.mode == "bsp":
             return self._release_gen_pulls(now) + self._try_complete(now)
         return self._release_held(now) if self.job.mode == "ssp" else []
@@ -283,7 +306,7 @@ class ShardCore:
         self._pending.clear()
         self._plans = {g: b for g, b in self._plans.items() if g >= self._pending_gen}  # older ones are done
         self._pending_gen = None
-        replies = [self._params(peer, p.step, now - t, p.gen) for peer, p, t in pushes]
+        replies = [self._reply(peer, p, now - t) for peer, p, t in pushes]
         return replies + self._release_pulls(now)
 
     def _apply_asp(self, peer, msg: Push, now):
@@ -299,7 +322,7 @@ class ShardCore:
             self.staleness_max = max(self.staleness_max, staleness)
         self._last_step[msg.rank] = msg.step
         if self.job.mode == "asp":
-            return [self._params(peer, msg.step, 0.0, msg.gen)]
+            return [self._reply(peer, msg, 0.0)]
         self._held.append((peer, msg, now))
         return self._release_held(now)
 
@@ -311,7 +334,7 @@ class ShardCore:
         slowest = min(steps, default=math.inf)
         ready = [h for h in self._held if h[1].step - slowest <= self.job.staleness]
         self._held = [h for h in self._held if h[1].step - slowest > self.job.staleness]
-        return [self._params(p_peer, p.step, now - t, p.gen) for p_peer, p, t in ready]
+        return [self._reply(p_peer, p, now - t) for p_peer, p, t in ready]
 
     def _step(self, grad: np.ndarray, lr: float):
         """One optimizer step with `grad`; buffer slots simply take grad's values."""
@@ -336,6 +359,7 @@ class ShardCore:
         self._pending.clear()
         self._pending_gen = None
         self._held, self._pulls, self._gen_pulls = [], [], []
+        self._parts.clear()
         self._owner.clear()
         self._gone.clear()
         self._joiners.clear()
@@ -371,7 +395,7 @@ class ShardCore:
             raise ValueError(f"the saved shard holds unknown arrays: {sorted(arrays)}")
         self._opt.load_state(m["optimizer"], buffers)  # checks before it changes anything
         np.copyto(self.values, values)
-        self._reply_version = None
+        self._wire_version = None
         self.version, self.updates = m["version"], m["updates"]
         self.staleness_sum, self.staleness_max = stale
         self._last_step = ({r: s for r, s in enumerate(last) if s >= 0} if next_steps is None
@@ -389,6 +413,14 @@ class ShardCore:
             return Outgoing(peer, Saved(req=msg.req, step=msg.step, version=self.version, error=f"{code}: {text}"))
         return _error(peer, code, text)
 
+    def _reply(self, peer, push: Push, held_s) -> Outgoing:
+        """The answer to `push`: the shard after its step, in the parts the worker asked for."""
+        out = self._params(peer, push.step, held_s, push.gen)
+        if not 0 < push.reply_part < self.n:
+            return out
+        self.replies_in_parts += 1
+        return replace(out, part=push.reply_part)
+
     def _params(self, peer, req, held_s, gen_seen, snapshot=False):
         """A reply with the shard: to a pull (snapshot) in float32, to a push in the wire dtype."""
         plan = None
@@ -403,10 +435,10 @@ class ShardCore:
         handling anything that can change the values."""
         if self.wire.exact:
             return self.values
-        if self._reply_version != self.version:
-            self.wire.narrow(self.values, self._reply)
-            self._reply_version = self.version
-        return self._reply
+        if self._wire_version != self.version:
+            self.wire.narrow(self.values, self._wire_values)
+            self._wire_version = self.version
+        return self._wire_values
 
     def _release_pulls(self, now):
         ready, waiting = [], []

@@ -274,10 +274,14 @@ def test_a_reply_after_a_restore_carries_the_restored_values():
 
 @pytest.mark.parametrize("mode, wire, servers", [("bsp", "bfloat16", 2), ("asp", "float16", 1)])
 def test_digits_train_to_90_percent_over_a_narrow_wire(run_job, mode, wire, servers):
+    """BSP also sends in 2 KiB buckets: narrow pushes and replies in parts."""
     args = ["--mode", mode, "--wire-dtype", wire, "--epochs", "5", "--dataset", "digits", "--model", "mlp",
             "--global-batch", "64", "--lr", "0.05" if mode == "bsp" else "0.02", "--seed", "3"]
-    run = run_job(args, num_servers=servers)  # a push or reply in another dtype is refused: the run would fail
+    bucket = ("--bucket-size", "2K" if mode == "bsp" else "0")
+    run = run_job(args, [WorkerSpec(extra=bucket)] * 2, num_servers=servers)  # another dtype is refused: it would fail
     s = run.summary
     assert s["status"] == "completed" and s["final_test_accuracy"] >= 0.90, s
     assert json.loads((run.dir / "config.json").read_text())["wire_dtype"] == wire
-    assert f"{wire} on the wire" in (run.dir / "logs" / "server0.log").read_text()
+    log = (run.dir / "logs" / "server0.log").read_text()
+    assert f"{wire} on the wire" in log
+    assert (", 0 pushes came in parts" in log) == (mode == "asp")

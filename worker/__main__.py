@@ -35,6 +35,9 @@ def parse(argv) -> WorkerOptions:
                    help="most samples this worker can hold in one pass (larger batches run in chunks)")
     p.add_argument("--memory-limit", type=size, default=0, metavar="SIZE",
                    help="most memory a step may fill, e.g. 2G (default: the device's free memory)")
+    p.add_argument("--bucket-size", type=_bucket, default=4 << 20, metavar="SIZE",
+                   help="send the gradient in buckets of about SIZE bytes while backward still runs, "
+                        "overlapping communication with computation (default 4M; 0: send after backward)")
     p.add_argument("--fault-oom-above", type=int, default=0, help=argparse.SUPPRESS)  # test knob
     p.add_argument("--fault-nan-at", type=_steps, default=frozenset(), help=argparse.SUPPRESS)  # test knob
     p.add_argument("--slowdown", default="1", help="F, or a schedule STEP:F,STEP:F,... (emulated slower device)")
@@ -64,7 +67,12 @@ def parse(argv) -> WorkerOptions:
     logs.setup("worker", args.log_level)
     return WorkerOptions(args.scheduler, args.device, args.threads, args.capacity, args.rank, args.max_batch,
                          args.memory_limit, args.fault_oom_above, args.fault_nan_at, emulation,
-                         args.ack_timeout, args.welcome_timeout, args.server_timeout, args.keys, args.token)
+                         args.ack_timeout, args.welcome_timeout, args.server_timeout, args.keys, args.token,
+                         args.bucket_size)
+
+
+def _bucket(text: str) -> int:
+    return 0 if text.strip() == "0" else size(text)
 
 
 def main(argv=None) -> int:

@@ -60,6 +60,11 @@ class Emulation:
                              "(real compute cannot be made faster)")
 
     @property
+    def active(self) -> bool:
+        """Whether compute phases are stretched at all."""
+        return self.virtual or any(f != 1 for _, f in self.schedule)
+
+    @property
     def virtual(self) -> bool:
         return self.ms_per_step > 0 or self.ms_per_sample > 0
 

@@ -6,7 +6,6 @@ import socket as pysocket
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import zmq
 
@@ -21,6 +20,7 @@ from omnips.wire import WireDtype
 
 from . import memory
 from .emulation import Emulation
+from .pushing import Pusher
 from .trainer import Trainer, resolve_device
 
 log = logging.getLogger("omnips.worker")
@@ -55,6 +55,7 @@ class WorkerOptions:
     server_timeout_s: float = 120.0
     keys: security.Keys | None = None
     token: str = field(default="", repr=False)
+    bucket_bytes: int = 4 << 20  # the gradient leaves in buckets of this size while backward runs; 0: after it
 
 
 def run(opts: WorkerOptions) -> int:
@@ -105,11 +106,14 @@ class _Session:
             raise ValueError(f"this worker's model has {self.flat.size} values, the scheduler's "
                              f"{cluster['num_params']}: the model or its code differs between machines")
         self.wire = WireDtype(job.wire_dtype)
-        self.wire_grads = self.wire.buffer(self.flat.size)  # what a push carries (None: flat.grads itself)
         batcher = data.Batcher(train)
         self.trainer = Trainer(self.flat, batcher, opts.max_batch, opts.fault_oom_above)
-        # before the first pull, which overwrites whatever the probe touched
+        # before the first pull, which overwrites whatever the probe touched (and before the
+        # pusher's hooks exist)
         self.sample_bytes = memory.sample_bytes(self.flat.module, batcher, range(len(train)), device)
+        live = device.type == "cpu" and not opts.emulation.active
+        self.pusher = Pusher(self.flat, cluster["ranges"], opts.bucket_bytes // 4, live, self.wire)
+        self.trainer.on_retry = self.pusher.settle
         bsp = job.mode == "bsp"
         # ASP: a stream per worker; one that joins later draws a stream of its own, not its rank's old one
         incarnation = 0 if self.join_gen < 0 else 1 + self.join_gen
@@ -167,16 +171,16 @@ class _Session:
             start = data.bsp_slice_start(step * self.job.global_batch, self.plan.batches, self.rank)
         else:
             start, asp_pos = asp_pos, asp_pos + batch
-        loss, real_s = self.trainer.compute(self.stream.take(start, batch))
+        before = list(self.servers.versions)
+        self.pusher.begin(self.servers, self.rank, step, batch, self.plan.gen)
+        loss, real_s = self.trainer.compute(self.stream.take(start, batch), self.pusher.final_pass,
+                                            poison=step in self.opts.fault_nan_at)
         compute_s = self._pad(step, batch, real_s)
-        if step in self.opts.fault_nan_at:
-            self.flat.grads[0] = np.nan
-        finite = self.wire.finite(self.flat.grads)
+        finite = self.pusher.finish()
         if not finite:
             self._nonfinite(step, batch, loss)
-        before = list(self.servers.versions)
-        ex = self.servers.push_pull(self.rank, step, self.wire.narrow(self.flat.grads, self.wire_grads),
-                                    batch if finite else 0, self.plan.gen, self.flat.params)
+            self.pusher.drop()
+        ex = self.servers.collect(step, self.flat.params, early=self.pusher.live)
         self.flat.load_params()
         if ex.plan is not None:
             self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)

@@ -52,14 +52,18 @@ class Trainer:
         self.max_batch = max_batch  # 0: no known limit
         self._fault_oom_above = fault_oom_above  # test knob: emulate OOM for larger chunks
         self._cuda = flat.device.type == "cuda"
+        self.on_retry = None  # called before a step is computed again: gradients sent must be out first
 
-    def compute(self, indices) -> tuple[float, float]:
-        """Gradients of the mean loss over `indices` into flat.grads: (loss, seconds)."""
+    def compute(self, indices, final_pass=None, poison: bool = False) -> tuple[float, float]:
+        """Gradients of the mean loss over `indices` into flat.grads: (loss, seconds).
+        `final_pass()` is called before the backward that makes the gradients final (the
+        worker's hooks may then send them as they come); `poison` (a test knob) makes
+        the loss, and so every gradient, NaN."""
         start = time.perf_counter()
         while True:
             chunk = self.max_batch or len(indices)
             try:
-                loss = self._gradients(indices, chunk)
+                loss = self._gradients(indices, chunk, final_pass, poison)
                 break
             except Exception as exc:
                 if not _is_oom(exc):
@@ -70,9 +74,11 @@ class Trainer:
                 log.warning("out of memory with %d samples per pass: retrying with %d", chunk, self.max_batch)
                 if self._cuda:
                     torch.cuda.empty_cache()
+                if self.on_retry is not None:
+                    self.on_retry()
         return loss, time.perf_counter() - start
 
-    def _gradients(self, indices, chunk: int) -> float:
+    def _gradients(self, indices, chunk: int, final_pass, poison: bool) -> float:
         self.flat.zero_grads()
         total = 0.0
         for lo in range(0, len(indices), chunk):
@@ -82,6 +88,10 @@ class Trainer:
             x, y = self.batcher(part)
             x, y = x.to(self.flat.device, non_blocking=True), y.to(self.flat.device, non_blocking=True)
             loss = models.loss_fn(self.flat.module(x), y) * (len(part) / len(indices))
+            if poison:
+                loss = loss * float("nan")
+            if final_pass is not None and lo + chunk >= len(indices):
+                final_pass()
             loss.backward()
             total += loss.item()
         self.flat.finish_grads()

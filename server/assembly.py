@@ -1,0 +1,90 @@
+"""Joins a push that came in parts (buckets a worker sent while its backward pass
+still ran) back into one push for the shard core. Pure logic, no I/O.
+
+A connection has at most one push in assembly. Its parts must agree on everything
+but their place, stay inside the shard and not overlap; the push is complete when
+they cover the shard. A part of a later step replaces an unfinished push (a worker
+goes on only once its push was whole, so that one never will be). A refused part changes nothing. A whole push of batch 0 for
+the same step (the worker found its gradient not finite) voids the parts.
+"""
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from omnips.flat import aligned_empty
+from omnips.protocol import Push
+
+
+class PartRefused(Exception):
+    def __init__(self, code: str, text: str):
+        super().__init__(f"{code}: {text}")
+        self.code, self.text = code, text
+
+
+@dataclass
+class _Open:
+    first: Push  # its fields, as every later part must repeat them
+    values: np.ndarray
+    spans: list  # [lo, hi) already filled, in arrival order
+    filled: int = 0
+
+
+def _key(p: Push) -> tuple:
+    return p.rank, p.step, p.ver, p.batch, p.gen
+
+
+class Assembler:
+    def __init__(self, size: int, max_open: int):
+        self.size = size
+        self.max_open = max_open  # connections with a push in assembly: each holds a shard-sized buffer
+        self._open: dict[bytes, _Open] = {}
+        self.joined = 0  # pushes completed from parts
+
+    def feed(self, peer: bytes, part: Push) -> Push | None:
+        """The complete push once `part` fills the shard, else None; PartRefused for a
+        part that does not fit (nothing changes then)."""
+        if part.whole != self.size:
+            raise PartRefused("bad_length", f"a part of a shard of {part.whole} values, this one holds {self.size}")
+        entry = self._open.get(peer)
+        lo, hi = part.offset, part.offset + part.data.size
+        if entry is not None and part.step > entry.first.step:
+            entry = None  # a worker starts a step only once its last push was whole: that one never will be
+        if entry is None:
+            if peer not in self._open and len(self._open) >= self.max_open:
+                raise PartRefused("busy", f"{self.max_open} pushes are already being assembled")
+        elif _key(part) != _key(entry.first) or part.data.dtype != entry.values.dtype:
+            raise PartRefused("bad_part", f"a part of worker {part.rank}'s step {part.step} while its step "
+                                          f"{entry.first.step} is incomplete")
+        elif any(lo < b and a < hi for a, b in entry.spans):
+            raise PartRefused("bad_part", f"worker {part.rank}'s step {part.step} already has values in "
+                                          f"[{lo}, {hi})")
+        if entry is None:
+            self._open.pop(peer, None)
+            # a fresh buffer per push: the core may keep it pending at a barrier after we are done
+            entry = self._open[peer] = _Open(part, aligned_empty(self.size, part.data.dtype), [])
+        entry.values[lo:hi] = part.data
+        entry.spans.append((lo, hi))
+        entry.filled += hi - lo
+        if entry.filled < self.size:
+            return None
+        del self._open[peer]
+        self.joined += 1
+        return replace(entry.first, data=entry.values, offset=0, whole=0)
+
+    def void(self, peer: bytes, push: Push) -> None:
+        """A whole push from `peer` came: parts of the same step it was sending are void."""
+        entry = self._open.get(peer)
+        if entry is not None and (entry.first.rank, entry.first.step) == (push.rank, push.step):
+            del self._open[peer]
+
+    def forget(self, rank: int) -> None:
+        """Worker `rank` left the job: what it was sending will never be complete."""
+        self._open = {peer: e for peer, e in self._open.items() if e.first.rank != rank}
+
+    def clear(self) -> None:
+        self._open.clear()
+
+    @property
+    def open(self) -> int:
+        return len(self._open)

@@ -1,0 +1,292 @@
+"""Pushes in parts: the worker's bucket plan (worker/buckets.py) and the server's
+assembly (server/assembly.py, through ShardCore), driven directly."""
+
+import numpy as np
+import pytest
+import zmq
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omnips import data, models, protocol
+from omnips.flat import FlatModel
+from omnips.protocol import Params, Push
+from omnips.servers import ServerError, ServerGroup
+from omnips.sharding import shard_ranges
+from server.assembly import Assembler, PartRefused
+from test_shard_core import PEERS, assert_refused, make_core, push
+from worker.buckets import BucketPlan
+from worker.pushing import Pusher
+from worker.trainer import Trainer
+
+
+@st.composite
+def layouts(draw):
+    sizes = draw(st.lists(st.integers(1, 50), min_size=1, max_size=12))
+    spans, pos = [], 0
+    for n in sizes:
+        spans.append((pos, pos + n))
+        pos += n
+    size = pos + draw(st.integers(0, 20))  # buffers' slots after the trained values
+    shards = draw(st.integers(1, min(4, size)))
+    return spans, size, [tuple(r) for r in shard_ranges(size, shards)], draw(st.integers(0, 120))
+
+
+@given(layouts(), st.randoms(use_true_random=False))
+@settings(max_examples=300, deadline=None)
+def test_buckets_tile_the_vector_and_each_leaves_once_its_parameters_are_done(layout, rnd):
+    spans, size, ranges, bucket_values = layout
+    plan = BucketPlan(spans, size, ranges, bucket_values)
+    bks = plan.buckets
+    assert bks[0].lo == 0 and bks[-1].hi == size and all(a.hi == b.lo for a, b in zip(bks, bks[1:]))
+    for bk in bks:
+        lo, hi = ranges[bk.shard]
+        assert lo <= bk.lo < bk.hi <= hi  # inside one shard: a push goes to one server
+    trained = spans[-1][1]
+    edges = {lo for lo, _ in ranges} | {hi for _, hi in spans} | {size}
+    assert all(bk.hi in edges for bk in bks)  # cut where a parameter or a shard ends
+    if bucket_values == 0:
+        assert [(bk.lo, bk.hi) for bk in bks] == ranges
+    else:
+        assert all(bk.hi <= trained or bk.lo >= trained for bk in bks)  # buffers' slots go apart
+    order = list(range(len(spans)))
+    for _ in range(2):  # a second step counts anew
+        plan.start()
+        rnd.shuffle(order)
+        done = []
+        for i in order:
+            ready = plan.ready(i)
+            for b in ready:  # complete: every parameter in it is done
+                assert all(j in order[:order.index(i) + 1] for j, (lo, hi) in enumerate(spans)
+                           if lo < bks[b].hi and bks[b].lo < hi)
+                plan.sent[b] = True
+            done += ready
+        assert sorted(done) == [b for b, bk in enumerate(bks) if bk.lo < trained]  # each once
+        assert plan.unsent() == [b for b, bk in enumerate(bks) if bk.lo >= trained]
+
+
+def test_a_step_computed_again_keeps_what_was_sent():
+    plan = BucketPlan([(0, 4), (4, 8)], 8, [(0, 8)], 4)
+    plan.start()
+    assert plan.ready(1) == [1]
+    plan.sent[1] = True
+    plan.again()
+    assert plan.ready(1) == [] and plan.ready(0) == [0]
+    assert plan.completes_shard(0) and not plan.completes_shard(1)
+
+
+def parts_of(values: np.ndarray, cuts: list[int], **fields) -> list[Push]:
+    edges = [0, *cuts, values.size]
+    return [Push(rank=fields.get("rank", 0), step=fields.get("step", 0), ver=0, batch=fields.get("batch", 4), gen=0,
+                 data=values[lo:hi], offset=lo, whole=values.size) for lo, hi in zip(edges, edges[1:]) if hi > lo]
+
+
+@given(st.integers(1, 64).flatmap(lambda n: st.tuples(st.just(n), st.sets(st.integers(1, n - 1) if n > 1
+                                                                          else st.nothing()))),
+       st.randoms(use_true_random=False))
+def test_parts_in_any_order_join_to_the_pushed_values(shape, rnd):
+    n, cuts = shape
+    values = np.arange(n, dtype=np.float32) * 0.5
+    parts = parts_of(values, sorted(cuts))
+    rnd.shuffle(parts)
+    asm = Assembler(n, max_open=2)
+    out = [asm.feed(b"w", p) for p in parts]
+    assert out[:-1] == [None] * (len(parts) - 1) and asm.open == 0 and asm.joined == 1
+    whole = out[-1]
+    assert (whole.whole, whole.offset, whole.rank, whole.batch) == (0, 0, 0, 4)
+    np.testing.assert_array_equal(whole.data, values)
+
+
+def test_parts_that_do_not_fit_are_refused_and_change_nothing():
+    values = np.arange(8, dtype=np.float32)
+    asm = Assembler(8, max_open=1)
+    first = parts_of(values, [4])[0]
+    assert asm.feed(b"w", first) is None
+    cases = [(first, "bad_part"),  # the same values again
+             (Push(rank=0, step=0, ver=0, batch=4, gen=0, data=values[2:6], offset=2, whole=8), "bad_part"),
+             (parts_of(values, [4], rank=1)[1], "bad_part"),  # another worker's, on this connection
+             (parts_of(values, [4], batch=5)[1], "bad_part"),
+             (Push(rank=0, step=0, ver=0, batch=4, gen=0, data=values[4:], offset=4, whole=9), "bad_length")]
+    for part, code in cases:
+        with pytest.raises(PartRefused) as refused:
+            asm.feed(b"w", part)
+        assert refused.value.code == code
+    with pytest.raises(PartRefused, match="busy"):  # one push in assembly at most, here
+        asm.feed(b"other", parts_of(values, [4])[0])
+    whole = asm.feed(b"w", parts_of(values, [4])[1])  # the open push was left as it was
+    np.testing.assert_array_equal(whole.data, values)
+
+
+def test_a_dropped_gradient_or_a_departed_worker_voids_the_parts():
+    values = np.arange(8, dtype=np.float32)
+    asm = Assembler(8, max_open=4)
+    asm.feed(b"w", parts_of(values, [4])[0])
+    asm.void(b"w", Push(rank=0, step=1, ver=0, batch=0, gen=0, data=values[:0]))  # another step: kept
+    assert asm.open == 1
+    asm.void(b"w", Push(rank=0, step=0, ver=0, batch=0, gen=0, data=values[:0]))
+    assert asm.open == 0
+    asm.feed(b"w", parts_of(values, [4], rank=2)[0])
+    asm.feed(b"v", parts_of(values, [4], rank=1)[0])
+    asm.forget(2)
+    assert asm.open == 1
+    assert asm.feed(b"v", parts_of(values, [4], rank=1)[1]) is not None
+
+
+def test_a_bsp_step_from_parts_is_the_step_from_whole_pushes():
+    grads = [np.array([1, -2, 3, 0.5, 4, -1], dtype=np.float32) * (r + 1) for r in range(3)]
+    whole, parted = make_core(init=np.ones(6)), make_core(init=np.ones(6))
+    for r, g in enumerate(grads):
+        out = whole.handle(PEERS[r], push(r, 0, g, batch=r + 2), 1.0)
+        for part in parts_of(g, [1, 4], rank=r, batch=r + 2):
+            out2 = parted.handle(PEERS[r], part, 1.0)
+        assert [type(o.msg) for o in out] == [type(o.msg) for o in out2]
+    assert isinstance(out2[0].msg, Params) and parted.version == whole.version == 1
+    np.testing.assert_array_equal(parted.values, whole.values)
+    assert parted.parts_joined == 3
+
+
+def test_a_core_refuses_a_bad_part_without_a_change_and_a_dropped_push_voids_its_parts():
+    core = make_core(init=np.ones(6))
+    g = np.arange(6, dtype=np.float32)
+    assert core.handle(PEERS[0], parts_of(g, [3])[0], 1.0) == []
+    assert_refused(core, PEERS[0], parts_of(g, [3])[0], "bad_part")
+    assert_refused(core, PEERS[0], Push(rank=0, step=0, ver=0, batch=4, gen=0, data=g[:3], offset=0, whole=7),
+                   "bad_length")
+    assert core.handle(PEERS[0], push(0, 0, [], batch=0), 1.0) == []  # dropped: waits at the barrier
+    assert 0 in core._pending and core._parts.open == 0
+    assert core.handle(PEERS[0], parts_of(g, [3])[1], 1.0) == []  # the rest of the voided push: never whole
+    assert core._parts.open == 1
+    for r in (1, 2):
+        core.handle(PEERS[r], push(r, 0, g), 1.0)
+    assert core.version == 1
+    assert core.handle(PEERS[0], parts_of(g, [3], step=1)[0], 1.0) == []  # a later step replaces it
+    out = core.handle(PEERS[0], parts_of(g, [3], step=1)[1], 1.0)
+    assert core._parts.open == 0 and core.parts_joined == 1 and 0 in core._pending, out
+
+
+# -- the worker's side: buckets leave while backward runs --------------------------
+class _Servers:
+    """Records what a Pusher sends, with a copy of the values as they were then."""
+
+    def __init__(self, ranges):
+        self.ranges, self.sent, self.computing, self.waited = ranges, [], True, []
+
+    def wait_for(self, lo, hi):
+        self.waited.append((lo, hi))
+
+    def push(self, s, lo, hi, head, track=False):
+        self.sent.append((s, lo, hi, head.batch, head.data[lo:hi].copy() if head.batch else None, self.computing))
+
+
+def _pusher(train, bucket_values, poison_param=None, max_batch=0):
+    flat = FlatModel(models.build("mlp", {}, train, seed=4))
+    if poison_param is not None:  # runs before the pusher's hook on that parameter
+        def poison(p):
+            p.grad.view(-1)[0] = np.nan
+        flat.trained[poison_param].register_post_accumulate_grad_hook(poison)
+    ranges = shard_ranges(flat.size, 2)
+    pusher = Pusher(flat, ranges, bucket_values, live=True)
+    servers = _Servers(ranges)
+    trainer = Trainer(flat, data.Batcher(train), max_batch=max_batch)
+    trainer.on_retry = pusher.settle
+    pusher.begin(servers, rank=1, step=3, batch=40, gen=0)
+    trainer.compute(np.arange(40), pusher.final_pass)
+    servers.computing = False
+    return pusher, servers, flat
+
+
+@pytest.fixture(scope="module")
+def train():
+    return data.load("digits", {})[0]
+
+
+@pytest.mark.parametrize("max_batch", [0, 16])  # in one pass, or in chunks: only the last one sends
+def test_buckets_leave_during_backward_and_together_are_the_gradient(train, max_batch):
+    pusher, servers, flat = _pusher(train, bucket_values=1024, max_batch=max_batch)
+    during = len(servers.sent)
+    assert pusher.finish()
+    assert 0 < during < len(servers.sent)  # some left while backward ran, the rest after
+    assert all(sent[5] for sent in servers.sent[:during])
+    got = np.full(flat.size, np.nan, dtype=np.float32)
+    for s, lo, hi, batch, values, _ in servers.sent:
+        assert batch == 40 and np.isnan(got[lo:hi]).all()  # each value sent once
+        got[lo:hi] = values
+    reference = Trainer(FlatModel(models.build("mlp", {}, train, seed=4)), data.Batcher(train))
+    reference.compute(np.arange(40))
+    np.testing.assert_allclose(got, reference.flat.grads, rtol=1e-5, atol=1e-7)
+    for s, (lo, hi) in enumerate(servers.ranges):  # no shard was complete before backward ended
+        assert any(not c for sh, *_, c in servers.sent if sh == s)
+    # each layer's forward first waited for its own values of the last reply, first layers first
+    layers = [(w.weight, w.bias) for w in flat.module if isinstance(w, torch.nn.Linear)]
+    want = [(flat.places[id(w)][0], flat.places[id(b)][1]) for w, b in layers]
+    assert servers.waited[:len(want)] == want and pusher._head.reply_part == 1024
+
+
+def test_a_gradient_found_not_finite_midway_stops_the_buckets_and_is_dropped(train):
+    pusher, servers, flat = _pusher(train, bucket_values=1024, poison_param=2)
+    before = len(servers.sent)
+    assert before > 0  # the last layers' buckets had left
+    assert not pusher.finish() and len(servers.sent) == before  # nothing more
+    pusher.drop()
+    assert [(s, batch) for s, _, _, batch, _, _ in servers.sent[before:]] == [(0, 0), (1, 0)]
+
+
+# -- the worker's side: a reply read in parts --------------------------------------
+@pytest.fixture
+def group():
+    """A ServerGroup on two in-process ROUTERs standing in for shard servers of 8 and 4 values."""
+    ctx = zmq.Context()
+    routers = [ctx.socket(zmq.ROUTER) for _ in range(2)]
+    endpoints = [f"tcp://127.0.0.1:{r.bind_to_random_port('tcp://127.0.0.1')}" for r in routers]
+    g = ServerGroup(ctx, endpoints, [(0, 8), (8, 12)], timeout_s=0.5)
+    try:
+        yield g, routers
+    finally:
+        ctx.destroy(linger=0)
+
+
+def _answer(router, msgs, peer=None):
+    peer = peer or router.recv_multipart()[0]
+    for m in msgs:
+        router.send_multipart([peer, *protocol.encode(m)])
+    return peer
+
+
+def _params(values, offset=0, whole=0, req=5):
+    return Params(req=req, version=6, held_s=0.0, plan=None, data=np.asarray(values, dtype=np.float32),
+                  offset=offset, whole=whole)
+
+
+def _push_both(g):
+    for s, (lo, hi) in enumerate(g.ranges):
+        g.push(s, lo, hi, Push(rank=0, step=5, ver=0, batch=1, gen=0, data=np.ones(12, dtype=np.float32)))
+
+
+def test_a_reply_in_parts_is_read_as_far_as_the_next_forward_needs(group):
+    g, routers = group
+    into = np.zeros(12, dtype=np.float32)
+    _push_both(g)
+    peer = _answer(routers[0], [_params([1, 2, 3], 0, 8)])  # the rest of shard 0 comes later
+    _answer(routers[1], [_params([9, 10, 11, 12])])
+    ex = g.collect(5, into, early=True)
+    assert ex.versions == [6, 6] and into.tolist() == [1, 2, 3, 0, 0, 0, 0, 0, 9, 10, 11, 12]
+    g.wait_for(0, 3)
+    g.wait_for(8, 12)  # what has arrived: no wait
+    with pytest.raises(ServerError, match="no answer"):
+        g.wait_for(2, 5)  # values 3 and 4 have not come
+    _answer(routers[0], [_params([4, 5], 3, 8), _params([6, 7, 8], 5, 8)], peer)
+    g.wait_for(2, 5)
+    g.complete()
+    assert into.tolist() == list(range(1, 13))
+
+
+@pytest.mark.parametrize("bad, text", [([_params([1, 2], 0, 8), _params([5], 4, 8)], "where 2 of 8 were due"),
+                                       ([_params([1, 2], 0, 8), _params(np.arange(8))], "broke off a reply"),
+                                       ([_params([1, 2], 0, 9)], "where 0 of 8 were due")])
+def test_a_reply_in_parts_out_of_order_or_broken_off_is_an_error(group, bad, text):
+    g, routers = group
+    _push_both(g)
+    _answer(routers[1], [_params([9, 10, 11, 12])])
+    _answer(routers[0], bad)
+    with pytest.raises(ServerError, match=text):
+        g.collect(5, np.zeros(12, dtype=np.float32))

@@ -1,0 +1,83 @@
+"""Which slices of the flat gradient go to the servers as one message, and when each
+is complete. Pure logic: the worker's backward hooks call `ready(i)` as parameter i's
+gradient is final, and send the buckets it completes while backward goes on.
+
+Buckets are cut at parameter boundaries once they hold `bucket_values` values, at
+every shard boundary (a push goes to one server) and where the trained parameters
+end: the buffers' slots are filled after backward, so they go last. Backward
+produces the last layers' gradients first, so the buckets at the end of the flat
+vector leave first.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Bucket:
+    shard: int
+    lo: int  # [lo, hi) of the flat vector, inside one shard
+    hi: int
+
+
+class BucketPlan:
+    def __init__(self, spans: list[tuple[int, int]], size: int, ranges: list[tuple[int, int]], bucket_values: int):
+        """`spans`: each trained parameter's [lo, hi) in the flat vector, in order; `size`:
+        the flat vector's length (buffers' slots after the last span); `ranges`: the shards;
+        `bucket_values` 0: one bucket per shard, sent after backward."""
+        trained = spans[-1][1] if spans else 0
+        cuts = {0, size, *(lo for lo, _ in ranges)}
+        if bucket_values > 0:
+            cuts.add(trained)
+            filled = 0
+            for lo, hi in spans:
+                filled += hi - lo
+                if filled >= bucket_values:
+                    cuts.add(hi)
+                    filled = 0
+        cuts = sorted(c for c in cuts if 0 <= c <= size)
+        shard_of = _shard_index(ranges)
+        self.buckets = [Bucket(shard_of(lo), lo, hi) for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
+        # parameter i -> the buckets holding part of it; bucket -> how many parameters it waits for
+        self.touches = [[b for b, bk in enumerate(self.buckets) if bk.lo < hi and lo < bk.hi] for lo, hi in spans]
+        self._needs = [0] * len(self.buckets)
+        for touched in self.touches:
+            for b in touched:
+                self._needs[b] += 1
+        self._left = list(self._needs)
+        self.sent = [False] * len(self.buckets)
+
+    def start(self) -> None:
+        """A new step: nothing sent, every bucket waits for all its parameters."""
+        self.sent = [False] * len(self.buckets)
+        self.again()
+
+    def again(self) -> None:
+        """The step's gradients are computed again (after an out-of-memory pass): count
+        anew, but what was sent stays sent (its gradients were final)."""
+        self._left = list(self._needs)
+
+    def ready(self, param: int) -> list[int]:
+        """Parameter `param`'s gradient is final: the unsent buckets that are now complete."""
+        done = []
+        for b in self.touches[param]:
+            self._left[b] -= 1
+            if self._left[b] == 0 and not self.sent[b]:
+                done.append(b)
+        return done
+
+    def unsent(self) -> list[int]:
+        return [b for b, s in enumerate(self.sent) if not s]
+
+    def completes_shard(self, b: int) -> bool:
+        """Whether bucket b is the last one of its shard not sent yet."""
+        shard = self.buckets[b].shard
+        return all(self.sent[o] for o, bk in enumerate(self.buckets) if bk.shard == shard and o != b)
+
+
+def _shard_index(ranges: list[tuple[int, int]]):
+    def shard_of(pos: int) -> int:
+        for s, (lo, hi) in enumerate(ranges):
+            if lo <= pos < hi:
+                return s
+        raise ValueError(f"position {pos} lies in no shard")
+    return shard_of

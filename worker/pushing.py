@@ -1,0 +1,128 @@
+"""A step's gradient on its way to the servers: bucket by bucket while backward still
+runs (communication overlaps computation), or shard by shard after it; and the
+servers' answer, which then comes in parts of the same size, first layers first:
+the next forward pass starts as soon as its first layers' values are in.
+
+Backward hooks send each bucket as soon as every parameter in it has its final
+gradient, checking it is finite first (in the job's wire dtype, into which it is narrowed). The bucket that would complete a shard is
+held back until the whole gradient is known to be finite: a server then either gets
+the step's whole gradient or, with a batch-0 push, learns it was dropped (the parts
+it holds are void). Sends are zero-copy and tracked: the gradient buffer is only
+overwritten (a step redone after running out of memory) once they are out.
+
+Hooks send from backward's own thread, which is the calling thread on the CPU; on
+CUDA the gradients only reach the host buffer after backward, so there the buckets
+go after it, as they do when an emulated device pads the compute phase (its
+gradients exist only once the emulated time has passed).
+"""
+
+import functools
+import logging
+from dataclasses import replace
+
+import zmq
+
+from omnips.flat import FlatModel
+from omnips.protocol import Push
+from omnips.servers import ServerGroup
+from omnips.wire import WireDtype
+
+from .buckets import BucketPlan
+
+log = logging.getLogger("omnips.worker")
+
+SEND_WAIT_S = 30.0
+
+
+class Pusher:
+    def __init__(self, flat: FlatModel, ranges: list, bucket_values: int, live: bool,
+                 wire: WireDtype = WireDtype("float32")):
+        self.flat = flat
+        self.wire = wire
+        self._wire_grads = wire.buffer(flat.size)  # what pushes carry, narrowed (None: flat.grads itself)
+        self.ranges = ranges
+        self.live = live and bucket_values > 0
+        self.bucket_values = bucket_values
+        self.plan = BucketPlan(flat.spans, flat.size, ranges, bucket_values if self.live else 0)
+        self.finite = True
+        self._armed = False
+        self._servers: ServerGroup | None = None
+        self._head: Push | None = None
+        self._trackers: list[zmq.MessageTracker] = []
+        if self.live:
+            for i, p in enumerate(flat.trained):
+                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i))
+            for module in flat.module.modules():
+                reach = flat.reach(module)
+                if reach is not None:
+                    module.register_forward_pre_hook(functools.partial(self._before_forward, *reach))
+
+    def begin(self, servers: ServerGroup, rank: int, step: int, batch: int, gen: int) -> None:
+        """A new step's gradient is about to be computed."""
+        self._servers = servers
+        wire = self.flat.grads if self._wire_grads is None else self._wire_grads
+        self._head = Push(rank=rank, step=step, ver=0, batch=batch, gen=gen, data=wire,
+                          reply_part=self.bucket_values if self.live else 0)
+        self.plan.start()
+        self.finite = True
+        self._trackers = []
+
+    def final_pass(self) -> None:
+        """The next backward makes the gradients final (the trainer calls this)."""
+        self.plan.again()
+        self._armed = self.live
+
+    def settle(self) -> None:
+        """The gradients are about to be computed again: stop, and let what was sent leave."""
+        self._armed = False
+        for tracker in self._trackers:
+            tracker.wait(SEND_WAIT_S)  # zmq.NotDone past it: a server that takes nothing in 30 s
+        self._trackers = []
+
+    def _before_forward(self, lo: int, hi: int, _module, _inputs) -> None:
+        """A layer's forward pass needs its values of the reply still arriving in parts."""
+        if self._servers is not None:
+            self._servers.wait_for(lo, hi)
+
+    def _on_grad(self, i: int, _param) -> None:
+        if not self._armed:
+            return
+        self.flat.settle(i)
+        for b in self.plan.ready(i):
+            if not self.plan.completes_shard(b):
+                self._send(b)
+
+    def _send(self, b: int) -> None:
+        if self.finite and self._finite(b):
+            self._push(b)
+        else:
+            self.finite = False  # nothing more goes out: the step is dropped at finish
+
+    def _finite(self, b: int) -> bool:
+        """Whether bucket b arrives finite (in the wire dtype: float16 has a narrower range)."""
+        bk = self.plan.buckets[b]
+        return self.wire.finite(self.flat.grads[bk.lo:bk.hi])
+
+    def _push(self, b: int) -> None:
+        bk = self.plan.buckets[b]
+        if self._wire_grads is not None:
+            self.wire.narrow(self.flat.grads[bk.lo:bk.hi], self._wire_grads[bk.lo:bk.hi])
+        tracker = self._servers.push(bk.shard, bk.lo, bk.hi, self._head, track=self.live)
+        self.plan.sent[b] = True
+        if tracker is not None:
+            self._trackers.append(tracker)
+
+    def finish(self) -> bool:
+        """After backward (and any padding): whether the gradient is finite; if so, what
+        is left of it is sent now, else nothing more is."""
+        self._armed = False
+        left = self.plan.unsent()
+        self.finite = self.finite and all(self._finite(b) for b in left)
+        for b in left if self.finite else ():
+            self._push(b)
+        return self.finite
+
+    def drop(self) -> None:
+        """The step's gradient is dropped: every server gets a batch-0 push."""
+        for s, (lo, hi) in enumerate(self.ranges):
+            self._servers.push(s, lo, hi, replace(self._head, batch=0))
