@@ -59,4 +59,3 @@ def endpoints(servers: list, local: list, transport: str) -> list[str]:
         log.info("server %d: connecting to %s (%s)", s, endpoint, why)
         chosen.append(endpoint)
     return chosen
-

@@ -11,6 +11,8 @@ import zmq
 
 from omnips import routes, security, transport
 from omnips.launch import LocalCluster, WorkerSpec
+from scheduler.__main__ import parser as scheduler_parser
+from worker.__main__ import parse as worker_parse
 
 from helpers import finish, single_process_model
 
@@ -45,6 +47,17 @@ def test_a_server_without_ipc_or_a_scheduler_that_sends_none_means_tcp():
 def test_malformed_endpoint_lists_are_refused(servers, local, transport_):
     with pytest.raises(ValueError):
         routes.endpoints(servers, local, transport_)
+
+
+def test_the_transport_flag_defaults_to_the_environment_and_refuses_other_values(monkeypatch, capsys):
+    assert worker_parse(["--scheduler", "tcp://h:1"]).transport == "auto"
+    assert scheduler_parser().parse_args(["--transport", "tcp"]).transport == "tcp"
+    monkeypatch.setenv("OMNIPS_TRANSPORT", "tcp")
+    assert worker_parse(["--scheduler", "tcp://h:1"]).transport == "tcp"
+    monkeypatch.setenv("OMNIPS_TRANSPORT", "udp")
+    with pytest.raises(SystemExit):
+        worker_parse(["--scheduler", "tcp://h:1"])
+    assert "OMNIPS_TRANSPORT='udp': use one of auto, tcp" in capsys.readouterr().err
 
 
 def test_a_bound_ipc_socket_lives_in_a_private_directory(tmp_path):
