@@ -10,6 +10,7 @@ import torch
 import zmq
 
 from omnips import routes, security, transport
+from omnips.cli import launch_parser
 from omnips.launch import LocalCluster, WorkerSpec
 from scheduler.__main__ import parser as scheduler_parser
 from worker.__main__ import parse as worker_parse
@@ -52,6 +53,8 @@ def test_malformed_endpoint_lists_are_refused(servers, local, transport_):
 def test_the_transport_flag_defaults_to_the_environment_and_refuses_other_values(monkeypatch, capsys):
     assert worker_parse(["--scheduler", "tcp://h:1"]).transport == "auto"
     assert scheduler_parser().parse_args(["--transport", "tcp"]).transport == "tcp"
+    args, to_scheduler = launch_parser().parse_known_args(["--transport", "tcp", "--mode", "asp"])
+    assert args.transport == "tcp" and to_scheduler == ["--mode", "asp"]  # launch hands it to every process
     monkeypatch.setenv("OMNIPS_TRANSPORT", "tcp")
     assert worker_parse(["--scheduler", "tcp://h:1"]).transport == "tcp"
     monkeypatch.setenv("OMNIPS_TRANSPORT", "udp")
