@@ -1,20 +1,29 @@
 #!/usr/bin/env python
-"""Fused push-pull round trip through omnips vs a raw ZeroMQ request-reply of the same bytes.
+"""Fused push-pull round trip through omnips vs raw ZeroMQ, raw sockets and gloo, same bytes.
 
 One invocation measures, for one float32 vector of --params values (default 11 M, 44 MB):
 
-* raw: this process (DEALER) sends a small header + the vector zero-copy to a child
-  process (ROUTER) that answers with a vector of the same size from a preallocated
-  buffer, zero-copy. Communication only: the floor omnips is compared against.
+* raw ZeroMQ: this process (DEALER) sends a small header + the vector zero-copy to a
+  child process (ROUTER, bound on tcp loopback and on a unix socket) that answers with
+  a vector of the same size from a preallocated buffer, zero-copy. Communication
+  only: the floor omnips is compared against, per transport.
 * omnips: a real scheduler and 1 or 2 servers (ASP, and BSP with 1 server), started
   as processes; this process registers as the only worker, initialises and pulls the
   shards, then times `ServerGroup.push_pull` (push every shard's gradient, receive
   every updated shard into the flat parameter buffer), as worker/service.py does.
-* omnips with CURVE: each of those configurations again, right after it, with every
-  process on --keys (encrypted and authenticated connections), for the on/off ratio.
+  Each configuration over tcp and over ipc (the servers' unix sockets, which workers
+  on their host take by default), raw ZeroMQ round trips of the same transport
+  interleaved (alternating order) while the cluster is up, so each ratio compares
+  figures taken in the same seconds on this noisy machine.
+* omnips with CURVE: each tcp configuration again, right after it, with every process
+  on --keys (encrypted and authenticated connections), for the on/off ratio.
+* raw sockets: a Python socket echo of the page-aligned vector (sendall, recv_into a
+  preallocated page-aligned buffer, the same bytes back) over tcp loopback and over a
+  unix socket, interleaved with raw ZeroMQ round trips of the same transport.
+* gloo: torch.distributed all_reduce of the same float32 vector between 2 processes
+  (1 torch thread each, 127.0.0.1, ephemeral ports), warm-ups, then the median of
+  the timed all_reduces on rank 0.
 
-Raw and omnips round trips are interleaved (alternating order) while a cluster is up,
-so each ratio compares figures taken in the same seconds on this noisy machine.
 Afterwards the pieces of an omnips round trip are timed in-process (worker copy of the
 reply, server finiteness check, optimizer step, ShardCore.handle) to show where the
 time over raw goes.
@@ -24,7 +33,7 @@ point 1): children through their environment, this process through tune_malloc()
 
     python benchmarks/pushpull.py [--params 11000000] [--repeats 20]
 
-Prints a table and writes it to benchmarks/results/pushpull.md.
+Prints the tables and writes them to benchmarks/results/pushpull.md.
 """
 
 from omnips import transport
@@ -35,7 +44,6 @@ import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import selectors  # noqa: E402
 import shutil  # noqa: E402
 import socket as pysocket  # noqa: E402
@@ -51,14 +59,19 @@ import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # benchmarks/report.py
 FEATURES = 1089  # synthetic inputs; mlp with one hidden layer of H: H * (FEATURES + 11) + 10 values
-TARGET_RATIO = 1.5
+TARGET_RATIO = 1.15
 REPLY_TIMEOUT_S = 30.0
 
 
 # -- raw ZeroMQ peer ---------------------------------------------------------------
+TRANSPORTS = ("tcp", "ipc")
+
+
 def raw_child(n: int, host: str) -> int:
-    """The raw baseline's server: answer every [header, data] with a preallocated vector."""
+    """The raw baseline's server: answer every [header, data] with a preallocated vector,
+    on tcp and on a unix socket."""
     from omnips.flat import aligned_zeros
 
     ctx = zmq.Context()
@@ -66,10 +79,12 @@ def raw_child(n: int, host: str) -> int:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.bind(f"tcp://{host}:*")
+    tcp = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    ipc, ipc_dir = transport.bind_ipc(sock)
     reply = aligned_zeros(n)
     reply.fill(0.5)
     header = msgpack.packb({"op": "echo", "len": n})
-    print(f"raw peer listening on {sock.getsockopt_string(zmq.LAST_ENDPOINT)}", flush=True)
+    print(f"raw peer listening on {tcp} {ipc}", flush=True)
     try:
         while sock.poll(300_000):  # parent gone for 5 minutes: give up
             ident, head, data = sock.recv_multipart(copy=False)
@@ -84,6 +99,7 @@ def raw_child(n: int, host: str) -> int:
         return 1
     finally:
         ctx.destroy(linger=0)
+        shutil.rmtree(ipc_dir, ignore_errors=True)
 
 
 def _read_line(proc: subprocess.Popen, pattern: str, timeout_s: float) -> str:
@@ -101,52 +117,221 @@ def _read_line(proc: subprocess.Popen, pattern: str, timeout_s: float) -> str:
     raise RuntimeError(f"child {proc.args} did not print {pattern!r} within {timeout_s:g} s")
 
 
+def _child(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    """This script again as a helper process, with MALLOC_ENV."""
+    env = {**os.environ, **transport.MALLOC_ENV, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args],
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+
+
 class RawPeer:
-    """This process's end of the raw baseline: DEALER, zero-copy send, zero-copy receive."""
+    """This process's end of the raw baseline: a DEALER per transport, zero-copy both ways."""
 
     def __init__(self, n: int, host: str):
         from omnips.flat import aligned_zeros
 
-        env = {**os.environ, **transport.MALLOC_ENV, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--raw-child",
-                                      "--params", str(n), "--host", host],
-                                     env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        self.proc = _child(["--raw-child", "--params", str(n), "--host", host])
         self.n = n
         self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
         self.buf = aligned_zeros(n)
         self.buf.fill(1e-4)
         self.header = msgpack.packb({"op": "echo", "len": n})
+        self.socks = {}
         try:
-            self.endpoint = _read_line(self.proc, "raw peer listening on ", 60.0)
-            self.sock.connect(self.endpoint)
+            endpoints = _read_line(self.proc, "raw peer listening on ", 60.0).split()
+            for kind, endpoint in zip(TRANSPORTS, endpoints):
+                self.socks[kind] = self.ctx.socket(zmq.DEALER)
+                self.socks[kind].setsockopt(zmq.LINGER, 0)
+                self.socks[kind].connect(endpoint)
         except BaseException:
             self.close()
             raise
 
-    def round_trip(self) -> float:
+    def round_trip(self, kind: str) -> float:
+        sock = self.socks[kind]
         start = time.perf_counter()
-        self.sock.send(self.header, zmq.SNDMORE)
-        self.sock.send(memoryview(self.buf), copy=False)
-        if not self.sock.poll(int(REPLY_TIMEOUT_S * 1000)):
+        sock.send(self.header, zmq.SNDMORE)
+        sock.send(memoryview(self.buf), copy=False)
+        if not sock.poll(int(REPLY_TIMEOUT_S * 1000)):
             raise RuntimeError("the raw peer did not answer")
-        frames = self.sock.recv_multipart(copy=False)
+        frames = sock.recv_multipart(copy=False)
         elapsed = time.perf_counter() - start
         if len(frames) != 2 or frames[1].buffer.nbytes != 4 * self.n:
             raise RuntimeError("the raw peer sent a malformed reply")
         return elapsed
 
     def close(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc.poll() is None and self.socks:
             try:
-                self.sock.send_multipart([b"stop", b""])
+                self.socks["tcp"].send_multipart([b"stop", b""])
             except zmq.ZMQError:
                 pass
         self.ctx.destroy(linger=0)
         _reap(self.proc, 5.0)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        self.proc.stdout.close()
+
+
+# -- raw socket echo ---------------------------------------------------------------
+def _recv_exact(conn: pysocket.socket, view: memoryview) -> bool:
+    """Fill `view` from `conn`; False on a clean end before the first byte."""
+    got = 0
+    while got < len(view):
+        k = conn.recv_into(view[got:])
+        if not k:
+            if got:
+                raise RuntimeError(f"connection closed after {got} of {len(view)} bytes")
+            return False
+        got += k
+    return True
+
+
+def socket_child(n: int, kind: str) -> int:
+    """The raw socket baseline's server: echo every 4n bytes from a preallocated buffer."""
+    from omnips.flat import aligned_zeros
+
+    buf = memoryview(aligned_zeros(n)).cast("B")
+    directory = tempfile.mkdtemp(prefix="omnips-echo-")
+    try:
+        if kind == "tcp":
+            listener = pysocket.create_server(("127.0.0.1", 0))
+            address = "%s:%d" % listener.getsockname()
+        else:
+            address = os.path.join(directory, "sock")
+            listener = pysocket.socket(pysocket.AF_UNIX)
+            listener.bind(address)
+            listener.listen(1)
+        listener.settimeout(60)
+        print(f"socket peer listening on {address}", flush=True)
+        conn, _ = listener.accept()
+        conn.settimeout(300)
+        while _recv_exact(conn, buf):
+            conn.sendall(buf)
+        return 0
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+class SocketPeer:
+    """This process's end of the raw socket baseline (sendall, recv_into), tcp or unix."""
+
+    def __init__(self, n: int, kind: str, send: np.ndarray):
+        from omnips.flat import aligned_zeros
+
+        self.proc = _child(["--socket-child", kind, "--params", str(n)])
+        self.send, self.recv = memoryview(send).cast("B"), memoryview(aligned_zeros(n)).cast("B")
+        self.sock = None
+        try:
+            address = _read_line(self.proc, "socket peer listening on ", 60.0)
+            if kind == "tcp":
+                host, port = address.rsplit(":", 1)
+                self.sock = pysocket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT_S)
+            else:
+                self.sock = pysocket.socket(pysocket.AF_UNIX)
+                self.sock.settimeout(REPLY_TIMEOUT_S)
+                self.sock.connect(address)
+        except BaseException:
+            self.close()
+            raise
+
+    def round_trip(self) -> float:
+        start = time.perf_counter()
+        self.sock.sendall(self.send)
+        if not _recv_exact(self.sock, self.recv):
+            raise RuntimeError("the socket peer closed the connection")
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()  # the child's recv sees the end and exits
+        _reap(self.proc, 5.0)
+        self.proc.stdout.close()
+
+
+def floors(n: int, raw: RawPeer, warmup: int, repeats: int) -> list[dict]:
+    """Raw socket echoes, each transport's interleaved with raw ZeroMQ round trips."""
+    rows = []
+    for kind in TRANSPORTS:
+        peer = SocketPeer(n, kind, raw.buf)
+        try:
+            sock_t, zmq_t = [], []
+            for i in range(warmup + repeats):
+                if i % 2:
+                    s_dt, z_dt = peer.round_trip(), raw.round_trip(kind)
+                else:
+                    z_dt = raw.round_trip(kind)
+                    s_dt = peer.round_trip()
+                if i >= warmup:
+                    sock_t.append(s_dt)
+                    zmq_t.append(z_dt)
+        finally:
+            peer.close()
+        rows.append({"name": f"raw socket echo, {'tcp loopback' if kind == 'tcp' else 'unix socket'}",
+                     "kind": kind, "times": sock_t, "zmq": zmq_t})
+    return rows
+
+
+# -- gloo all_reduce ---------------------------------------------------------------
+GLOO_WAIT = datetime.timedelta(seconds=60)  # every store and collective wait is bounded by this
+
+
+def gloo_child(rank: int, port: int, n: int, rounds: int) -> int:
+    """One of 2 gloo ranks: all_reduce the vector `rounds` times, each when the parent
+    says go (it times raw ZeroMQ round trips in between) and after a barrier, so both
+    ranks start together; rank 0 hands each time back through the store."""
+    import torch
+    import torch.distributed as dist
+
+    from omnips.flat import aligned_zeros
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=GLOO_WAIT)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=GLOO_WAIT)
+    vec = torch.from_numpy(aligned_zeros(n))  # page-aligned, as omnips' buffers
+    for i in range(rounds):
+        vec.fill_(1e-4)
+        store.wait([f"go{i}"])
+        dist.barrier()
+        t = time.perf_counter()
+        dist.all_reduce(vec)
+        if rank == 0:
+            store.set(f"done{i}", repr(time.perf_counter() - t))
+    ok = torch.allclose(vec[:1000], torch.full((1000,), 2e-4))
+    dist.destroy_process_group()
+    if not ok:
+        print("gloo: wrong all_reduce result", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def gloo(n: int, raw: RawPeer, warmup: int, repeats: int) -> dict:
+    """Two gloo ranks as child processes around a TCPStore this process hosts; raw ZeroMQ
+    round trips of both transports alternate with the all_reduces (same window)."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=GLOO_WAIT)
+    env = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}  # loopback, as every other figure here
+    procs = [_child(["--gloo-rank", str(r), "--gloo-port", str(store.port), "--params", str(n),
+                     "--repeats", str(warmup + repeats)], env) for r in range(2)]
+    out = {"times": [], **{kind: [] for kind in TRANSPORTS}}
+    try:
+        for i in range(warmup + repeats):
+            raws = {}
+            if i % 2:
+                raws = {kind: raw.round_trip(kind) for kind in TRANSPORTS}
+            store.set(f"go{i}", "1")
+            t = float(store.get(f"done{i}"))  # bounded by GLOO_WAIT
+            if i % 2 == 0:
+                raws = {kind: raw.round_trip(kind) for kind in TRANSPORTS}
+            if i >= warmup:
+                out["times"].append(t)
+                for kind in TRANSPORTS:
+                    out[kind].append(raws[kind])
+    finally:
+        for proc in procs:
+            _reap(proc, 30.0)
+            proc.stdout.close()
+    if any(proc.returncode != 0 for proc in procs):
+        raise RuntimeError(f"gloo ranks exited with {[proc.returncode for proc in procs]}")
+    return out
 
 
 def _reap(proc: subprocess.Popen, grace_s: float) -> None:
@@ -179,10 +364,12 @@ def model_size(model_args: dict, dataset_args: dict) -> int:
         b.numel() for b in module.buffers() if b.is_floating_point())
 
 
-def run_cluster(mode: str, num_servers: int, model_args: dict, dataset_args: dict, warmup: int, repeats: int,
-                params: np.ndarray, grads: np.ndarray, raw: RawPeer, run_root: Path, host: str,
+def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, dataset_args: dict, warmup: int,
+                repeats: int, params: np.ndarray, grads: np.ndarray, raw: RawPeer, run_root: Path, host: str,
                 server_threads: int, key_dir: Path | None) -> dict:
-    """One configuration; with `key_dir` every process (this one too) uses CURVE."""
+    """One configuration, this process reaching the servers over `kind` (tcp or ipc); with
+    `key_dir` every process (this one too) uses CURVE."""
+    from omnips import routes
     from omnips.launch import LocalCluster
     from omnips.link import SchedulerLink
     from omnips.protocol import Register, Report, Shutdown
@@ -190,7 +377,7 @@ def run_cluster(mode: str, num_servers: int, model_args: dict, dataset_args: dic
     from omnips.servers import ServerGroup
 
     steps = warmup + repeats
-    name = f"{mode}-{num_servers}s" + ("-curve" if key_dir else "")
+    name = f"{mode}-{num_servers}s-{kind}" + ("-curve" if key_dir else "")
     run_dir = run_root / name
     # ASP: a sample budget far beyond the run, so the scheduler never asks to stop.
     # BSP: exactly `steps` steps of global batch 1; the final evaluation is at version `steps`.
@@ -199,9 +386,8 @@ def run_cluster(mode: str, num_servers: int, model_args: dict, dataset_args: dic
     key_args = ["--keys", str(key_dir)] if key_dir else []
     cluster = LocalCluster(run_dir, [], num_servers, [])
     ctx = zmq.Context()
-    result = {"config": f"omnips {mode.upper()}, {num_servers} server{'s' if num_servers > 1 else ''}"
-                        + (", CURVE" if key_dir else ""),
-              "plain": f"omnips {mode.upper()}, {num_servers} server{'s' if num_servers > 1 else ''}",
+    plain = f"omnips {mode.upper()}, {num_servers} server{'s' if num_servers > 1 else ''}, {kind}"
+    result = {"config": plain + (", CURVE" if key_dir else ""), "plain": plain, "kind": kind,
               "curve": key_dir is not None, "mode": mode, "servers": num_servers, "logs": str(run_dir / "logs")}
     try:
         # LocalCluster.start always starts its own workers; start the scheduler and the
@@ -229,7 +415,10 @@ def run_cluster(mode: str, num_servers: int, model_args: dict, dataset_args: dic
         link.dead_after_s = info["dead_after_s"]
         if info["num_params"] != params.size:
             raise RuntimeError(f"the scheduler's model has {info['num_params']} values, expected {params.size}")
-        group = ServerGroup(ctx, info["servers"], info["ranges"], REPLY_TIMEOUT_S, on_wait=check_children, keys=keys)
+        endpoints = routes.endpoints(info["servers"], info["ipc"], "auto" if kind == "ipc" else "tcp")
+        if not all(e.startswith(f"{kind}://") for e in endpoints):
+            raise RuntimeError(f"asked for {kind}, the servers are reached at {endpoints}")
+        group = ServerGroup(ctx, endpoints, info["ranges"], REPLY_TIMEOUT_S, on_wait=check_children, keys=keys)
 
         copy_s = [0.0]  # time in ServerGroup.accept: the np.copyto of each reply into `params`
         accept = group.accept
@@ -246,13 +435,13 @@ def run_cluster(mode: str, num_servers: int, model_args: dict, dataset_args: dic
         omni, raw_t, copies, elapsed = [], [], [], []
         for step in range(steps):
             if step % 2:
-                raw_dt = raw.round_trip()
+                raw_dt = raw.round_trip(kind)
             copy_s[0] = 0.0
             t = time.perf_counter()
             ex = group.push_pull(0, step, grads, 1, 0, params)
             dt = time.perf_counter() - t
             if step % 2 == 0:
-                raw_dt = raw.round_trip()
+                raw_dt = raw.round_trip(kind)
             if ex.plan is not None and ex.plan.get("stop"):
                 raise RuntimeError("the scheduler stopped the job early")
             link.send(Report(rank=0, step=step, batch=1, compute_s=0.0, network_s=max(0.0, ex.elapsed_s - ex.held_s),
@@ -311,13 +500,14 @@ def pieces(params: np.ndarray, grads: np.ndarray, repeats: int, server_threads: 
     from omnips.flat import aligned_zeros
     from omnips.job import JobSpec
     from omnips.protocol import Init, Push
-    from server.shard import ShardCore, _finite
+    from omnips.flat import all_finite
+    from server.shard import ShardCore
 
     n = params.size
     out = {}
     dst = aligned_zeros(n)
     out["worker: np.copyto of the reply into params"] = _median_time(lambda: np.copyto(dst, params), repeats)
-    out["server: finiteness check (np.dot)"] = _median_time(lambda: _finite(grads), repeats)
+    out["server: finiteness check (np.dot)"] = _median_time(lambda: all_finite(grads), repeats)
     out["protocol: encode + decode of a Push"] = _median_time(
         lambda: protocol.decode(protocol.encode(Push(rank=0, step=0, ver=0, batch=1, gen=0, data=grads))), repeats)
 
@@ -358,18 +548,22 @@ def ms(x: float) -> str:
     return f"{x * 1e3:.1f}"
 
 
-def summarize(results: list[dict]) -> list[dict]:
+def summarize(results: list[dict], gl: dict) -> list[dict]:
+    gloo_med = statistics.median(gl["times"])
     rows = []
     for r in results:
         om, raw = statistics.median(r["omni"]), statistics.median(r["raw"])
         rows.append({
-            "config": r["config"], "plain": r["plain"], "curve": r["curve"], "median": om,
-            "p10": float(np.percentile(r["omni"], 10)), "p90": float(np.percentile(r["omni"], 90)), "raw": raw, "ratio": om / raw,
-            "copy": statistics.median(r["copy"]),
+            "config": r["config"], "plain": r["plain"], "kind": r["kind"], "curve": r["curve"], "median": om,
+            "p10": float(np.percentile(r["omni"], 10)), "p90": float(np.percentile(r["omni"], 90)), "raw": raw,
+            "ratio": om / raw, "copy": statistics.median(r["copy"]),
             # per-pair ratio: each omnips round trip over the raw one taken next to it
             "pair_ratio": statistics.median(o / w for o, w in zip(r["omni"], r["raw"])),
             # fastest over fastest: the least disturbed by other load on the machine
             "min_ratio": min(r["omni"]) / min(r["raw"]),
+            "gloo_ratio": om / gloo_med,
+            # each over the raw ZeroMQ round trips of its own window: cancels load drift between the two
+            "gloo_adjusted": (om / raw) / (gloo_med / statistics.median(gl[r["kind"]])),
         })
     return rows
 
@@ -385,91 +579,137 @@ def curve_section(rows: list[dict], nbytes: int) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---:|"]
     for off, on in pairs:
         lines.append(f"| {off['config']} | {ms(off['median'])} | {ms(on['median'])} "
-                     f"| {on['median'] / off['median']:.2f}x | {on['ratio'] / off['ratio']:.2f}x | {2 * nbytes / off['median'] / 1e9:.2f} "
-                     f"| {2 * nbytes / on['median'] / 1e9:.2f} |")
+                     f"| {on['median'] / off['median']:.2f}x | {on['ratio'] / off['ratio']:.2f}x "
+                     f"| {2 * nbytes / off['median'] / 1e9:.2f} | {2 * nbytes / on['median'] / 1e9:.2f} |")
     lines += ["", "GB/s: bytes pushed plus bytes pulled per second of round trip. The second ratio divides each "
               "configuration by the raw round trips interleaved with it, cancelling drift between the two runs."]
     return lines
 
 
-def render(rows, all_raw, piece_times, args, n, total_s) -> str:
+def _spread(times: list[float]) -> str:
+    return f"{ms(statistics.median(times))} | {ms(np.percentile(times, 10))} | {ms(np.percentile(times, 90))}"
+
+
+def _faster(*ratios: float) -> str:
+    return "yes" if all(x < 1 for x in ratios) else "no" if all(x >= 1 for x in ratios) else "within noise"
+
+
+def render(rows, raw_by_kind, floor_rows, gl, piece_times, args, n, total_s) -> list[str]:
+    from report import machine_lines
+
     nbytes = 4 * n
+    gloo_t = gl["times"]
+    gloo_med = statistics.median(gloo_t)
     lines = [
-        "# omnips fused push-pull vs raw ZeroMQ request-reply",
+        "# omnips fused push-pull vs raw ZeroMQ, raw sockets and gloo all_reduce",
         "",
-        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- nproc: {len(os.sched_getaffinity(0))} (cpu_count {os.cpu_count()}), {platform.machine()}, "
-        f"Python {platform.python_version()}, pyzmq {zmq.__version__} / libzmq {zmq.zmq_version()}, "
-        f"numpy {np.__version__}",
-        f"- vector: {n:,} float32 = {nbytes:,} bytes ({nbytes / 2**20:.1f} MiB) each way; "
-        f"{args.repeats} timed round trips after {args.warmup} warm-ups per configuration; tcp loopback",
-        "- raw: DEALER -> ROUTER in a child process, header + zero-copy 44 MB frame each way, "
-        "preallocated page-aligned buffers, MALLOC_ENV in both processes; no computation",
+        *machine_lines(),
+        f"- pyzmq {zmq.__version__} / libzmq {zmq.zmq_version()}, numpy {np.__version__}, "
+        f"torch {__import__('torch').__version__}",
+        f"- vector: {n:,} float32 = {nbytes:,} bytes ({nbytes / 2**20:.1f} MiB) each way; {args.repeats} timed "
+        f"round trips after {args.warmup} warm-ups per configuration ({args.curve_repeats} with CURVE); loopback",
+        "- raw ZeroMQ: DEALER -> ROUTER in a child process, header + zero-copy vector frame each way, preallocated "
+        "page-aligned buffers, MALLOC_ENV in both processes; no computation; tcp and ipc (unix socket)",
         "- omnips: real scheduler + server processes, this process as the only worker "
         "(ServerGroup.push_pull: push gradients, server checks + SGD-momentum step, reply copied into params), "
-        f"servers with --threads {args.server_threads}; "
-        "raw round trips interleaved with omnips ones while each cluster runs",
-        *(["- CURVE: each configuration again right after it, every process (this one too) on --keys"]
+        f"servers with --threads {args.server_threads}; raw ZeroMQ round trips of the same transport interleaved "
+        "with omnips ones while each cluster runs",
+        *(["- CURVE: each tcp configuration again right after it, every process (this one too) on --keys"]
           if any(r["curve"] for r in rows) else []),
-        f"- raw median over all configurations: {ms(statistics.median(all_raw))} ms "
-        f"({nbytes * 2 / statistics.median(all_raw) / 1e9:.2f} GB/s both ways)",
-        f"- target: omnips / raw <= {TARGET_RATIO} (judged on the median ratio; plain TCP, not CURVE)",
-        f"- load average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())} "
-        "(other processes on these cores inflate omnips, which computes, more than raw)",
+        "- raw socket: Python socket echo (sendall, recv_into a preallocated page-aligned buffer, the same bytes "
+        "back), interleaved with raw ZeroMQ round trips of the same transport",
+        "- gloo: torch.distributed all_reduce of the same float32 vector, 2 processes, 1 torch thread each, "
+        "127.0.0.1 (GLOO_SOCKET_IFNAME=lo), a barrier before each; rank 0's times; raw ZeroMQ round trips "
+        "(tcp, ipc) alternate with the all_reduces",
+        f"- targets: omnips / raw ZeroMQ <= {TARGET_RATIO} (median ratio, tcp and ipc apart; plain, not CURVE), "
+        "and omnips faster than gloo all_reduce of the same bytes (judged on the medians as measured and on "
+        "each over the raw ZeroMQ round trips of its own window; \"within noise\" when the two disagree)",
+        f"- load average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}; the 2 cores are shared with "
+        "other users' processes, which inflate omnips (which computes) more than the raw baselines",
         "",
-        "| configuration | median ms | p10 ms | p90 ms | raw median ms (same window) | omnips / raw "
-        "| median of per-pair ratios | min / min | worker reply copy ms | within target |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "## Baselines (communication only)",
+        "",
+        "| baseline | median ms | p10 ms | p90 ms | GB/s both ways | raw ZeroMQ alongside, median ms |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
+    for kind in TRANSPORTS:
+        t = raw_by_kind[kind]
+        lines.append(f"| raw ZeroMQ request-reply, {kind} (every omnips window) | {_spread(t)} "
+                     f"| {2 * nbytes / statistics.median(t) / 1e9:.2f} | |")
+    for f in floor_rows:
+        lines.append(f"| {f['name']} | {_spread(f['times'])} | {2 * nbytes / statistics.median(f['times']) / 1e9:.2f} "
+                     f"| {ms(statistics.median(f['zmq']))} |")
+    lines.append(f"| gloo all_reduce, 2 ranks | {_spread(gloo_t)} | {2 * nbytes / gloo_med / 1e9:.2f} | "
+                 + ", ".join(f"{kind} {ms(statistics.median(gl[kind]))}" for kind in TRANSPORTS) + " |")
+    lines += ["", "GB/s for gloo: the vector's bytes in and out of a rank per second, as for a round trip "
+              "(a 2-rank ring moves half the vector each way twice).", "",
+              "## omnips", "",
+              "| configuration | median ms | p10 ms | p90 ms | raw ZeroMQ median ms (same window, same transport) "
+              "| omnips / raw | median of per-pair ratios | min / min | worker reply copy ms "
+              f"| <= {TARGET_RATIO}x raw | omnips / gloo | the same, each over its raw | faster than gloo |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
     for r in rows:
+        verdict = "-" if r["curve"] else "yes" if r["ratio"] <= TARGET_RATIO else "no"
         lines.append(f"| {r['config']} | {ms(r['median'])} | {ms(r['p10'])} | {ms(r['p90'])} | {ms(r['raw'])} "
                      f"| {r['ratio']:.2f}x | {r['pair_ratio']:.2f}x | {r['min_ratio']:.2f}x | {ms(r['copy'])} "
-                     f"| {'-' if r['curve'] else 'yes' if r['ratio'] <= TARGET_RATIO else 'no'} |")
+                     f"| {verdict} | {r['gloo_ratio']:.2f}x | {r['gloo_adjusted']:.2f}x "
+                     f"| {'-' if r['curve'] else _faster(r['gloo_ratio'], r['gloo_adjusted'])} |")
     lines += curve_section(rows, nbytes)
     lines += ["", "## Where the time goes (in-process pieces, medians, run after the clusters)", "",
               "| piece | ms |", "|---|---:|"]
     for name, t in piece_times.items():
         lines.append(f"| {name} | {ms(t)} |")
-    raw_med = statistics.median(all_raw)
     copy = piece_times["worker: np.copyto of the reply into params"]
-    for mode in ("ASP", "BSP"):
-        handle = piece_times[f"server: ShardCore.handle(Push), {mode} (check + update)"]
-        est = raw_med + copy + handle
-        measured = [r["median"] for r in rows if r["config"] == f"omnips {mode}, 1 server"]
-        tail = f"; measured {ms(measured[0])} ms" if measured else ""
-        lines.append("")
-        lines.append(f"{mode} 1 server, sum of the pieces if nothing overlapped: raw {ms(raw_med)} + reply copy "
-                     f"{ms(copy)} + server handle {ms(handle)} = {ms(est)} ms ({est / raw_med:.2f}x raw){tail} "
-                     "(pieces timed in this process at another moment: a rough guide only).")
-    lines += ["", f"Total benchmark time: {total_s:.0f} s.", ""]
-    return "\n".join(lines)
+    for kind in TRANSPORTS:
+        raw_med = statistics.median(raw_by_kind[kind])
+        for mode in ("ASP", "BSP"):
+            handle = piece_times[f"server: ShardCore.handle(Push), {mode} (check + update)"]
+            est = raw_med + copy + handle
+            measured = [r["median"] for r in rows if r["config"] == f"omnips {mode}, 1 server, {kind}"]
+            tail = f"; measured {ms(measured[0])} ms" if measured else ""
+            lines += ["", f"{mode} 1 server over {kind}, sum of the pieces if nothing overlapped: raw {ms(raw_med)} "
+                      f"+ reply copy {ms(copy)} + server handle {ms(handle)} = {ms(est)} ms ({est / raw_med:.2f}x raw)"
+                      f"{tail}. Within {TARGET_RATIO}x the worker copy and the server's check and update together "
+                      f"would have to fit in {ms((TARGET_RATIO - 1) * raw_med)} ms."]
+    lines += ["", "(Pieces timed in this process at another moment: a rough guide only.)", "",
+              f"Total benchmark time: {total_s:.0f} s."]
+    return lines
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--params", type=int, default=11_000_000, help="float32 values per round trip (approximate "
-                   "for omnips: the mlp's size; the raw baseline uses the same count)")
+                   "for omnips: the mlp's size; the baselines use the same count)")
     p.add_argument("--repeats", type=int, default=20, help="timed round trips per configuration")
+    p.add_argument("--curve-repeats", type=int, default=10, help="timed round trips per CURVE configuration")
     p.add_argument("--warmup", type=int, default=3, help="untimed round trips first")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--no-bsp", action="store_true", help="skip the BSP 1-server configuration")
-    p.add_argument("--no-curve", action="store_true", help="skip the CURVE (--keys) twin of each configuration")
+    p.add_argument("--no-bsp", action="store_true", help="skip the BSP 1-server configurations")
+    p.add_argument("--no-curve", action="store_true", help="skip the CURVE (--keys) twin of each tcp configuration")
     p.add_argument("--server-threads", type=int, default=1, help="torch threads per server (server --threads)")
     p.add_argument("--out", default=str(HERE / "results" / "pushpull.md"))
     p.add_argument("--keep-runs", action="store_true", help="keep the clusters' run directories and logs")
     p.add_argument("--raw-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--socket-child", choices=TRANSPORTS, help=argparse.SUPPRESS)
+    p.add_argument("--gloo-rank", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--gloo-port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.raw_child:
         return raw_child(args.params, args.host)
-    if args.repeats < 1 or args.warmup < 0 or args.params < 1000:
-        p.error("need --repeats >= 1, --warmup >= 0, --params >= 1000")
+    if args.socket_child:
+        return socket_child(args.params, args.socket_child)
+    if args.gloo_rank is not None:
+        return gloo_child(args.gloo_rank, args.gloo_port, args.params, args.repeats)
+    if args.repeats < 1 or args.curve_repeats < 1 or args.warmup < 0 or args.params < 1000:
+        p.error("need --repeats >= 1, --curve-repeats >= 1, --warmup >= 0, --params >= 1000")
+
+    from report import publish
 
     from omnips import security
     from omnips.flat import aligned_zeros
 
     t_start = time.monotonic()
-    steps = args.warmup + args.repeats
-    model_args, dataset_args = job_args(args.params, steps)
+    model_args, dataset_args = job_args(args.params, args.warmup + max(args.repeats, args.curve_repeats))
     n = model_size(model_args, dataset_args)
     print(f"{n:,} float32 values ({4 * n / 1e6:.1f} MB); mlp {model_args}, synthetic {dataset_args}", flush=True)
 
@@ -481,20 +721,31 @@ def main(argv=None) -> int:
     run_root = Path(tempfile.mkdtemp(prefix="omnips-pushpull-"))
     key_dir = run_root / "keys"
     security.keygen(key_dir)
-    configs = [(mode, servers, k) for mode, servers in [("asp", 1), ("asp", 2)] + ([] if args.no_bsp else [("bsp", 1)])
+    shapes = [("asp", 1), ("asp", 2)] + ([] if args.no_bsp else [("bsp", 1)])
+    configs = [(mode, servers, "tcp", k) for mode, servers in shapes
                for k in [None] + ([] if args.no_curve else [key_dir])]
+    configs += [(mode, servers, "ipc", None) for mode, servers in shapes]
     results = []
     raw = RawPeer(n, args.host)
     ok = False
     try:
-        for _ in range(args.warmup):
-            raw.round_trip()
-        for mode, servers, keys in configs:
-            r = run_cluster(mode, servers, model_args, dataset_args, args.warmup, args.repeats, params, grads,
-                            raw, run_root, args.host, args.server_threads, keys)
+        for kind in TRANSPORTS:
+            for _ in range(args.warmup):
+                raw.round_trip(kind)
+        floor_rows = floors(n, raw, args.warmup, args.repeats)
+        for f in floor_rows:
+            print(f"  {f['name']}: median {ms(statistics.median(f['times']))} ms, raw ZeroMQ alongside "
+                  f"{ms(statistics.median(f['zmq']))} ms", flush=True)
+        for mode, servers, kind, keys in configs:
+            r = run_cluster(mode, servers, kind, model_args, dataset_args, args.warmup,
+                            args.curve_repeats if keys else args.repeats, params, grads, raw, run_root, args.host,
+                            args.server_threads, keys)
             print(f"  {r['config']}: median {ms(statistics.median(r['omni']))} ms, raw alongside "
                   f"{ms(statistics.median(r['raw']))} ms", flush=True)
             results.append(r)
+        gl = gloo(n, raw, args.warmup, args.repeats)
+        print(f"  gloo all_reduce: median {ms(statistics.median(gl['times']))} ms, raw alongside "
+              + ", ".join(f"{kind} {ms(statistics.median(gl[kind]))} ms" for kind in TRANSPORTS), flush=True)
         ok = True
     finally:
         raw.close()
@@ -504,15 +755,10 @@ def main(argv=None) -> int:
             print(f"run directories kept in {run_root}", file=sys.stderr)
 
     piece_times = pieces(params, grads, max(5, min(args.repeats, 11)), args.server_threads)
-    rows = summarize(results)
-    all_raw = [t for r in results for t in r["raw"]]
-    text = render(rows, all_raw, piece_times, args, n, time.monotonic() - t_start)
-    print()
-    print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(f"written to {out}")
+    rows = summarize(results, gl)
+    raw_by_kind = {kind: [t for r in results if r["kind"] == kind for t in r["raw"]] for kind in TRANSPORTS}
+    publish(render(rows, raw_by_kind, floor_rows, gl, piece_times, args, n, time.monotonic() - t_start),
+            Path(args.out))
     return 0
 
 

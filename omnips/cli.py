@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from . import security
-from .flags import add_security
+from .flags import add_security, add_transport
 from .launch import LaunchError, LocalCluster, WorkerSpec
 from .plot import PlotError, plot_run
 
@@ -42,6 +42,7 @@ def launch_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="print no progress line")
     p.add_argument("--no-plots", action="store_true", help="do not draw RUN_DIR/plots at the end")
     add_security(p, listens=True)  # for every process
+    add_transport(p)  # for the scheduler and every worker
     return p
 
 
@@ -89,7 +90,7 @@ def launch(argv) -> int:
     run_dir = Path(args.resume or args.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
     if not args.resume and (run_dir / "metrics.jsonl").exists():
         parser.error(f"run directory {run_dir} already holds a run: choose another --run-dir")
-    cluster = LocalCluster(run_dir, scheduler_args, args.num_servers, workers, env={"OMNIPS_TOKEN": args.token},
+    cluster = LocalCluster(run_dir, scheduler_args, args.num_servers, workers, env={"OMNIPS_TOKEN": args.token, "OMNIPS_TRANSPORT": args.transport},
                            keys=args.keys.path if args.keys else None)
     try:
         cluster.start()

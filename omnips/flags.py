@@ -3,6 +3,7 @@
 import argparse
 import os
 
+from .routes import TRANSPORTS
 from .security import Keys, KeysError
 
 
@@ -47,3 +48,14 @@ def add_security(p: argparse.ArgumentParser, listens: bool) -> None:
     p.add_argument("--token", default=os.environ.get("OMNIPS_TOKEN", ""),
                    help="job token: the scheduler refuses processes whose token differs "
                         "(default: $OMNIPS_TOKEN, which unlike this flag no other user sees in ps)")
+
+
+def add_transport(p: argparse.ArgumentParser) -> None:
+    """--transport, for the roles that connect to servers (workers, the scheduler)."""
+    default = os.environ.get("OMNIPS_TRANSPORT", "auto")
+    if default not in TRANSPORTS:
+        p.error(f"OMNIPS_TRANSPORT={default!r}: use one of {', '.join(TRANSPORTS)}")
+    p.add_argument("--transport", choices=TRANSPORTS, default=default,
+                   help="how to reach a server on this host: auto takes its unix socket (ipc://, faster), "
+                        "tcp always uses tcp; servers on other hosts are reached over tcp either way "
+                        "(default: $OMNIPS_TRANSPORT, else auto)")

@@ -57,6 +57,7 @@ class Register(Message):
     role: str
     host: str
     endpoint: str = ""  # a server's bound address, "" for workers
+    ipc: str = ""  # a server's unix socket for clients on its host (ipc://PATH), "" for none
     capacity: float = 1.0
     device: str = "cpu"
     threads: int = 0
@@ -73,6 +74,8 @@ class Register(Message):
             raise ValueError(f"role must be 'server' or 'worker', not {_brief(self.role)}")
         if self.role == "server" and not self.endpoint:
             raise ValueError("a server must register its endpoint")
+        if self.ipc and not self.ipc.startswith("ipc://"):
+            raise ValueError(f"ipc must be an ipc:// endpoint, not {_brief(self.ipc)}")
         if not 0 < self.capacity < float("inf"):
             raise ValueError(f"capacity must be finite and > 0, not {self.capacity}")
 
@@ -280,13 +283,15 @@ class Restore(Message):
 class Rewind(Message):
     """Scheduler to the workers, once every server is back at a checkpoint: worker r
     continues at step `steps[r]` and sample position `positions[r]` with `plan`, on the
-    servers at `servers` (a restarted one has a new address)."""
+    servers at `servers` (a restarted one has a new address); `ipc` holds each one's
+    [hostname, ipc endpoint or ""], as in the welcome (omnips.routes)."""
 
     OP = "rewind"
     steps: list
     positions: list
     plan: dict
     servers: list
+    ipc: list = field(default_factory=list)
 
     def check(self):
         if not self.steps or len(self.positions) != len(self.steps) \
@@ -294,6 +299,8 @@ class Rewind(Message):
             raise ValueError("steps and positions must be one count per worker")
         if not self.servers or not all(isinstance(e, str) for e in self.servers):
             raise ValueError("servers must be a list of endpoints")
+        if not local_endpoints_ok(self.ipc, self.servers):
+            raise ValueError("ipc must hold one [host, ipc:// endpoint or \"\"] pair per server, or none")
 
 
 OPS = {cls.OP: cls for cls in (Register, Welcome, Report, Heartbeat, Shutdown, Error,
@@ -305,6 +312,14 @@ def _check_place(msg: Push | Params) -> None:
         raise ValueError("only a part (whole > 0) has an offset")
     if msg.whole and not (msg.data.size and msg.offset + msg.data.size <= msg.whole):
         raise ValueError(f"a part needs values within its shard: {msg.data.size} at {msg.offset} of {msg.whole}")
+
+
+def local_endpoints_ok(local: list, servers: list) -> bool:
+    """`local` is empty (a sender that knows none) or one [hostname, "ipc://..." or ""]
+    pair per server: the ipc endpoints of Rewind and of a worker's welcome."""
+    return not local or len(local) == len(servers) and all(
+        isinstance(x, list) and len(x) == 2 and all(isinstance(v, str) for v in x)
+        and (x[1] == "" or x[1].startswith("ipc://")) for x in local)
 
 
 def _count(x) -> bool:

@@ -8,6 +8,9 @@ non-blocking, and every receive goes through `poll` with a timeout.
 import ctypes
 import ctypes.util
 import logging
+import os
+import shutil
+import tempfile
 
 import zmq
 
@@ -68,6 +71,29 @@ def bind(sock: zmq.Socket, host: str, port: int, keys: security.Keys | None = No
     return endpoint
 
 
+def bind_ipc(sock: zmq.Socket, keys: security.Keys | None = None) -> tuple[str, str]:
+    """Also bind `sock` to a unix socket, in a new directory only this user may enter
+    (mkdtemp: mode 0700), for clients on this host: 44 MB moves ~30 % faster than over
+    tcp loopback (ZMQ_NOTES.md). Returns the endpoint and the directory, which the
+    caller removes at exit. With `keys` the endpoint is a CURVE server like the tcp one."""
+    if keys is not None:
+        keys.listen(sock)
+    directory = tempfile.mkdtemp(prefix="omnips-")
+    path = os.path.join(directory, "sock")
+    try:
+        if len(os.fsencode(path)) > zmq.IPC_PATH_MAX_LEN:
+            raise TransportError(f"cannot bind ipc://{path}: longer than the {zmq.IPC_PATH_MAX_LEN} bytes a unix "
+                                 "socket path may have (set TMPDIR to a shorter directory)")
+        try:
+            sock.bind(f"ipc://{path}")
+        except zmq.ZMQError as exc:
+            raise TransportError(f"cannot bind ipc://{path}: {exc}") from None
+    except TransportError:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return f"ipc://{path}", directory
+
+
 def connect(sock: zmq.Socket, endpoint: str, keys: security.Keys | None = None) -> None:
     """Connect to `endpoint`; with `keys` as a CURVE client of the job's listeners."""
     if keys is not None:
@@ -75,7 +101,7 @@ def connect(sock: zmq.Socket, endpoint: str, keys: security.Keys | None = None) 
     try:
         sock.connect(endpoint)
     except zmq.ZMQError as exc:
-        raise TransportError(f"cannot connect to {endpoint!r}: {exc} (expected tcp://HOST:PORT)") from None
+        raise TransportError(f"cannot connect to {endpoint!r}: {exc} (expected tcp://HOST:PORT or ipc://PATH)") from None
 
 
 def send(sock: zmq.Socket, msg: protocol.Message, to: bytes | None = None,

@@ -10,7 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from omnips import logs, transport
-from omnips.flags import add_security, seconds
+from omnips.flags import add_security, add_transport, seconds
 from omnips.data import FactoryError
 from omnips.job import BATCHINGS, CONTROLLERS, MODES, NAN_POLICIES, OPTIMIZERS, STALENESS_LR, WIRE_DTYPES, JobSpec
 
@@ -90,6 +90,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--register-timeout", type=seconds, default=300.0, help="seconds for the cluster to form")
     p.add_argument("--stall-timeout", type=seconds, default=300.0, help="seconds without progress before failing")
     add_security(p, listens=True)
+    add_transport(p)
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -124,7 +125,8 @@ def main(argv=None) -> int:
         a.run_dir = a.resume
     transport.tune_malloc()
     opts = SchedulerOptions(a.host, a.port, a.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"), a.heartbeat, a.dead_after, a.register_timeout,
-                            a.stall_timeout, checkpoint_every=a.checkpoint_every, keys=a.keys, token=a.token)
+                            a.stall_timeout, checkpoint_every=a.checkpoint_every, keys=a.keys, token=a.token,
+                            transport=a.transport)
     try:
         scheduler = Scheduler(job, opts, resume=resume)
     except (FactoryError, ValueError, OSError, RunDirInUse) as exc:

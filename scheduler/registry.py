@@ -151,6 +151,10 @@ class Registry:
         me = self.workers[rank].info
         return sum(1 for m in self.workers.values() if (m.info.host, m.info.device) == (me.host, me.device))
 
+    def local_endpoints(self) -> list[list[str]]:
+        """[hostname, ipc endpoint or ""] per server: clients on a server's host connect there."""
+        return [[s.info.host, s.info.ipc] for s in self.servers]
+
     def server_welcome(self, m: Member, restore: str = "") -> Welcome:
         """`restore`: the checkpoint a server taking a lost one's shard starts from."""
         lo, hi = self.ranges[m.rank]
@@ -164,7 +168,8 @@ class Registry:
         """`join_gen` >= 0 for a worker joining a running job: it starts at the first step of
         that plan (BSP) or at `start_step` (ASP, SSP), and does not initialise the shards."""
         return Welcome(rank=m.rank, job=self.job.to_dict(), cluster={
-            "servers": [s.info.endpoint for s in self.servers], "ranges": [list(r) for r in self.ranges],
+            "servers": [s.info.endpoint for s in self.servers], "ipc": self.local_endpoints(),
+            "ranges": [list(r) for r in self.ranges],
             "num_params": self.num_params, "total_steps": self.total_steps, "plan": self.plan.to_wire(),
             "dead_after_s": self.dead_after_s, "heartbeat_s": self.heartbeat_s, "join_gen": join_gen,
             "resumed": self.resume is not None,

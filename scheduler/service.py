@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import zmq
 
-from omnips import data, models, protocol, security, transport
+from omnips import data, models, protocol, routes, security, transport
 from omnips.batching import BatchPlan, memory_batch
 from omnips.checkpoint import Manifest, discard_after, newest_complete
 from omnips.flat import FlatModel
@@ -52,6 +52,7 @@ class SchedulerOptions:
     checkpoint_every: int = 0  # steps (BSP) or reported updates (ASP/SSP) between checkpoints; 0: none
     keys: security.Keys | None = None  # CURVE on every connection, clients from the allow-list only
     token: str = field(default="", repr=False)
+    transport: str = "auto"  # how to reach servers on this host: auto (ipc) or tcp (omnips.routes)
 
 
 class JobFailed(RuntimeError):
@@ -248,7 +249,7 @@ class Scheduler:
         self._send_plan(plan)
         endpoints = [s.info.endpoint for s in self.registry.servers]
         rewind = Rewind(steps=list(ckpt.worker_steps), positions=list(ckpt.positions), plan=plan.to_wire(),
-                        servers=endpoints)
+                        servers=endpoints, ipc=self.registry.local_endpoints())
         for w in self.registry.workers.values():
             transport.reply(self.router, w.peer, rewind)
         self.restores += 1
@@ -338,7 +339,7 @@ class Scheduler:
     def _membership(self, m, change: str = "joined", **more) -> None:
         i = m.info
         self.run.event("membership", change=change, role=m.role, rank=m.rank, host=i.host, pid=i.pid,
-                       device=i.device, capacity=i.capacity, endpoint=i.endpoint, **more)
+                       device=i.device, capacity=i.capacity, endpoint=i.endpoint, ipc=i.ipc, **more)
 
     def _join(self, member) -> None:
         """A worker took a vacant rank in the running job: a plan that gives it a share, then
@@ -389,8 +390,9 @@ class Scheduler:
         return plan
 
     def _connect_servers(self) -> None:
-        self.servers = ServerGroup(self.ctx, [m.info.endpoint for m in self.registry.servers],
-                                   self.registry.ranges, self.opts.server_timeout_s, keys=self.opts.keys)
+        endpoints = routes.endpoints([m.info.endpoint for m in self.registry.servers],
+                                     self.registry.local_endpoints(), self.opts.transport)
+        self.servers = ServerGroup(self.ctx, endpoints, self.registry.ranges, self.opts.server_timeout_s, keys=self.opts.keys)
         for sock in self.servers.socks:
             self.poller.register(sock, zmq.POLLIN)
         if self.job.mode == "bsp":

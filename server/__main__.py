@@ -2,6 +2,7 @@
 
 import argparse
 import logging
+import signal
 import sys
 
 from omnips import logs, transport
@@ -37,6 +38,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     transport.tune_malloc()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # exit through `finally`: it removes the ipc socket
     try:
         return serve(args.scheduler, args.host, args.port, args.advertise, args.ack_timeout, args.welcome_timeout,
                      args.keys, args.token)

@@ -4,6 +4,7 @@ import dataclasses
 import functools
 import logging
 import os
+import shutil
 import socket as pysocket
 import time
 from pathlib import Path
@@ -35,12 +36,18 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
           ack_timeout_s: float, welcome_timeout_s: float, keys: security.Keys | None = None, token: str = "") -> int:
     ctx = zmq.Context()
     gate = security.Gate(ctx, keys) if keys else None  # before binding: it admits the clients
+    ipc_dir = None
     try:
         router = transport.socket(ctx, zmq.ROUTER)
         bound = transport.bind(router, host, port, keys)
         endpoint = f"tcp://{advertised_host(host, advertise)}:{bound.rsplit(':', 1)[1]}"
+        try:
+            ipc, ipc_dir = transport.bind_ipc(router, keys)
+        except transport.TransportError as exc:
+            ipc = ""
+            log.warning("%s: clients on this host connect over tcp", exc)
         link = SchedulerLink(ctx, scheduler, keys=keys)
-        welcome = link.register(Register(role="server", host=pysocket.gethostname(), endpoint=endpoint,
+        welcome = link.register(Register(role="server", host=pysocket.gethostname(), endpoint=endpoint, ipc=ipc,
                                          pid=os.getpid(), token=token), ack_timeout_s, welcome_timeout_s)
         job = JobSpec.from_dict(welcome.job)
         cluster = link.cluster_fields(welcome, range=list, dead_after_s=float, heartbeat_s=float, num_trained=int,
@@ -54,13 +61,16 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
         writer = checkpointer.ShardWriter(Path(cluster["checkpoint_dir"]), welcome.rank, lo, hi)
         # the largest message a worker sends is a push of this shard: refuse anything bigger
         router.setsockopt(zmq.MAXMSGSIZE, (hi - lo) * 4 + protocol.MAX_HEADER_BYTES)
-        log.info("server %d serves [%d, %d) of %d values on %s (%s, %s on the wire; %s)", welcome.rank, lo, hi,
-                 cluster["num_params"], endpoint, job.mode, job.wire_dtype, security.describe(keys))
+        log.info("server %d serves [%d, %d) of %d values on %s%s (%s, %s on the wire; %s)", welcome.rank, lo, hi,
+                 cluster["num_params"], endpoint, f" and {ipc}" if ipc else "", job.mode, job.wire_dtype,
+                 security.describe(keys))
         return _loop(router, link, core, writer, restore)
     finally:
         if gate is not None:
             gate.stop()
         ctx.destroy(linger=transport.LINGER_MS)
+        if ipc_dir is not None:
+            shutil.rmtree(ipc_dir, ignore_errors=True)
 
 
 def _restore(core: ShardCore, rank: int, lo: int, hi: int, link: SchedulerLink, path: str) -> None:

@@ -45,7 +45,7 @@ STRATEGIES = {
         capacity=st.floats(min_value=1e-300, allow_infinity=False), device=TEXT, threads=U64, pid=U64,
         memory_limit=U64)
     | st.builds(Register, role=st.just("server"), host=TEXT, endpoint=TEXT.filter(bool),
-                capacity=st.floats(min_value=1e-300, max_value=1e300), device=TEXT, threads=U64, pid=U64),
+                ipc=st.just("") | TEXT.map("ipc://".__add__), capacity=st.floats(min_value=1e-300, max_value=1e300), device=TEXT, threads=U64, pid=U64),
     "welcome": st.builds(Welcome, rank=ANY_INT, job=DICTS, cluster=DICTS),
     "report": st.builds(Report, rank=U64, step=U64, batch=U64, compute_s=NON_NEG_FLOAT, network_s=NON_NEG_FLOAT,
                         wait_s=NON_NEG_FLOAT, loss=FLOAT, staleness=U64, mem_batch=U64, mem_free=U64,
@@ -70,7 +70,11 @@ STRATEGIES = {
     "restore": st.builds(Restore, path=TEXT),
     "rewind": st.integers(1, 4).flatmap(lambda n: st.builds(
         Rewind, steps=st.lists(U64, min_size=n, max_size=n), positions=st.lists(U64, min_size=n, max_size=n),
-        plan=DICTS, servers=st.lists(TEXT, min_size=1, max_size=3))),
+        plan=DICTS, servers=st.lists(TEXT, min_size=1, max_size=3))).flatmap(lambda r: st.builds(
+            Rewind, steps=st.just(r.steps), positions=st.just(r.positions), plan=st.just(r.plan),
+            servers=st.just(r.servers), ipc=st.just([]) | st.lists(
+                st.tuples(TEXT, st.just("") | TEXT.map("ipc://".__add__)).map(list),
+                min_size=len(r.servers), max_size=len(r.servers)))),
 }
 ANY_MESSAGE = st.one_of(*STRATEGIES.values())
 
@@ -291,7 +295,8 @@ def test_missing_field(op, name, data):
 
 
 SAMPLE = {
-    "register": Register(role="server", host="h", endpoint="tcp://h:1", capacity=2.0, threads=4, pid=9),
+    "register": Register(role="server", host="h", endpoint="tcp://h:1", ipc="ipc:///tmp/omnips-x/sock",
+                         capacity=2.0, threads=4, pid=9),
     "welcome": Welcome(rank=1, job={"mode": "bsp"}, cluster={"range": [0, 3]}),
     "report": Report(rank=1, step=2, batch=3, compute_s=0.5, network_s=0.5, wait_s=0.5, loss=1.0, staleness=1),
     "shutdown": Shutdown(ok=True, reason="done"),
@@ -305,7 +310,7 @@ SAMPLE = {
     "saved": Saved(req=1, step=10, version=10, size=100, sha256="ab" * 32),
     "restore": Restore(path="/run/checkpoints/step-10"),
     "rewind": Rewind(steps=[10, 10], positions=[640, 640], plan={"gen": 3, "batches": [8, 8], "stop": False},
-                     servers=["tcp://h:1"]),
+                     servers=["tcp://h:1"], ipc=[["h", "ipc:///tmp/omnips-x/sock"]]),
 }
 WRONG = {  # field type -> values of other types
     int: [True, False, "1", 1.5, None, [1], {"a": 1}, b"1"],
@@ -405,6 +410,8 @@ def test_missing_data_length():
     ("saved", "version", -1), ("saved", "size", -1), ("rewind", "steps", [-1, 2]), ("rewind", "positions", [1]),
     ("rewind", "servers", []),
     ("rewind", "servers", [1]),
+    ("rewind", "ipc", [["h", "ipc://a"], ["h", "ipc://b"]]), ("rewind", "ipc", [["h"]]),
+    ("rewind", "ipc", [["h", "tcp://h:2"]]), ("rewind", "ipc", [["h", 1]]), ("register", "ipc", "tcp://h:2"),
     ("register", "role", "boss"), ("register", "capacity", 0.0), ("register", "capacity", -1.0),
     ("register", "capacity", math.nan), ("register", "capacity", math.inf), ("register", "endpoint", ""),
 ])

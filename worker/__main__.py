@@ -7,7 +7,7 @@ import sys
 import zmq
 
 from omnips import logs, transport
-from omnips.flags import add_security, seconds, size
+from omnips.flags import add_security, add_transport, seconds, size
 from omnips.data import FactoryError
 from omnips.link import LinkError
 from omnips.servers import ServerError
@@ -47,6 +47,7 @@ def parse(argv) -> WorkerOptions:
     p.add_argument("--welcome-timeout", type=seconds, default=300.0, help="seconds to wait for the cluster to form")
     p.add_argument("--server-timeout", type=seconds, default=120.0, help="seconds to wait for a server's reply")
     add_security(p, listens=False)
+    add_transport(p)
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     if args.threads < 0:
@@ -68,7 +69,7 @@ def parse(argv) -> WorkerOptions:
     return WorkerOptions(args.scheduler, args.device, args.threads, args.capacity, args.rank, args.max_batch,
                          args.memory_limit, args.fault_oom_above, args.fault_nan_at, emulation,
                          args.ack_timeout, args.welcome_timeout, args.server_timeout, args.keys, args.token,
-                         args.bucket_size)
+                         args.bucket_size, args.transport)
 
 
 def _bucket(text: str) -> int:

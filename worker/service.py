@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 import zmq
 
-from omnips import data, models, security
+from omnips import data, models, routes, security
 from omnips.batching import BatchPlan
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
@@ -56,6 +56,7 @@ class WorkerOptions:
     keys: security.Keys | None = None
     token: str = field(default="", repr=False)
     bucket_bytes: int = 4 << 20  # the gradient leaves in buckets of this size while backward runs; 0: after it
+    transport: str = "auto"  # how to reach servers on this host: auto (ipc) or tcp (omnips.routes)
 
 
 def run(opts: WorkerOptions) -> int:
@@ -76,10 +77,11 @@ def run(opts: WorkerOptions) -> int:
         job = JobSpec.from_dict(welcome.job)
         link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
         session = _Session(job, welcome.rank, cluster, device, opts, link)
-        session.connect = lambda endpoints: ServerGroup(
-            ctx, endpoints, cluster["ranges"], opts.server_timeout_s, on_wait=session.check_scheduler,
-            tick_s=min(1.0, link.heartbeat_s), keys=opts.keys, wire=session.wire)
-        session.servers = session.connect(cluster["servers"])
+        session.connect = lambda servers, local: ServerGroup(
+            ctx, routes.endpoints(servers, local, opts.transport), cluster["ranges"], opts.server_timeout_s,
+            on_wait=session.check_scheduler, tick_s=min(1.0, link.heartbeat_s), keys=opts.keys, wire=session.wire)
+        # a scheduler that sends no "ipc" knows no unix sockets: tcp only
+        session.servers = session.connect(cluster["servers"], cluster.get("ipc", []))
         try:
             return session.train()
         except JobEnded:
@@ -93,7 +95,7 @@ class _Session:
     def __init__(self, job, rank, cluster, device, opts, link):
         self.job, self.rank, self.opts, self.link = job, rank, opts, link
         self.servers: ServerGroup | None = None
-        self.connect = None  # endpoints -> a ServerGroup on them
+        self.connect = None  # (tcp endpoints, [host, ipc endpoint] pairs) -> a ServerGroup on them
         self.total_steps = cluster["total_steps"]
         # join_gen -1: there from the start; resumed: servers restored a checkpoint, go on from its
         # step and sample position
@@ -156,7 +158,7 @@ class _Session:
         step = msg.steps[self.rank]
         log.info("worker %d: a server was lost, the job goes back to step %d", self.rank, step)
         self.servers.close()
-        self.servers = self.connect(msg.servers)
+        self.servers = self.connect(msg.servers, msg.ipc)
         self.plan = BatchPlan.from_wire(msg.plan, self.job.num_workers)
         self.servers.pull(self.flat.params)  # BSP: the version stays the checkpoint's until all have pushed
         self.flat.load_params()
