@@ -1,19 +1,23 @@
-"""A worker's compute time as a line in its batch size, fitted from recent measurements.
+"""Workers' compute times as lines in their batch sizes, fitted from recent measurements.
 
-`observe(b, t)` takes a window's robust time t at batch b; `line()` returns
-(a, c) with t(b) ~ a + c*b. With points at two or more batch sizes far enough
-apart, it is a weighted least-squares fit (older points weigh less: the
-worker's speed may drift); otherwise, or for the paper's rule, the line through
-the origin and the newest point (a = 0: constant throughput).
+`observe(ranks, batches, seconds)` takes each worker's robust time for a window
+at its batch; `lines(ranks)` returns (a, c) with t(b) ~ a + c*b. With points at
+two or more batch sizes far enough apart, it is a weighted least-squares fit
+(older points weigh less: the worker's speed may drift); otherwise, or for the
+paper's rule, the line through the origin and the newest point (a = 0: constant
+throughput).
 
 A measurement far from a trustworthy prediction means the worker's speed changed
 (throttling, another job on the machine, an emulated slowdown). Such changes
 scale compute time as a whole, so the older points are rescaled by the same
 ratio rather than thrown away: the fit stays usable at once, and the next
 adjustment lands on the new equal-time plan.
+
+All workers' points live in arrays (a row each), so that one decision for
+thousands of workers is a few numpy operations rather than a fit per worker.
 """
 
-from dataclasses import dataclass, field
+import math
 
 import numpy as np
 
@@ -21,58 +25,126 @@ FORGET = 0.5  # weight left to older points at each new measurement
 CHANGE = 0.2  # relative prediction error taken as a change of speed
 MIN_SPREAD = 0.1  # distinct batch sizes must span this fraction of the largest for a fit
 MIN_WEIGHT = 0.02  # points weighing less are dropped
+SLOTS = 1 + math.floor(math.log(MIN_WEIGHT) / math.log(FORGET))  # points a worker can hold at once
 
 
-@dataclass
+class TimeModels:
+    """The time models of `n` workers: each row holds up to SLOTS points (batch, time,
+    weight), weight 0 marking an empty slot; the batches in a row are distinct."""
+
+    def __init__(self, n: int, affine: bool = True):
+        self.affine = affine
+        self.batch = np.zeros((n, SLOTS), dtype=np.float64)
+        self.time = np.zeros((n, SLOTS), dtype=np.float64)
+        self.weight = np.zeros((n, SLOTS), dtype=np.float64)
+        self.newest = np.zeros((n, 2), dtype=np.float64)  # (batch, time) of the newest point; batch 0: none
+        self._lines = np.zeros((n, 2), dtype=np.float64)  # each row's (a, c), fitted when it changes
+
+    def reset(self, ranks) -> None:
+        """Forget everything measured of `ranks` (a new worker took them)."""
+        self.weight[ranks] = 0.0
+        self.newest[ranks] = 0.0
+
+    def measured(self, ranks) -> np.ndarray:
+        return self.newest[ranks, 0] > 0
+
+    def observe(self, ranks, batches, seconds) -> None:
+        """One measurement per rank in `ranks` (distinct); ValueError, and nothing
+        changed, if any has a batch < 1 or a time that is not finite and > 0."""
+        ranks = np.asarray(ranks, dtype=np.int64)
+        b = np.asarray(batches, dtype=np.float64)
+        t = np.asarray(seconds, dtype=np.float64)
+        bad = ~((b >= 1) & (t > 0) & np.isfinite(t))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"a measurement needs batch >= 1 and time > 0, got ({b[i]:g}, {t[i]:g})")
+        if not len(ranks):
+            return
+        trusted = self.trusted_at(ranks, b)
+        if trusted.any():
+            predicted = self.predict(ranks, b)
+            ratio = np.where(trusted & (np.abs(t - predicted) > CHANGE * predicted), t / predicted, 1.0)
+            self.time[ranks] *= ratio[:, None]
+        w = self.weight[ranks] * FORGET
+        w[w < MIN_WEIGHT] = 0.0
+        same = (w > 0) & (self.batch[ranks] == b[:, None])
+        # the slot of a point at the same batch, else an empty one (forgetting left at least one)
+        slot = np.where(same.any(axis=1), np.argmax(same, axis=1), np.argmax(w == 0, axis=1))
+        rows = np.arange(len(ranks))
+        w[rows, slot] = 1.0
+        self.weight[ranks] = w
+        self.batch[ranks, slot] = b
+        self.time[ranks, slot] = t
+        self.newest[ranks] = np.stack([b, t], axis=1)
+        self._lines[ranks] = self._fit(ranks)
+
+    def trusted_at(self, ranks, batches) -> np.ndarray:
+        """Whether a miss at each batch is a speed change rather than the batch change
+        itself (or a poor fit): only near a size already measured. Elsewhere a new
+        point simply joins the fit."""
+        pts = self.batch[ranks]
+        near = np.abs(np.asarray(batches, dtype=np.float64)[:, None] - pts) <= MIN_SPREAD * pts
+        return np.any(near & (self.weight[ranks] > 0), axis=1)
+
+    def lines(self, ranks) -> np.ndarray:
+        """(a, c) of each rank's current model, an (n, 2) array; every rank needs an observation."""
+        if not np.all(self.measured(ranks)):
+            raise ValueError("no measurement yet")
+        return self._lines[ranks]
+
+    def _fit(self, ranks) -> np.ndarray:
+        nb, nt = self.newest[ranks].T
+        out = np.stack([np.zeros(len(ranks)), nt / nb], axis=1)  # through the origin and the newest point
+        if not self.affine:
+            return out
+        w, bs, ts = self.weight[ranks], self.batch[ranks], self.time[ranks]
+        held = w > 0
+        top = np.where(held, bs, -np.inf).max(axis=1)
+        bottom = np.where(held, bs, np.inf).min(axis=1)
+        fit = (held.sum(axis=1) >= 2) & (top - bottom >= MIN_SPREAD * top)
+        if not fit.any():
+            return out
+        w, bs, ts = w[fit], bs[fit], ts[fit]
+        total = w.sum(axis=1)
+        mb = (w * bs).sum(axis=1) / total
+        mt = (w * ts).sum(axis=1) / total
+        db = bs - mb[:, None]
+        c = (w * db * (ts - mt[:, None])).sum(axis=1) / (w * db ** 2).sum(axis=1)
+        a = mt - c * mb
+        # time not growing with batch: no usable slope, the proportional line stays;
+        # a negative intercept: the weighted mean throughput through the origin
+        line = np.where((a < 0)[:, None], np.stack([np.zeros(len(a)), (w * ts / np.where(w > 0, bs, 1.0)).sum(axis=1)
+                                                     / total], axis=1), np.stack([a, c], axis=1))
+        line[c <= 0] = out[fit][c <= 0]
+        out[fit] = line
+        return out
+
+    def predict(self, ranks, batches) -> np.ndarray:
+        line = self.lines(ranks)
+        return line[:, 0] + line[:, 1] * np.asarray(batches, dtype=np.float64)
+
+
 class TimeModel:
-    affine: bool = True
-    points: dict[int, list[float]] = field(default_factory=dict)  # batch -> [time, weight]
-    newest: tuple[int, float] | None = None
+    """One worker's time model (a TimeModels of one), with scalar arguments."""
+
+    def __init__(self, affine: bool = True):
+        self._models = TimeModels(1, affine)
+
+    @property
+    def newest(self) -> tuple[int, float] | None:
+        b, t = self._models.newest[0]
+        return (int(b), float(t)) if b else None
 
     def observe(self, batch: int, seconds: float) -> None:
-        if batch < 1 or not seconds > 0 or not np.isfinite(seconds):
-            raise ValueError(f"a measurement needs batch >= 1 and time > 0, got ({batch}, {seconds})")
-        if self.trusted_at(batch):
-            predicted = self.predict(batch)
-            if abs(seconds - predicted) > CHANGE * predicted:
-                ratio = seconds / predicted
-                for point in self.points.values():
-                    point[0] *= ratio
-        for point in self.points.values():
-            point[1] *= FORGET
-        self.points = {b: p for b, p in self.points.items() if p[1] >= MIN_WEIGHT}
-        self.points[batch] = [seconds, 1.0]
-        self.newest = (batch, seconds)
-
-    def _fitted(self) -> bool:
-        bs = list(self.points)
-        return self.affine and len(bs) >= 2 and max(bs) - min(bs) >= MIN_SPREAD * max(bs)
+        self._models.observe([0], [batch], [seconds])
 
     def trusted_at(self, batch: int) -> bool:
-        """Whether a miss at `batch` is a speed change rather than the batch change itself
-        (or a poor fit): only near a size already measured. Elsewhere a new point simply
-        joins the fit."""
-        return any(abs(batch - b) <= MIN_SPREAD * b for b in self.points)
+        return bool(self._models.trusted_at([0], [batch])[0])
 
     def line(self) -> tuple[float, float]:
         """(a, c) of the current model; needs at least one observation."""
-        if self.newest is None:
-            raise ValueError("no measurement yet")
-        b0, t0 = self.newest
-        proportional = (0.0, t0 / b0)
-        if not self._fitted():
-            return proportional
-        bs = np.array(list(self.points), dtype=np.float64)
-        ts, ws = np.array(list(self.points.values())).T
-        mb, mt = np.average(bs, weights=ws), np.average(ts, weights=ws)
-        c = np.sum(ws * (bs - mb) * (ts - mt)) / np.sum(ws * (bs - mb) ** 2)
-        a = mt - c * mb
-        if c <= 0:
-            return proportional  # time not growing with batch: no usable slope
-        if a < 0:
-            return (0.0, float(np.average(ts / bs, weights=ws)))
-        return (float(a), float(c))
+        a, c = self._models.lines([0])[0]
+        return float(a), float(c)
 
     def predict(self, batch: int) -> float:
-        a, c = self.line()
-        return a + c * batch
+        return float(self._models.predict([0], [batch])[0])
