@@ -127,10 +127,13 @@ def equal_time(lines, total: int, lo, hi) -> np.ndarray:
     return np.clip((t - a) / c, lo, hi)
 
 
-def integerize(real, total: int, lo, hi) -> list[int]:
-    """Round to integers in [lo_i, hi_i] summing to `total`, each within one of `real`:
-    the samples left after rounding down go to the largest remainders (ties to the
-    lower index)."""
+def integerize(real, total: int, lo, hi, lines=None) -> list[int]:
+    """Round to integers in [lo_i, hi_i] summing to `total`, each within one of `real`.
+    The samples left after rounding down go to the largest remainders (ties to the
+    lower index); given the workers' time models (`lines`), to the workers that one
+    more sample slows least instead, which makes the slowest worker as fast as an
+    integer split allows (a remainder says nothing of time: a sample is 1 % of a big
+    worker's step and 15 % of a 7-sample one's)."""
     real = np.asarray(real, dtype=np.float64)
     lo = np.broadcast_to(np.asarray(lo, dtype=np.int64), real.shape)
     hi = np.broadcast_to(np.asarray(hi, dtype=np.int64), real.shape)
@@ -138,8 +141,12 @@ def integerize(real, total: int, lo, hi) -> list[int]:
     spare = total - int(out.sum())
     step = 1 if spare > 0 else -1
     room = (out < hi) if step > 0 else (out > lo)
-    remainder = real - out
-    order = np.lexsort((np.arange(len(out)), -remainder if step > 0 else remainder))
+    if lines is None:
+        key = -(real - out) if step > 0 else real - out
+    else:
+        a, c = _line_arrays(lines)
+        key = a + c * (out + 1) if step > 0 else -(a + c * out)  # the time after a sample more; the slowest first
+    order = np.lexsort((np.arange(len(out)), key))
     chosen = order[room[order]][:abs(spare)]
     if len(chosen) < abs(spare):
         raise ValueError(f"no integer split of {total} within the bounds")
