@@ -131,9 +131,9 @@ def integerize(real, total: int, lo, hi, lines=None) -> list[int]:
     """Round to integers in [lo_i, hi_i] summing to `total`, each within one of `real`.
     The samples left after rounding down go to the largest remainders (ties to the
     lower index); given the workers' time models (`lines`), to the workers that one
-    more sample slows least instead, which makes the slowest worker as fast as an
-    integer split allows (a remainder says nothing of time: a sample is 1 % of a big
-    worker's step and 15 % of a 7-sample one's)."""
+    more sample slows least instead (ties to the largest remainder), which makes the
+    slowest worker as fast as a split within one of `real` allows (a remainder says
+    nothing of time: a sample is 1 % of a big worker's step and 15 % of a 7-sample one's)."""
     real = np.asarray(real, dtype=np.float64)
     lo = np.broadcast_to(np.asarray(lo, dtype=np.int64), real.shape)
     hi = np.broadcast_to(np.asarray(hi, dtype=np.int64), real.shape)
@@ -141,12 +141,12 @@ def integerize(real, total: int, lo, hi, lines=None) -> list[int]:
     spare = total - int(out.sum())
     step = 1 if spare > 0 else -1
     room = (out < hi) if step > 0 else (out > lo)
-    if lines is None:
-        key = -(real - out) if step > 0 else real - out
-    else:
+    remainder = -(real - out) if step > 0 else real - out
+    keys = [np.arange(len(out)), remainder]
+    if lines is not None:
         a, c = _line_arrays(lines)
-        key = a + c * (out + 1) if step > 0 else -(a + c * out)  # the time after a sample more; the slowest first
-    order = np.lexsort((np.arange(len(out)), key))
+        keys.append(a + c * (out + 1) if step > 0 else -(a + c * out))  # the time after a sample more; the slowest first
+    order = np.lexsort(keys)
     chosen = order[room[order]][:abs(spare)]
     if len(chosen) < abs(spare):
         raise ValueError(f"no integer split of {total} within the bounds")
@@ -167,7 +167,7 @@ def decide(batches, lines, total: int, lo, hi, deadband: float) -> Decision:
     current = np.asarray(batches, dtype=np.float64)
     a, c = _line_arrays(lines)
     now_s = float((a + c * current).max())
-    new = integerize(targets, total, lo, hi)
+    new = integerize(targets, total, lo, hi, lines)
     new_s = float((a + c * np.asarray(new)).max())
     if deadband > 0:
         gap = np.abs(targets - current)

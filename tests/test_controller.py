@@ -23,7 +23,8 @@ STRONG = ([50.0, 50.0, 1.0, 1.0], [0.5, 1.0, 2.0, 4.0], 128)
 
 def exact_plan(a, c, total):
     """The equal-time integer plan computed from the true lines."""
-    return integerize(equal_time(list(zip(a, c)), total, 1, total), total, 1, total)
+    lines = list(zip(a, c))
+    return integerize(equal_time(lines, total, 1, total), total, 1, total, lines)
 
 
 def off_by(batches, plan):
@@ -92,7 +93,9 @@ def clusters(draw):
 
 def test_affine_controller_reaches_the_equal_time_plan_where_the_proportional_one_stops_short():
     a, c, total = [40.0, 2.0, 2.0], [0.5, 1.0, 2.0], 96
-    assert exact_plan(a, c, total) == [22, 49, 25]
+    # real plan 22.3, 49.1, 24.6 (51.1 ms each): the spare sample goes where it adds least,
+    # 23 (51.5 ms), not to the largest remainder, 25 (52 ms)
+    assert exact_plan(a, c, total) == [23, 49, 24]
     assert adjustments_to_reach(a, c, total, affine=True) == 2
     # the proportional rule under-shoots, and the deadband stops it 3 samples short
     assert adjustments_to_reach(a, c, total, affine=False) is None
