@@ -5,7 +5,9 @@ at its batch; `lines(ranks)` returns (a, c) with t(b) ~ a + c*b. With points at
 two or more batch sizes far enough apart, it is a weighted least-squares fit
 (older points weigh less: the worker's speed may drift); otherwise, or for the
 paper's rule, the line through the origin and the newest point (a = 0: constant
-throughput).
+throughput). A size measured again is averaged into its point, the earlier
+windows weighing less, and leaves the other points as they were: a plan that
+holds still keeps the slope it learnt and measures its point ever more precisely.
 
 A measurement far from a trustworthy prediction means the worker's speed changed
 (throttling, another job on the machine, an emulated slowdown). Such changes
@@ -65,17 +67,23 @@ class TimeModels:
             predicted = self.predict(ranks, b)
             ratio = np.where(trusted & (np.abs(t - predicted) > CHANGE * predicted), t / predicted, 1.0)
             self.time[ranks] *= ratio[:, None]
-        w = self.weight[ranks] * FORGET
-        w[w < MIN_WEIGHT] = 0.0
+        w = self.weight[ranks]
         same = (w > 0) & (self.batch[ranks] == b[:, None])
-        # the slot of a point at the same batch, else an empty one (forgetting left at least one)
-        slot = np.where(same.any(axis=1), np.argmax(same, axis=1), np.argmax(w == 0, axis=1))
+        again = same.any(axis=1)
+        # a new size ages the other points; a size measured again only its own point, so that a
+        # steady plan neither forgets its slope nor loses its average over windows
+        w[~again] *= FORGET
+        w[w < MIN_WEIGHT] = 0.0
         rows = np.arange(len(ranks))
-        w[rows, slot] = 1.0
+        # the slot of a point at the same batch, else an empty one (forgetting left at least one)
+        slot = np.where(again, np.argmax(same, axis=1), np.argmax(w == 0, axis=1))
+        kept = np.where(again, FORGET * w[rows, slot], 0.0)
+        merged = (kept * self.time[ranks, slot] + t) / (kept + 1.0)
+        w[rows, slot] = kept + 1.0
         self.weight[ranks] = w
         self.batch[ranks, slot] = b
-        self.time[ranks, slot] = t
-        self.newest[ranks] = np.stack([b, t], axis=1)
+        self.time[ranks, slot] = merged
+        self.newest[ranks] = np.stack([b, merged], axis=1)
         self._lines[ranks] = self._fit(ranks)
 
     def trusted_at(self, ranks, batches) -> np.ndarray:

@@ -198,18 +198,20 @@ def test_deadband_holds_a_converged_plan_under_noise(a, c, total):
     # typically no change at all; never more than two, never more than a sample away
     assert sum(ch for ch, _ in with_band) <= 5, with_band
     assert all(ch <= 2 and drift <= 1 for ch, drift in with_band), with_band
-    # without the deadband, the same noise moves the plan again and again
-    assert min(without) >= 5, without
+    # without the deadband, the same noise moves the plan again and again (less often than
+    # each window: a size measured again is averaged over windows)
+    assert sum(without) >= 30, without
 
 
 def test_deadband_limits_churn_with_strong_overheads():
     """With big overheads a fitted line turns 3 % of time noise into ~9 % of batch (a/(c*b)
-    amplifies it), so the deadband cannot hold every window; it still bounds the churn."""
+    amplifies it), so the deadband cannot hold every window; it still bounds the churn
+    (measurements averaged over windows at one size damp it either way)."""
     a, c, total = STRONG
     with_band = [noisy_windows(a, c, total, seed, DEADBAND) for seed in range(5)]
     without = [noisy_windows(a, c, total, seed, 0.0)[0] for seed in range(5)]
     assert all(ch <= 8 and drift <= 2 for ch, drift in with_band), with_band
-    assert min(without) >= 30, without
+    assert min(without) >= 8, without
     assert sum(ch for ch, _ in with_band) * 4 < sum(without)
 
 
@@ -228,9 +230,9 @@ def test_deadband_holds_a_small_batch_worker_under_noise():
     with_band = [noisy_windows(a, c, total, seed, DEADBAND) for seed in range(3)]
     without = [noisy_windows(a, c, total, seed, 0.0)[0] for seed in range(3)]
     # the 9-sample worker's target wanders by about half a sample: at most 3 one-sample
-    # moves in 50 windows, where without the deadband the plan changes most windows
+    # moves in 50 windows, where without the deadband the plan keeps changing
     assert all(ch <= 3 and drift <= 1 for ch, drift in with_band), with_band
-    assert min(without) >= 10, without
+    assert sum(without) >= 20, without
 
 
 # -- the time model ----------------------------------------------------------------------
@@ -277,12 +279,13 @@ def test_speed_change_is_followed_after_one_window(line, factor, at_old):
 
 
 def test_a_small_change_is_taken_as_noise_at_first():
-    """Below 20 % (CHANGE) a new time is not a speed change: the newest point is honoured,
-    the older ones are not rescaled."""
+    """Below 20 % (CHANGE) a new time is not a speed change: it is averaged into the point
+    at its size (the earlier measurements there weigh FORGET), the other points are not
+    rescaled."""
     model = affine_model(20.0, 1.0, 60, 100)
     assert model.line() == pytest.approx((20.0, 1.0))
     model.observe(100, 1.1 * 120)
-    assert model.predict(100) == pytest.approx(132)
+    assert model.predict(100) == pytest.approx((0.5 * 120 + 132) / 1.5)
     assert model.predict(60) == pytest.approx(80)  # the old speed
 
 
@@ -291,15 +294,29 @@ def test_fit_needs_two_sizes_spanning_ten_percent():
     model = TimeModel()
     model.observe(40, 60.0)
     assert model.line() == (0.0, 1.5)
-    # the same size again: the newest point wins
+    # the same size again: averaged with the earlier measurement there
     model.observe(40, 62.0)
-    assert model.line() == (0.0, 62.0 / 40)
+    assert model.line() == pytest.approx((0.0, (0.5 * 60.0 + 62.0) / 1.5 / 40))
     # 100 and 91 span 9 %: still proportional, through the newest point
     assert affine_model(5.0, 1.0, 100, 91).line() == (0.0, 96.0 / 91)
     # 100 and 90 span 10 %: a fit
     assert affine_model(5.0, 1.0, 100, 90).line() == pytest.approx((5.0, 1.0))
     # the paper's rule never fits
     assert affine_model(5.0, 1.0, 100, 50, affine=False).line() == (0.0, 55.0 / 50)
+
+
+def test_a_steady_batch_keeps_its_fit_and_averages_its_noise():
+    """Measurements at a size already held age only that point: a plan that stays put
+    for many windows keeps the slope it learnt from the sizes before, and its point
+    becomes an average over windows (noise shrinks) instead of the newest window."""
+    model = affine_model(20.0, 1.0, 60, 100)
+    rng = random.Random(1)
+    times = [120 * (1 + rng.uniform(-0.03, 0.03)) for _ in range(20)]
+    for t in times:
+        model.observe(100, t)
+    a, c = model.line()
+    assert a > 0 and c == pytest.approx(1.0, rel=0.1)  # still affine: the point at 60 is kept
+    assert abs(model.predict(100) - 120) < max(abs(t - 120) for t in times[-3:])
 
 
 def test_negative_intercept_and_slope_are_clamped():
