@@ -107,23 +107,26 @@ class TimeModels:
             return out
         w, bs, ts = self.weight[ranks], self.batch[ranks], self.time[ranks]
         held = w > 0
-        top = np.where(held, bs, -np.inf).max(axis=1)
+        top = np.where(held, bs, 0.0).max(axis=1)
         bottom = np.where(held, bs, np.inf).min(axis=1)
-        fit = (held.sum(axis=1) >= 2) & (top - bottom >= MIN_SPREAD * top)
+        fit = (np.count_nonzero(held, axis=1) >= 2) & (top - bottom >= MIN_SPREAD * top)
         if not fit.any():
             return out
         w, bs, ts = w[fit], bs[fit], ts[fit]
         total = w.sum(axis=1)
-        mb = (w * bs).sum(axis=1) / total
-        mt = (w * ts).sum(axis=1) / total
+        mb = np.einsum("ij,ij->i", w, bs) / total
+        mt = np.einsum("ij,ij->i", w, ts) / total
         db = bs - mb[:, None]
-        c = (w * db * (ts - mt[:, None])).sum(axis=1) / (w * db ** 2).sum(axis=1)
-        a = mt - c * mb
-        # time not growing with batch: no usable slope, the proportional line stays;
-        # a negative intercept: the weighted mean throughput through the origin
-        line = np.where((a < 0)[:, None], np.stack([np.zeros(len(a)), (w * ts / np.where(w > 0, bs, 1.0)).sum(axis=1)
-                                                     / total], axis=1), np.stack([a, c], axis=1))
-        line[c <= 0] = out[fit][c <= 0]
+        wdb = w * db
+        c = np.einsum("ij,ij->i", wdb, ts - mt[:, None]) / np.einsum("ij,ij->i", wdb, db)
+        line = np.stack([mt - c * mb, c], axis=1)
+        low = line[:, 0] < 0  # a negative intercept: the weighted mean throughput through the origin
+        if low.any():
+            wl = w[low]
+            line[low] = np.stack([np.zeros(len(wl)), np.einsum("ij,ij->i", wl, ts[low] / np.where(wl > 0, bs[low], 1.0))
+                                  / total[low]], axis=1)
+        flat = c <= 0  # time not growing with batch: no usable slope, the proportional line stays
+        line[flat] = out[fit][flat]
         out[fit] = line
         return out
 
