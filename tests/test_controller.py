@@ -4,6 +4,7 @@ bookkeeping (scheduler/control.py)."""
 
 import random
 
+import numpy as np
 import pytest
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
@@ -516,3 +517,38 @@ def test_max_batch_setting_bounds_the_plan():
     assert ctl.plan.batches == (40, 24)
     with pytest.raises(ValueError):
         ctl.limit(1, 23)
+
+
+def test_control_at_scale_reaches_the_best_integer_plan():
+    """512 affine workers up to 8x apart, exact times: three adjustments reach a plan whose
+    slowest worker is as fast as the best integer plan's, and it holds."""
+    n = 512
+    rng = np.random.default_rng(3)
+    a = rng.uniform(1.0, 10.0, n)
+    c = rng.uniform(0.1, 2.0, n) / rng.uniform(1.0, 8.0, n)
+    total = 32 * n
+    ctl = control(num_workers=n, global_batch=total, adjust_every=2)
+    best = (a + c * np.array(exact_plan(a, c, total))).max()
+    for _ in range(6):
+        run_window(ctl, list(a + c * np.array(ctl.plan.batches)))
+        assert ctl.ready
+        ctl.replan()
+        assert sum(ctl.plan.batches) == total and min(ctl.plan.batches) >= 1
+    assert ctl.adjustments <= 3
+    assert (a + c * np.array(ctl.plan.batches)).max() <= 1.01 * best
+
+
+def test_a_plan_handed_in_drops_the_windows_it_moved():
+    """The scheduler hands the controller every plan it sends: a worker whose batch the plan
+    changed has its window (measured at the old size) dropped, the others keep theirs."""
+    ctl = control(adjust_every=3)
+    run_window(ctl, [1.0, 1.0, 1.0])
+    assert ctl.ready
+    ctl.plan = BatchPlan(1, (25, 20, 15))
+    assert not ctl.ready
+    for rank in (0, 2):
+        for _ in range(3):  # the first step at the new size is not measured
+            ctl.on_step(rank, ctl.plan.batches[rank], 1.0)
+    assert ctl.ready  # worker 1 kept its full window
+    adj = ctl.replan()
+    assert adj.times == (1.0, 1.0, 1.0) and adj.batches == (25, 20, 15)
