@@ -145,7 +145,8 @@ def integerize(real, total: int, lo, hi, lines=None) -> list[int]:
     keys = [np.arange(len(out)), remainder]
     if lines is not None:
         a, c = _line_arrays(lines)
-        keys.append(a + c * (out + 1) if step > 0 else -(a + c * out))  # the time after a sample more; the slowest first
+        # the time after one sample more; or, taking samples off, the slowest first
+        keys.append(a + c * (out + 1) if step > 0 else -(a + c * out))
     order = np.lexsort(keys)
     chosen = order[room[order]][:abs(spare)]
     if len(chosen) < abs(spare):

@@ -62,13 +62,13 @@ class TimeModels:
             raise ValueError(f"a measurement needs batch >= 1 and time > 0, got ({b[i]:g}, {t[i]:g})")
         if not len(ranks):
             return
-        trusted = self.trusted_at(ranks, b)
-        if trusted.any():
-            predicted = self.predict(ranks, b)
-            ratio = np.where(trusted & (np.abs(t - predicted) > CHANGE * predicted), t / predicted, 1.0)
-            self.time[ranks] *= ratio[:, None]
-        w = self.weight[ranks]
-        same = (w > 0) & (self.batch[ranks] == b[:, None])
+        w, bs, ts = self.weight[ranks], self.batch[ranks], self.time[ranks]
+        held = w > 0
+        line = self._lines[ranks]
+        predicted = line[:, 0] + line[:, 1] * b
+        change = _near(b, bs, held) & (np.abs(t - predicted) > CHANGE * predicted)
+        ts[change] *= (t[change] / predicted[change])[:, None]
+        same = held & (bs == b[:, None])
         again = same.any(axis=1)
         # a new size ages the other points; a size measured again only its own point, so that a
         # steady plan neither forgets its slope nor loses its average over windows
@@ -78,21 +78,17 @@ class TimeModels:
         # the slot of a point at the same batch, else an empty one (forgetting left at least one)
         slot = np.where(again, np.argmax(same, axis=1), np.argmax(w == 0, axis=1))
         kept = np.where(again, FORGET * w[rows, slot], 0.0)
-        merged = (kept * self.time[ranks, slot] + t) / (kept + 1.0)
-        w[rows, slot] = kept + 1.0
-        self.weight[ranks] = w
-        self.batch[ranks, slot] = b
-        self.time[ranks, slot] = merged
+        merged = (kept * ts[rows, slot] + t) / (kept + 1.0)
+        w[rows, slot], bs[rows, slot], ts[rows, slot] = kept + 1.0, b, merged
+        self.weight[ranks], self.batch[ranks], self.time[ranks] = w, bs, ts
         self.newest[ranks] = np.stack([b, merged], axis=1)
-        self._lines[ranks] = self._fit(ranks)
+        self._lines[ranks] = _fit(w, bs, ts, b, merged) if self.affine else _through_origin(b, merged)
 
     def trusted_at(self, ranks, batches) -> np.ndarray:
         """Whether a miss at each batch is a speed change rather than the batch change
         itself (or a poor fit): only near a size already measured. Elsewhere a new
         point simply joins the fit."""
-        pts = self.batch[ranks]
-        near = np.abs(np.asarray(batches, dtype=np.float64)[:, None] - pts) <= MIN_SPREAD * pts
-        return np.any(near & (self.weight[ranks] > 0), axis=1)
+        return _near(np.asarray(batches, dtype=np.float64), self.batch[ranks], self.weight[ranks] > 0)
 
     def lines(self, ranks) -> np.ndarray:
         """(a, c) of each rank's current model, an (n, 2) array; every rank needs an observation."""
@@ -100,39 +96,48 @@ class TimeModels:
             raise ValueError("no measurement yet")
         return self._lines[ranks]
 
-    def _fit(self, ranks) -> np.ndarray:
-        nb, nt = self.newest[ranks].T
-        out = np.stack([np.zeros(len(ranks)), nt / nb], axis=1)  # through the origin and the newest point
-        if not self.affine:
-            return out
-        w, bs, ts = self.weight[ranks], self.batch[ranks], self.time[ranks]
-        held = w > 0
-        top = np.where(held, bs, 0.0).max(axis=1)
-        bottom = np.where(held, bs, np.inf).min(axis=1)
-        fit = (np.count_nonzero(held, axis=1) >= 2) & (top - bottom >= MIN_SPREAD * top)
-        if not fit.any():
-            return out
-        w, bs, ts = w[fit], bs[fit], ts[fit]
-        total = w.sum(axis=1)
-        mb = np.einsum("ij,ij->i", w, bs) / total
-        mt = np.einsum("ij,ij->i", w, ts) / total
-        db = bs - mb[:, None]
-        wdb = w * db
-        c = np.einsum("ij,ij->i", wdb, ts - mt[:, None]) / np.einsum("ij,ij->i", wdb, db)
-        line = np.stack([mt - c * mb, c], axis=1)
-        low = line[:, 0] < 0  # a negative intercept: the weighted mean throughput through the origin
-        if low.any():
-            wl = w[low]
-            line[low] = np.stack([np.zeros(len(wl)), np.einsum("ij,ij->i", wl, ts[low] / np.where(wl > 0, bs[low], 1.0))
-                                  / total[low]], axis=1)
-        flat = c <= 0  # time not growing with batch: no usable slope, the proportional line stays
-        line[flat] = out[fit][flat]
-        out[fit] = line
-        return out
-
     def predict(self, ranks, batches) -> np.ndarray:
         line = self.lines(ranks)
         return line[:, 0] + line[:, 1] * np.asarray(batches, dtype=np.float64)
+
+
+def _near(b: np.ndarray, bs: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """Whether each row holds a point within MIN_SPREAD of its batch in `b`."""
+    return np.any(held & (np.abs(b[:, None] - bs) <= MIN_SPREAD * bs), axis=1)
+
+
+def _through_origin(nb: np.ndarray, nt: np.ndarray) -> np.ndarray:
+    return np.stack([np.zeros(len(nb)), nt / nb], axis=1)
+
+
+def _fit(w: np.ndarray, bs: np.ndarray, ts: np.ndarray, nb: np.ndarray, nt: np.ndarray) -> np.ndarray:
+    """Each row's (a, c) from its points (weights `w`, batches `bs`, times `ts`) and its
+    newest point (`nb`, `nt`)."""
+    out = _through_origin(nb, nt)
+    held = w > 0
+    top = np.where(held, bs, 0.0).max(axis=1)
+    bottom = np.where(held, bs, np.inf).min(axis=1)
+    fit = (np.count_nonzero(held, axis=1) >= 2) & (top - bottom >= MIN_SPREAD * top)
+    if not fit.any():
+        return out
+    if not fit.all():
+        w, bs, ts = w[fit], bs[fit], ts[fit]
+    total = w.sum(axis=1)
+    mb = np.einsum("ij,ij->i", w, bs) / total
+    mt = np.einsum("ij,ij->i", w, ts) / total
+    db = bs - mb[:, None]
+    wdb = w * db
+    c = np.einsum("ij,ij->i", wdb, ts - mt[:, None]) / np.einsum("ij,ij->i", wdb, db)
+    line = np.stack([mt - c * mb, c], axis=1)
+    low = line[:, 0] < 0  # a negative intercept: the weighted mean throughput through the origin
+    if low.any():
+        wl = w[low]
+        line[low] = np.stack([np.zeros(len(wl)), np.einsum("ij,ij->i", wl, ts[low] / np.where(wl > 0, bs[low], 1.0))
+                              / total[low]], axis=1)
+    flat = c <= 0  # time not growing with batch: no usable slope, the proportional line stays
+    line[flat] = out[fit][flat]
+    out[fit] = line
+    return out
 
 
 class TimeModel:

@@ -40,6 +40,7 @@ class BatchControl:
         self.min_batch = lo
         self.hard_max = [hi] * n  # the job's bound, --max-batch on the worker, an out-of-memory step: only falls
         self.memory_max: list[int | None] = [None] * n  # from the worker's free memory: follows it
+        self._bounds = np.full(n, hi, dtype=np.int64)  # the lower of the two, kept current
         self._window = [[] for _ in range(n)]
         self._median = np.zeros(n)  # of each window
         self._measured_batch: list[int | None] = [None] * n
@@ -55,32 +56,34 @@ class BatchControl:
     def plan(self, plan: BatchPlan) -> None:
         """A new plan (decided here, or handed out by the scheduler): a window measured at
         another batch is dropped, and what the change check predicts is refreshed."""
-        old, self._plan = self._plan, plan
-        if old is not None:
-            for rank, (was, now) in enumerate(zip(old.batches, plan.batches)):
-                if was != now:
-                    self._window[rank] = []
-        self._active = [r for r, b in enumerate(plan.batches) if b]
+        batches = np.asarray(plan.batches)
+        if self._plan is not None:
+            for rank in np.flatnonzero(self._batches != batches).tolist():
+                self._window[rank] = []
+        self._plan, self._batches = plan, batches
+        self._active = np.flatnonzero(batches)
         self._expect()
 
     def _expect(self) -> None:
         """Each worker's predicted time at its planned batch, where the model is trusted
         there (nan elsewhere), and which windows are full or show a change."""
-        batches = np.asarray(self._plan.batches, dtype=np.float64)
+        batches = self._batches
         self._predicted = np.full(len(batches), np.nan)
         ranks = np.flatnonzero(self.models.measured(np.arange(len(batches))) & (batches > 0))
         trusted = ranks[self.models.trusted_at(ranks, batches[ranks])]
         self._predicted[trusted] = self.models.predict(trusted, batches[trusted])
         self._full: set[int] = set()
         self._changing: set[int] = set()
-        for rank in self._active:
-            if self._window[rank]:
-                self._track(rank)
+        for rank in np.flatnonzero(self._lengths()).tolist():
+            self._track(rank)  # (only a rank in the plan has a window)
+
+    def _lengths(self) -> np.ndarray:
+        return np.fromiter(map(len, self._window), dtype=np.int64, count=len(self._window))
 
     @property
     def active(self) -> list[int]:
         """The ranks the plan gives a batch: the workers in the job."""
-        return list(self._active)
+        return self._active.tolist()
 
     def on_step(self, rank: int, batch: int, compute_s: float) -> None:
         if batch != self.plan.batches[rank] or not batch or not compute_s > 0:
@@ -126,14 +129,14 @@ class BatchControl:
         which a memory limit or a change of membership does not wait for."""
         batches = self.plan.batches
         n = len(batches)
-        measured = np.flatnonzero(np.fromiter(map(len, self._window), dtype=np.int64, count=n))
+        measured = np.flatnonzero(self._lengths())
         times = np.zeros(n)
         times[measured] = self._median[measured]
-        self.models.observe(measured, np.asarray(batches)[measured], times[measured])
+        self.models.observe(measured, self._batches[measured], times[measured])
         self._window = [[] for _ in range(n)]
         ranks = np.asarray(self._active if active is None else active, dtype=np.int64)
-        sub = decide(np.asarray(batches)[ranks], self._lines(ranks), self.job.global_batch,
-                     self.min_batch, np.asarray(self.max_batch)[ranks],
+        sub = decide(self._batches[ranks], self._lines(ranks), self.job.global_batch,
+                     self.min_batch, self._bounds[ranks],
                      0.0 if reason in ("memory", "membership") else self.job.deadband)
         targets = np.zeros(n)
         targets[ranks] = sub.targets
@@ -157,17 +160,22 @@ class BatchControl:
 
     @property
     def max_batch(self) -> list[int]:
-        return [h if m is None else min(h, m) for h, m in zip(self.hard_max, self.memory_max)]
+        return self._bounds.tolist()
+
+    def _set_bound(self, rank: int) -> None:
+        h, m = self.hard_max[rank], self.memory_max[rank]
+        self._bounds[rank] = h if m is None else min(h, m)
 
     def limit(self, rank: int, max_batch: int) -> Adjustment | None:
         """A worker can hold at most `max_batch` samples in one pass (its --max-batch, or an
         out-of-memory step): lower its bound for good, and re-plan at once if its batch is
         now too large. ValueError when the workers together could no longer hold the global batch."""
         bound = max(self.min_batch, min(self.hard_max[rank], max_batch))
-        if not self._holds(rank, min(bound, self.max_batch[rank])):
+        if not self._holds(rank, min(bound, int(self._bounds[rank]))):
             raise ValueError(f"worker {rank} can hold only {max_batch} samples: the workers together cannot "
                              f"hold the global batch {self.job.global_batch}")
         self.hard_max[rank] = bound
+        self._set_bound(rank)
         return self._enforce(rank)
 
     def estimate(self, rank: int, max_batch: int) -> tuple[bool, Adjustment | None]:
@@ -179,14 +187,15 @@ class BatchControl:
         if not self._holds(rank, min(bound, self.hard_max[rank])):
             return False, None
         self.memory_max[rank] = bound
+        self._set_bound(rank)
         return True, self._enforce(rank)
 
     def _holds(self, rank: int, bound: int) -> bool:
-        bounds = self.max_batch
-        return bound + sum(bounds[r] for r in self.active if r != rank) >= self.job.global_batch
+        others = self._active[self._active != rank]
+        return bound + int(self._bounds[others].sum()) >= self.job.global_batch
 
     def _enforce(self, rank: int) -> Adjustment | None:
-        return self.replan("memory") if self.plan.batches[rank] > self.max_batch[rank] else None
+        return self.replan("memory") if self.plan.batches[rank] > self._bounds[rank] else None
 
     def _lines(self, ranks: np.ndarray) -> np.ndarray:
         """The time models of the workers at `ranks`, an (n, 2) array; one never measured is
@@ -197,7 +206,7 @@ class BatchControl:
         lines[measured] = self.models.lines(ranks[measured])
         if measured.all():
             return lines
-        on_plan = measured & (np.asarray(self.plan.batches)[ranks] > 0)
+        on_plan = measured & (self._batches[ranks] > 0)
         newest = self.models.newest[ranks, 0]
         typical = float(np.median(lines[on_plan, 0] + lines[on_plan, 1] * newest[on_plan])) if on_plan.any() else 1.0
         share = self.job.global_batch / len(ranks)
