@@ -5,8 +5,11 @@ Drives the scheduler's own controller object (scheduler/control.BatchControl, an
 through it omnips/batching.py) with N workers whose compute phase takes
 F_i * (a_i + c_i * b) seconds, BSP: a step lasts as long as its slowest worker plus a
 fixed communication time. Speeds F_i are drawn from the paper's heterogeneity range
-(up to 8x apart); at mid-run a quarter of the workers become 3x slower. A new plan is
-used from the step after next, as server 0 hands it on in a live run. Noise of
+(up to 8x apart); at mid-run a quarter of the workers become 3x slower. Two ranges
+of fixed costs a_i: with up to 10 ms, from 64 workers on some worker's fixed cost
+alone exceeds everyone's equal time and holds the step whatever the plan; with up
+to 2.5 ms, the plan decides. A new plan is used from the step after next, as
+server 0 hands it on in a live run. Noise of
 +-`noise` per step and worker is either compute jitter (the device really varies:
 the barrier waits for the slowest draw) or timer noise (the device does not, only
 the time the controller is told does). Reported per N and kind of noise:
@@ -27,6 +30,7 @@ Prints a table and writes it to benchmarks/results/simulate.md.
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -47,6 +51,9 @@ from scheduler.control import BatchControl  # noqa: E402
 COMM_S = 0.005
 SAMPLES_PER_WORKER = 32
 KINDS = ("jitter", "timer")
+# fixed costs a_i: up to 10 ms holds the slowest workers at one sample above everyone's equal
+# time (no plan can balance them); up to 2.5 ms leaves the plan to the controller
+FIXED_MS = ((2.0, 10.0), (0.5, 2.5))
 
 
 def oracle_plan(lines: np.ndarray, total: int) -> np.ndarray:
@@ -56,7 +63,7 @@ def oracle_plan(lines: np.ndarray, total: int) -> np.ndarray:
 
 
 def simulate(n: int, steps: int, noise: float, kind: str, adjust_every: int, seed: int,
-             fixed_ms=(2.0, 10.0)) -> dict:
+             fixed_ms: tuple[float, float]) -> dict:
     rng = np.random.default_rng(seed)
     total = SAMPLES_PER_WORKER * n
     a = rng.uniform(fixed_ms[0] / 1000, fixed_ms[1] / 1000, n)  # fixed cost per step, s
@@ -141,31 +148,37 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=HERE / "results" / "simulate.md")
     args = p.parse_args(argv)
-    start = time.monotonic()
+    start, load = time.monotonic(), os.getloadavg()[0]
     rows = []
-    for n in [int(v) for v in args.workers.split(",")]:
-        for kind in KINDS:
-            s = summarise(simulate(n, args.steps, args.noise, kind, args.adjust_every, args.seed))
-            print(f"{n} workers, {kind}: efficiency {s['vs_ideal']:.3f} of nobody-waits, {s['vs_oracle']:.3f} of the "
-                  f"oracle plan (which makes {s['oracle_vs_ideal']:.3f}), converged in {s['first']} / "
-                  f"{s['after_change']} adjustments, decision {s['decision_ms']:.2f} ms (max "
-                  f"{s['decision_max_ms']:.2f}), {s['report_us']:.1f} us a report", flush=True)
-            rows.append(s)
+    for fixed in FIXED_MS:
+        for n in [int(v) for v in args.workers.split(",")]:
+            for kind in KINDS:
+                s = summarise(simulate(n, args.steps, args.noise, kind, args.adjust_every, args.seed, fixed))
+                s["fixed"] = fixed
+                print(f"a {fixed[0]:g}..{fixed[1]:g} ms, {n} workers, {kind}: efficiency {s['vs_ideal']:.3f} of "
+                      f"nobody-waits, {s['vs_oracle']:.3f} of the oracle plan (which makes "
+                      f"{s['oracle_vs_ideal']:.3f}), converged in {s['first']} / {s['after_change']} adjustments, "
+                      f"decision {s['decision_ms']:.2f} ms (max {s['decision_max_ms']:.2f}), "
+                      f"{s['report_us']:.1f} us a report", flush=True)
+                rows.append(s)
     lines = [
         "# The controller simulated at scale (BSP, modelled workers)", "",
         *machine_lines(),
-        f"- command: `python benchmarks/simulate.py {' '.join(sys.argv[1:])}` ({time.monotonic() - start:.0f} s)",
-        f"- workers: compute F*(a + c*b) s, a in 2..10 ms, c in 0.5..2 ms, speeds 1..8 (F = 1/speed), "
+        f"- command: `python benchmarks/simulate.py {' '.join(sys.argv[1:])}` ({time.monotonic() - start:.0f} s; "
+        f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after: CPU times are this process's, "
+        f"a busy machine still slows them)",
+        f"- workers: compute F*(a + c*b) s, a as below, c in 0.5..2 ms, speeds 1..8 (F = 1/speed), "
         f"±{args.noise:.0%} noise per step and worker; {SAMPLES_PER_WORKER} samples per worker in the global "
         f"batch; {1000 * COMM_S:g} ms of communication per step; a quarter of the workers 3x slower from step "
         f"{args.steps // 2} of {args.steps}; --adjust-every {args.adjust_every}", "",
-        "| workers | noise | efficiency: of nobody-waits (i) | of the oracle plan (ii) | the oracle plan's, "
-        "of (i) | adjustments to converge: start / after the change | decision CPU ms, median (max) "
+        "| a, ms | workers | noise | efficiency: of nobody-waits (i) | of the oracle plan (ii) | the oracle "
+        "plan's, of (i) | adjustments to converge: start / after the change | decision CPU ms, median (max) "
         "| CPU a report, us |",
-        "|---:|---|---:|---:|---:|---|---:|---:|",
+        "|---|---:|---|---:|---:|---:|---|---:|---:|",
     ]
     for s in rows:
-        lines.append(f"| {s['n']} | {s['kind']} | {s['vs_ideal']:.3f} | {s['vs_oracle']:.3f} | "
+        lines.append(f"| {s['fixed'][0]:g}..{s['fixed'][1]:g} | {s['n']} | {s['kind']} | {s['vs_ideal']:.3f} | "
+                     f"{s['vs_oracle']:.3f} | "
                      f"{s['oracle_vs_ideal']:.3f} | {s['first']} / {s['after_change']} | "
                      f"{s['decision_ms']:.2f} ({s['decision_max_ms']:.2f}) | {s['report_us']:.1f} |")
     lines += ["", "Noise: jitter, the device's compute time varies (the barrier waits for the slowest draw); "
