@@ -3,18 +3,26 @@
 
 Drives the scheduler's own controller object (scheduler/control.BatchControl, and
 through it omnips/batching.py) with N workers whose compute phase takes
-F_i * (a_i + c_i * b) seconds times a noise factor, BSP: a step lasts as long as its
-slowest worker plus a fixed communication time. Speeds F_i are drawn from the
-paper's heterogeneity range (up to 8x apart); at mid-run a quarter of the workers
-become 3x slower. A new plan is used from the step after next, as server 0 hands it
-on in a live run. Reported per N:
+F_i * (a_i + c_i * b) seconds, BSP: a step lasts as long as its slowest worker plus a
+fixed communication time. Speeds F_i are drawn from the paper's heterogeneity range
+(up to 8x apart); at mid-run a quarter of the workers become 3x slower. Two ranges
+of fixed costs a_i: with up to 10 ms, from 64 workers on some worker's fixed cost
+alone exceeds everyone's equal time and holds the step whatever the plan; with up
+to 2.5 ms, the plan decides. A new plan is used from the step after next, as
+server 0 hands it on in a live run. Noise of
++-`noise` per step and worker is either compute jitter (the device really varies:
+the barrier waits for the slowest draw) or timer noise (the device does not, only
+the time the controller is told does). Reported per N and kind of noise:
 
-* efficiency: ideal / actual time over the steps after the first convergence
-  (ideal = what the steps would take if every worker ran at its own throughput with
-  nobody waiting, plus the communication time);
+* efficiency over the steps after the first convergence (the speed change included),
+  against (i) the nobody-waits ideal: every worker at its own throughput that step,
+  nobody waiting, and (ii) the oracle plan: the best integer equal-time plan from the
+  true a_i, c_i, F_i (known at once, also after the change), run through the same
+  noise; and the oracle's own efficiency against (i), what no plan can beat;
 * adjustments to converge at the start and after the speed change: plan changes
-  until the step time is within 5 % of the equal-time plan's;
-* the controller's CPU time per decision (one `replan`), median and max.
+  until the plan's noise-free step time is within 5 % of the oracle plan's;
+* the controller's CPU time per decision (one `replan`), median and max, and per
+  worker report (`on_step` and `ready`, as the scheduler calls them), mean.
 
     python benchmarks/simulate.py [--workers 4,64,1024,4096] [--noise 0.05] [--steps 240]
 
@@ -22,6 +30,7 @@ Prints a table and writes it to benchmarks/results/simulate.md.
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -35,18 +44,29 @@ sys.path.insert(0, str(HERE))
 
 from report import machine_lines, publish  # noqa: E402
 
-from omnips.batching import BatchPlan, equal_time, initial_batches  # noqa: E402
+from omnips.batching import BatchPlan, equal_time, initial_batches, integerize  # noqa: E402
 from omnips.job import JobSpec  # noqa: E402
 from scheduler.control import BatchControl  # noqa: E402
 
 COMM_S = 0.005
 SAMPLES_PER_WORKER = 32
+KINDS = ("jitter", "timer")
+# fixed costs a_i: up to 10 ms holds the slowest workers at one sample above everyone's equal
+# time (no plan can balance them); up to 2.5 ms leaves the plan to the controller
+FIXED_MS = ((2.0, 10.0), (0.5, 2.5))
 
 
-def simulate(n: int, steps: int, noise: float, adjust_every: int, seed: int) -> dict:
+def oracle_plan(lines: np.ndarray, total: int) -> np.ndarray:
+    """The best integer plan for the true lines: equal time, the spare samples where they
+    slow a worker least."""
+    return np.asarray(integerize(equal_time(lines, total, 1, total), total, 1, total, lines), dtype=np.float64)
+
+
+def simulate(n: int, steps: int, noise: float, kind: str, adjust_every: int, seed: int,
+             fixed_ms: tuple[float, float]) -> dict:
     rng = np.random.default_rng(seed)
     total = SAMPLES_PER_WORKER * n
-    a = rng.uniform(0.002, 0.010, n)  # fixed cost per step, s
+    a = rng.uniform(fixed_ms[0] / 1000, fixed_ms[1] / 1000, n)  # fixed cost per step, s
     c = rng.uniform(0.0005, 0.002, n)  # per sample at speed 1, s
     speed = rng.uniform(1.0, 8.0, n)
     job = JobSpec(num_workers=n, global_batch=total, batching="dynamic", adjust_every=adjust_every,
@@ -56,24 +76,36 @@ def simulate(n: int, steps: int, noise: float, adjust_every: int, seed: int) -> 
     change_at = steps // 2
     slowed = rng.choice(n, n // 4, replace=False)
     pending: list[tuple[int, BatchPlan]] = []
-    decisions_s, changes_at = [], []
-    step_times, best_times, ideal_times = [], [], []
+    decisions_s, changes_at, report_s = [], [], 0.0
+    rec = {k: [] for k in ("step", "oracle", "ideal", "oracle_ideal", "clean", "oracle_clean")}
     for step in range(steps):
         while pending and pending[0][0] <= step:
             plan = pending.pop(0)[1]  # the workers switch; the controller has had it since it decided
-        f = 1.0 / speed
-        if step >= change_at:
-            f = f.copy()
-            f[slowed] *= 3.0
+        if step in (0, change_at):
+            f = 1.0 / speed
+            if step == change_at:
+                f[slowed] *= 3.0
+            lines = np.stack([f * a, f * c], axis=1)
+            best = oracle_plan(lines, total)
+            best_s = lines[:, 0] + lines[:, 1] * best
         b = np.asarray(plan.batches, dtype=np.float64)
-        t = f * (a + c * b) * (1.0 + rng.uniform(-noise, noise, n))
-        ideal_times.append(total / np.sum(b / t))  # every worker at its own throughput, nobody waiting
-        step_times.append(t.max())
-        best = f * a, f * c
-        best_times.append(float(np.max(best[0] + best[1] * equal_time(list(zip(*best)), total, 1, total))))
+        true_s = lines[:, 0] + lines[:, 1] * b
+        factor = 1.0 + rng.uniform(-noise, noise, n)
+        jitter = factor if kind == "jitter" else 1.0
+        device, oracle_device = true_s * jitter, best_s * jitter
+        rec["step"].append(device.max() + COMM_S)
+        rec["oracle"].append(oracle_device.max() + COMM_S)
+        rec["ideal"].append(total / np.sum(b / device) + COMM_S)  # every worker at its own throughput
+        rec["oracle_ideal"].append(total / np.sum(best / oracle_device) + COMM_S)
+        rec["clean"].append(true_s.max())
+        rec["oracle_clean"].append(best_s.max())
+        told = (true_s * factor).tolist()
+        start = time.process_time()
         for rank in range(n):
-            control.on_step(rank, plan.batches[rank], float(t[rank]))
-        if control.ready:
+            control.on_step(rank, plan.batches[rank], told[rank])
+            ready = control.ready
+        report_s += time.process_time() - start
+        if ready:
             before = control.plan
             start = time.process_time()
             control.replan()
@@ -81,15 +113,15 @@ def simulate(n: int, steps: int, noise: float, adjust_every: int, seed: int) -> 
             if control.plan != before:
                 pending.append((step + 2, control.plan))
                 changes_at.append(step)
-    return {"n": n, "steps": steps, "step_times": step_times, "best": best_times, "ideal": ideal_times,
-            "changes": changes_at, "decisions_s": decisions_s, "change_at": change_at}
+    return {"n": n, "kind": kind, "steps": steps, "changes": changes_at, "decisions_s": decisions_s,
+            "report_s": report_s / (n * steps), "change_at": change_at, **{k: np.array(v) for k, v in rec.items()}}
 
 
 def converged_after(r: dict, start: int, end: int) -> tuple[int | None, int]:
-    """(adjustments made from `start` until the step time is within 5 % of the best, or
-    None if never before `end`; the step where that happened)."""
+    """(adjustments made from `start` until the plan's noise-free step time is within 5 % of
+    the oracle plan's, or None if never before `end`; the step where that happened)."""
     for s in range(start, end):
-        if r["step_times"][s] <= 1.05 * r["best"][s]:
+        if r["clean"][s] <= 1.05 * r["oracle_clean"][s]:
             return sum(1 for c in r["changes"] if start <= c < s), s
     return None, end
 
@@ -97,11 +129,14 @@ def converged_after(r: dict, start: int, end: int) -> tuple[int | None, int]:
 def summarise(r: dict) -> dict:
     first, settled = converged_after(r, 0, r["change_at"])
     second, _ = converged_after(r, r["change_at"], r["steps"])
-    steady = range(settled, r["steps"])
-    eff = sum(r["ideal"][s] + COMM_S for s in steady) / sum(r["step_times"][s] + COMM_S for s in steady)
+    steady = slice(settled, r["steps"])
     d = r["decisions_s"]
-    return {"n": r["n"], "efficiency": eff, "first": first, "after_change": second,
-            "decision_ms": 1000 * statistics.median(d) if d else 0.0, "decision_max_ms": 1000 * max(d) if d else 0.0}
+    return {"n": r["n"], "kind": r["kind"], "first": first, "after_change": second,
+            "vs_ideal": r["ideal"][steady].sum() / r["step"][steady].sum(),
+            "vs_oracle": r["oracle"][steady].sum() / r["step"][steady].sum(),
+            "oracle_vs_ideal": r["oracle_ideal"][steady].sum() / r["oracle"][steady].sum(),
+            "decision_ms": 1000 * statistics.median(d) if d else 0.0,
+            "decision_max_ms": 1000 * max(d) if d else 0.0, "report_us": 1e6 * r["report_s"]}
 
 
 def main(argv=None) -> int:
@@ -113,34 +148,49 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=HERE / "results" / "simulate.md")
     args = p.parse_args(argv)
-    start = time.monotonic()
+    start, load = time.monotonic(), os.getloadavg()[0]
     rows = []
-    for n in [int(v) for v in args.workers.split(",")]:
-        s = summarise(simulate(n, args.steps, args.noise, args.adjust_every, args.seed))
-        print(f"{n} workers: efficiency {s['efficiency']:.3f}, converged in {s['first']} / {s['after_change']} "
-              f"adjustments, decision {s['decision_ms']:.2f} ms (max {s['decision_max_ms']:.2f})", flush=True)
-        rows.append(s)
+    for fixed in FIXED_MS:
+        for n in [int(v) for v in args.workers.split(",")]:
+            for kind in KINDS:
+                s = summarise(simulate(n, args.steps, args.noise, kind, args.adjust_every, args.seed, fixed))
+                s["fixed"] = fixed
+                print(f"a {fixed[0]:g}..{fixed[1]:g} ms, {n} workers, {kind}: efficiency {s['vs_ideal']:.3f} of "
+                      f"nobody-waits, {s['vs_oracle']:.3f} of the oracle plan (which makes "
+                      f"{s['oracle_vs_ideal']:.3f}), converged in {s['first']} / {s['after_change']} adjustments, "
+                      f"decision {s['decision_ms']:.2f} ms (max {s['decision_max_ms']:.2f}), "
+                      f"{s['report_us']:.1f} us a report", flush=True)
+                rows.append(s)
     lines = [
         "# The controller simulated at scale (BSP, modelled workers)", "",
         *machine_lines(),
-        f"- command: `python benchmarks/simulate.py {' '.join(sys.argv[1:])}` ({time.monotonic() - start:.0f} s)",
-        f"- workers: compute F*(a + c*b) s, a in 2..10 ms, c in 0.5..2 ms, speeds 1..8 (F = 1/speed), "
-        f"±{args.noise:.0%} noise per step; {SAMPLES_PER_WORKER} samples per worker in the global batch; "
-        f"{1000 * COMM_S:g} ms of communication per step; a quarter of the workers 3x slower from step "
-        f"{args.steps // 2}; --adjust-every {args.adjust_every}", "",
-        "| workers | efficiency after the first convergence | adjustments to converge: start / after the change "
-        "| decision CPU ms, median (max) |",
-        "|---:|---:|---|---:|",
+        f"- command: `python benchmarks/simulate.py {' '.join(sys.argv[1:])}` ({time.monotonic() - start:.0f} s; "
+        f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after: CPU times are this process's, "
+        f"a busy machine still slows them)",
+        f"- workers: compute F*(a + c*b) s, a as below, c in 0.5..2 ms, speeds 1..8 (F = 1/speed), "
+        f"±{args.noise:.0%} noise per step and worker; {SAMPLES_PER_WORKER} samples per worker in the global "
+        f"batch; {1000 * COMM_S:g} ms of communication per step; a quarter of the workers 3x slower from step "
+        f"{args.steps // 2} of {args.steps}; --adjust-every {args.adjust_every}", "",
+        "| a, ms | workers | noise | efficiency: of nobody-waits (i) | of the oracle plan (ii) | the oracle "
+        "plan's, of (i) | adjustments to converge: start / after the change | decision CPU ms, median (max) "
+        "| CPU a report, us |",
+        "|---|---:|---|---:|---:|---:|---|---:|---:|",
     ]
     for s in rows:
-        lines.append(f"| {s['n']} | {s['efficiency']:.3f} | {s['first']} / {s['after_change']} | "
-                     f"{s['decision_ms']:.2f} ({s['decision_max_ms']:.2f}) |")
-    lines += ["", "Converged: the step time (slowest worker) within 5 % of the equal-time plan's; None: not "
-              "within the phase. Efficiency: ideal over actual time of the steps after the first convergence (the "
-              "speed change included), ideal being what a step would take with every worker at its own "
-              "throughput that step (noise included) and nobody waiting; communication counted in both. With "
-              "independent noise the slowest of N workers is always near +noise: that, not the plan, is what "
-              "a BSP step waits for at large N."]
+        lines.append(f"| {s['fixed'][0]:g}..{s['fixed'][1]:g} | {s['n']} | {s['kind']} | {s['vs_ideal']:.3f} | "
+                     f"{s['vs_oracle']:.3f} | "
+                     f"{s['oracle_vs_ideal']:.3f} | {s['first']} / {s['after_change']} | "
+                     f"{s['decision_ms']:.2f} ({s['decision_max_ms']:.2f}) | {s['report_us']:.1f} |")
+    lines += ["", "Noise: jitter, the device's compute time varies (the barrier waits for the slowest draw); "
+              "timer, only the measurement does (the device takes its modelled time). Efficiency: the time the "
+              "steps after the first convergence (the speed change included) would take, over what they took; "
+              "communication counted in both. (i) nobody waits: every worker at its own throughput that step; "
+              "(ii) the oracle plan: the best integer equal-time plan from the true lines, known at once (after "
+              "the change too), through the same noise. The oracle's column is what no plan can beat against "
+              "(i): with jitter the slowest of N workers is near +noise, and a worker whose fixed cost alone "
+              "exceeds the others' equal time (held at one sample) makes everyone wait. Converged: the plan's "
+              "noise-free step time within 5 % of the oracle plan's; None: not within the phase. Decision: one "
+              "`replan`; a report: `on_step` and `ready`, as the scheduler calls them for every report."]
     publish(lines, args.out)
     return 0
 

@@ -50,10 +50,9 @@ def initial_batches(batching: str, global_batch: int, capacities, lo: int = 1, h
 
 def spread(values, ranks, n: int) -> tuple[int, ...]:
     """`values` of the workers at `ranks` placed in a vector of `n` ranks, 0 for the vacant."""
-    out = [0] * n
-    for rank, v in zip(ranks, values):
-        out[rank] = int(v)
-    return tuple(out)
+    out = np.zeros(n, dtype=np.int64)
+    out[np.asarray(ranks, dtype=np.int64)] = np.asarray(values, dtype=np.int64)
+    return tuple(out.tolist())
 
 
 # -- the OmniLearn controller ---------------------------------------------------------
@@ -93,16 +92,21 @@ class Decision:
     predicted_s: float  # the slowest worker's predicted step time under `batches` (or the current ones)
 
 
+def _line_arrays(lines) -> tuple[np.ndarray, np.ndarray]:
+    """(a, c) arrays from a sequence of (a_i, c_i) pairs or an (n, 2) array."""
+    arr = np.asarray(lines, dtype=np.float64).reshape(-1, 2)
+    return arr[:, 0], arr[:, 1]
+
+
 def equal_time(lines, total: int, lo, hi) -> np.ndarray:
     """Real batches b_i = clip((T - a_i) / c_i, lo_i, hi_i) summing to `total`.
 
     Water-filling solved exactly: the sum is piecewise linear and non-decreasing in
     T, with a kink where a worker reaches a bound (T = a_i + c_i*lo_i or a_i + c_i*hi_i).
-    A sweep over the sorted kinks finds the segment where it meets `total`, so every
-    worker inside its bounds gets the same predicted time T, O(n log n).
+    The sum at every sorted kink (a cumulative sum) finds the segment where it meets
+    `total`, so every worker inside its bounds gets the same predicted time T, O(n log n).
     """
-    a = np.array([ln[0] for ln in lines], dtype=np.float64)
-    c = np.array([ln[1] for ln in lines], dtype=np.float64)
+    a, c = _line_arrays(lines)
     lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), a.shape)
     hi = np.broadcast_to(np.asarray(hi, dtype=np.float64), a.shape)
     if len(a) == 0 or np.any(c <= 0) or not np.all(np.isfinite(a)) or not np.all(np.isfinite(c)):
@@ -110,25 +114,26 @@ def equal_time(lines, total: int, lo, hi) -> np.ndarray:
     if np.any(lo > hi) or lo.sum() > total or hi.sum() < total:
         raise ValueError(f"bounds cannot sum to {total}: lows sum to {lo.sum():g}, highs to {hi.sum():g}")
     kinks = np.concatenate([a + c * lo, a + c * hi])
-    slope_change = np.concatenate([1.0 / c, -1.0 / c])  # a worker starts, then stops, growing with T
     order = np.argsort(kinks, kind="stable")
-    t, level, slope = kinks[order[0]], lo.sum(), 0.0
-    for k in order:
-        if kinks[k] > t:
-            reach = level + slope * (kinks[k] - t)
-            if reach >= total:
-                break
-            t, level = kinks[k], reach
-        slope += slope_change[k]
-    if slope > 0:
-        t += (total - level) / slope
+    at = kinks[order]
+    slope = np.cumsum(np.concatenate([1.0 / c, -1.0 / c])[order])  # a worker starts, then stops, growing with T
+    # the sum at each kink; the first segment that reaches `total` ends at a kink past the one before it
+    level = np.cumsum(np.concatenate([[lo.sum()], slope[:-1] * np.diff(at)]))
+    past = np.flatnonzero((level[1:] >= total) & (at[1:] > at[:-1]))
+    j = past[0] if len(past) else len(at) - 1  # the kink the segment starts at
+    t = at[j]
+    if slope[j] > 0:
+        t += (total - level[j]) / slope[j]
     return np.clip((t - a) / c, lo, hi)
 
 
-def integerize(real, total: int, lo, hi) -> list[int]:
-    """Round to integers in [lo_i, hi_i] summing to `total`, each within one of `real`:
-    the samples left after rounding down go to the largest remainders (ties to the
-    lower index)."""
+def integerize(real, total: int, lo, hi, lines=None) -> list[int]:
+    """Round to integers in [lo_i, hi_i] summing to `total`, each within one of `real`.
+    The samples left after rounding down go to the largest remainders (ties to the
+    lower index); given the workers' time models (`lines`), to the workers that one
+    more sample slows least instead (ties to the largest remainder), which makes the
+    slowest worker as fast as a split within one of `real` allows (a remainder says
+    nothing of time: a sample is 1 % of a big worker's step and 15 % of a 7-sample one's)."""
     real = np.asarray(real, dtype=np.float64)
     lo = np.broadcast_to(np.asarray(lo, dtype=np.int64), real.shape)
     hi = np.broadcast_to(np.asarray(hi, dtype=np.int64), real.shape)
@@ -136,30 +141,34 @@ def integerize(real, total: int, lo, hi) -> list[int]:
     spare = total - int(out.sum())
     step = 1 if spare > 0 else -1
     room = (out < hi) if step > 0 else (out > lo)
-    remainder = real - out
-    order = np.lexsort((np.arange(len(out)), -remainder if step > 0 else remainder))
-    chosen = [i for i in order if room[i]][:abs(spare)]
+    remainder = -(real - out) if step > 0 else real - out
+    keys = [np.arange(len(out)), remainder]
+    if lines is not None:
+        a, c = _line_arrays(lines)
+        # the time after one sample more; or, taking samples off, the slowest first
+        keys.append(a + c * (out + 1) if step > 0 else -(a + c * out))
+    order = np.lexsort(keys)
+    chosen = order[room[order]][:abs(spare)]
     if len(chosen) < abs(spare):
         raise ValueError(f"no integer split of {total} within the bounds")
     out[chosen] += step
-    return [int(x) for x in out]
+    return out.tolist()
 
 
 def decide(batches, lines, total: int, lo, hi, deadband: float) -> Decision:
-    """The next batch vector from each worker's time model (a_i, c_i), or none when the
-    change is not worth it: no worker's batch would move by more than `deadband`
-    (relative; half a sample at least, so a target between two integers cannot flip
-    the plan), or every move is within one sample and the step would not get
-    predictably faster by more than `deadband` (noise on a small worker's time must
-    not churn it between two sizes), or the slowest worker is held at its lower bound
-    now and in the new plan, so that no plan can be faster and the step would not get
-    faster by more than `deadband` (re-balancing the others buys nothing)."""
+    """The next batch vector from each worker's time model (a_i, c_i: pairs or an (n, 2)
+    array), or none when the change is not worth it: no worker's batch would move by
+    more than `deadband` (relative; half a sample at least, so a target between two
+    integers cannot flip the plan), or every move is within one sample and the step
+    would not get predictably faster by more than `deadband` (noise on a small worker's
+    time must not churn it between two sizes), or the slowest worker is held at its
+    lower bound now and in the new plan, so that no plan can be faster and the step
+    would not get faster by more than `deadband` (re-balancing the others buys nothing)."""
     targets = equal_time(lines, total, lo, hi)
     current = np.asarray(batches, dtype=np.float64)
-    a = np.array([ln[0] for ln in lines])
-    c = np.array([ln[1] for ln in lines])
+    a, c = _line_arrays(lines)
     now_s = float((a + c * current).max())
-    new = integerize(targets, total, lo, hi)
+    new = integerize(targets, total, lo, hi, lines)
     new_s = float((a + c * np.asarray(new)).max())
     if deadband > 0:
         gap = np.abs(targets - current)
@@ -170,5 +179,5 @@ def decide(batches, lines, total: int, lo, hi, deadband: float) -> Decision:
         floor = np.broadcast_to(np.asarray(lo, dtype=np.float64), current.shape)[slowest]
         pinned = current[slowest] <= floor and new[slowest] <= floor and no_gain
         if small or marginal or pinned:
-            return Decision(None, tuple(targets), now_s)
-    return Decision(tuple(new), tuple(targets), new_s)
+            return Decision(None, tuple(targets.tolist()), now_s)
+    return Decision(tuple(new), tuple(targets.tolist()), new_s)

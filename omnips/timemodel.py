@@ -1,19 +1,25 @@
-"""A worker's compute time as a line in its batch size, fitted from recent measurements.
+"""Workers' compute times as lines in their batch sizes, fitted from recent measurements.
 
-`observe(b, t)` takes a window's robust time t at batch b; `line()` returns
-(a, c) with t(b) ~ a + c*b. With points at two or more batch sizes far enough
-apart, it is a weighted least-squares fit (older points weigh less: the
-worker's speed may drift); otherwise, or for the paper's rule, the line through
-the origin and the newest point (a = 0: constant throughput).
+`observe(ranks, batches, seconds)` takes each worker's robust time for a window
+at its batch; `lines(ranks)` returns (a, c) with t(b) ~ a + c*b. With points at
+two or more batch sizes far enough apart, it is a weighted least-squares fit
+(older points weigh less: the worker's speed may drift); otherwise, or for the
+paper's rule, the line through the origin and the newest point (a = 0: constant
+throughput). A size measured again is averaged into its point, the earlier
+windows weighing less, and leaves the other points as they were: a plan that
+holds still keeps the slope it learnt and measures its point ever more precisely.
 
 A measurement far from a trustworthy prediction means the worker's speed changed
 (throttling, another job on the machine, an emulated slowdown). Such changes
 scale compute time as a whole, so the older points are rescaled by the same
 ratio rather than thrown away: the fit stays usable at once, and the next
 adjustment lands on the new equal-time plan.
+
+All workers' points live in arrays (a row each), so that one decision for
+thousands of workers is a few numpy operations rather than a fit per worker.
 """
 
-from dataclasses import dataclass, field
+import math
 
 import numpy as np
 
@@ -21,58 +27,140 @@ FORGET = 0.5  # weight left to older points at each new measurement
 CHANGE = 0.2  # relative prediction error taken as a change of speed
 MIN_SPREAD = 0.1  # distinct batch sizes must span this fraction of the largest for a fit
 MIN_WEIGHT = 0.02  # points weighing less are dropped
+SLOTS = 1 + math.floor(math.log(MIN_WEIGHT) / math.log(FORGET))  # points a worker can hold at once
 
 
-@dataclass
+class TimeModels:
+    """The time models of `n` workers: each row holds up to SLOTS points (batch, time,
+    weight), weight 0 marking an empty slot; the batches in a row are distinct."""
+
+    def __init__(self, n: int, affine: bool = True):
+        self.affine = affine
+        self.batch = np.zeros((n, SLOTS), dtype=np.float64)
+        self.time = np.zeros((n, SLOTS), dtype=np.float64)
+        self.weight = np.zeros((n, SLOTS), dtype=np.float64)
+        self.newest = np.zeros((n, 2), dtype=np.float64)  # (batch, time) of the newest point; batch 0: none
+        self._lines = np.zeros((n, 2), dtype=np.float64)  # each row's (a, c), fitted when it changes
+
+    def reset(self, ranks) -> None:
+        """Forget everything measured of `ranks` (a new worker took them)."""
+        self.weight[ranks] = 0.0
+        self.newest[ranks] = 0.0
+
+    def measured(self, ranks) -> np.ndarray:
+        return self.newest[ranks, 0] > 0
+
+    def observe(self, ranks, batches, seconds) -> None:
+        """One measurement per rank in `ranks` (distinct); ValueError, and nothing
+        changed, if any has a batch < 1 or a time that is not finite and > 0."""
+        ranks = np.asarray(ranks, dtype=np.int64)
+        b = np.asarray(batches, dtype=np.float64)
+        t = np.asarray(seconds, dtype=np.float64)
+        bad = ~((b >= 1) & (t > 0) & np.isfinite(t))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"a measurement needs batch >= 1 and time > 0, got ({b[i]:g}, {t[i]:g})")
+        if not len(ranks):
+            return
+        w, bs, ts = self.weight[ranks], self.batch[ranks], self.time[ranks]
+        held = w > 0
+        line = self._lines[ranks]
+        predicted = line[:, 0] + line[:, 1] * b
+        change = _near(b, bs, held) & (np.abs(t - predicted) > CHANGE * predicted)
+        ts[change] *= (t[change] / predicted[change])[:, None]
+        same = held & (bs == b[:, None])
+        again = same.any(axis=1)
+        # a new size ages the other points; a size measured again only its own point, so that a
+        # steady plan neither forgets its slope nor loses its average over windows
+        w[~again] *= FORGET
+        w[w < MIN_WEIGHT] = 0.0
+        rows = np.arange(len(ranks))
+        # the slot of a point at the same batch, else an empty one (forgetting left at least one)
+        slot = np.where(again, np.argmax(same, axis=1), np.argmax(w == 0, axis=1))
+        kept = np.where(again, FORGET * w[rows, slot], 0.0)
+        merged = (kept * ts[rows, slot] + t) / (kept + 1.0)
+        w[rows, slot], bs[rows, slot], ts[rows, slot] = kept + 1.0, b, merged
+        self.weight[ranks], self.batch[ranks], self.time[ranks] = w, bs, ts
+        self.newest[ranks] = np.stack([b, merged], axis=1)
+        self._lines[ranks] = _fit(w, bs, ts, b, merged) if self.affine else _through_origin(b, merged)
+
+    def trusted_at(self, ranks, batches) -> np.ndarray:
+        """Whether a miss at each batch is a speed change rather than the batch change
+        itself (or a poor fit): only near a size already measured. Elsewhere a new
+        point simply joins the fit."""
+        return _near(np.asarray(batches, dtype=np.float64), self.batch[ranks], self.weight[ranks] > 0)
+
+    def lines(self, ranks) -> np.ndarray:
+        """(a, c) of each rank's current model, an (n, 2) array; every rank needs an observation."""
+        if not np.all(self.measured(ranks)):
+            raise ValueError("no measurement yet")
+        return self._lines[ranks]
+
+    def predict(self, ranks, batches) -> np.ndarray:
+        line = self.lines(ranks)
+        return line[:, 0] + line[:, 1] * np.asarray(batches, dtype=np.float64)
+
+
+def _near(b: np.ndarray, bs: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """Whether each row holds a point within MIN_SPREAD of its batch in `b`."""
+    return np.any(held & (np.abs(b[:, None] - bs) <= MIN_SPREAD * bs), axis=1)
+
+
+def _through_origin(nb: np.ndarray, nt: np.ndarray) -> np.ndarray:
+    return np.stack([np.zeros(len(nb)), nt / nb], axis=1)
+
+
+def _fit(w: np.ndarray, bs: np.ndarray, ts: np.ndarray, nb: np.ndarray, nt: np.ndarray) -> np.ndarray:
+    """Each row's (a, c) from its points (weights `w`, batches `bs`, times `ts`) and its
+    newest point (`nb`, `nt`)."""
+    out = _through_origin(nb, nt)
+    held = w > 0
+    top = np.where(held, bs, 0.0).max(axis=1)
+    bottom = np.where(held, bs, np.inf).min(axis=1)
+    fit = (np.count_nonzero(held, axis=1) >= 2) & (top - bottom >= MIN_SPREAD * top)
+    if not fit.any():
+        return out
+    if not fit.all():
+        w, bs, ts = w[fit], bs[fit], ts[fit]
+    total = w.sum(axis=1)
+    mb = np.einsum("ij,ij->i", w, bs) / total
+    mt = np.einsum("ij,ij->i", w, ts) / total
+    db = bs - mb[:, None]
+    wdb = w * db
+    c = np.einsum("ij,ij->i", wdb, ts - mt[:, None]) / np.einsum("ij,ij->i", wdb, db)
+    line = np.stack([mt - c * mb, c], axis=1)
+    low = line[:, 0] < 0  # a negative intercept: the weighted mean throughput through the origin
+    if low.any():
+        wl = w[low]
+        line[low] = np.stack([np.zeros(len(wl)), np.einsum("ij,ij->i", wl, ts[low] / np.where(wl > 0, bs[low], 1.0))
+                              / total[low]], axis=1)
+    flat = c <= 0  # time not growing with batch: no usable slope, the proportional line stays
+    line[flat] = out[fit][flat]
+    out[fit] = line
+    return out
+
+
 class TimeModel:
-    affine: bool = True
-    points: dict[int, list[float]] = field(default_factory=dict)  # batch -> [time, weight]
-    newest: tuple[int, float] | None = None
+    """One worker's time model (a TimeModels of one), with scalar arguments."""
+
+    def __init__(self, affine: bool = True):
+        self._models = TimeModels(1, affine)
+
+    @property
+    def newest(self) -> tuple[int, float] | None:
+        b, t = self._models.newest[0]
+        return (int(b), float(t)) if b else None
 
     def observe(self, batch: int, seconds: float) -> None:
-        if batch < 1 or not seconds > 0 or not np.isfinite(seconds):
-            raise ValueError(f"a measurement needs batch >= 1 and time > 0, got ({batch}, {seconds})")
-        if self.trusted_at(batch):
-            predicted = self.predict(batch)
-            if abs(seconds - predicted) > CHANGE * predicted:
-                ratio = seconds / predicted
-                for point in self.points.values():
-                    point[0] *= ratio
-        for point in self.points.values():
-            point[1] *= FORGET
-        self.points = {b: p for b, p in self.points.items() if p[1] >= MIN_WEIGHT}
-        self.points[batch] = [seconds, 1.0]
-        self.newest = (batch, seconds)
-
-    def _fitted(self) -> bool:
-        bs = list(self.points)
-        return self.affine and len(bs) >= 2 and max(bs) - min(bs) >= MIN_SPREAD * max(bs)
+        self._models.observe([0], [batch], [seconds])
 
     def trusted_at(self, batch: int) -> bool:
-        """Whether a miss at `batch` is a speed change rather than the batch change itself
-        (or a poor fit): only near a size already measured. Elsewhere a new point simply
-        joins the fit."""
-        return any(abs(batch - b) <= MIN_SPREAD * b for b in self.points)
+        return bool(self._models.trusted_at([0], [batch])[0])
 
     def line(self) -> tuple[float, float]:
         """(a, c) of the current model; needs at least one observation."""
-        if self.newest is None:
-            raise ValueError("no measurement yet")
-        b0, t0 = self.newest
-        proportional = (0.0, t0 / b0)
-        if not self._fitted():
-            return proportional
-        bs = np.array(list(self.points), dtype=np.float64)
-        ts, ws = np.array(list(self.points.values())).T
-        mb, mt = np.average(bs, weights=ws), np.average(ts, weights=ws)
-        c = np.sum(ws * (bs - mb) * (ts - mt)) / np.sum(ws * (bs - mb) ** 2)
-        a = mt - c * mb
-        if c <= 0:
-            return proportional  # time not growing with batch: no usable slope
-        if a < 0:
-            return (0.0, float(np.average(ts / bs, weights=ws)))
-        return (float(a), float(c))
+        a, c = self._models.lines([0])[0]
+        return float(a), float(c)
 
     def predict(self, batch: int) -> float:
-        a, c = self.line()
-        return a + c * batch
+        return float(self._models.predict([0], [batch])[0])

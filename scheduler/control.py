@@ -5,14 +5,20 @@ has a full window at its current batch, `replan` fits the time models and asks
 the controller (omnips/batching.py) for the next batch vector. A worker's first
 step at a new batch size is not measured (it pays for warming up). Reports
 still at an older batch (ASP workers switch at their next reply) are ignored.
+
+A report costs O(1) (the scheduler asks `ready` after each), a decision a few
+numpy operations over all workers: the models' predictions at the plan's batches
+are kept from one decision to the next for the per-report change check.
 """
 
 import statistics
 from dataclasses import dataclass
 
+import numpy as np
+
 from omnips.batching import BatchPlan, Decision, decide, spread
 from omnips.job import JobSpec
-from omnips.timemodel import CHANGE, TimeModel
+from omnips.timemodel import CHANGE, TimeModels
 
 CHANGE_STEPS = 3  # consecutive far-off steps that trigger an early re-plan
 
@@ -28,21 +34,56 @@ class Adjustment:
 class BatchControl:
     def __init__(self, job: JobSpec, plan: BatchPlan):
         self.job = job
-        self.plan = plan
         n = job.num_workers
-        self.models = [TimeModel(affine=job.controller == "affine") for _ in range(n)]
+        self.models = TimeModels(n, affine=job.controller == "affine")
         lo, hi = job.batch_bounds
         self.min_batch = lo
         self.hard_max = [hi] * n  # the job's bound, --max-batch on the worker, an out-of-memory step: only falls
         self.memory_max: list[int | None] = [None] * n  # from the worker's free memory: follows it
+        self._bounds = np.full(n, hi, dtype=np.int64)  # the lower of the two, kept current
         self._window = [[] for _ in range(n)]
+        self._median = np.zeros(n)  # of each window
         self._measured_batch: list[int | None] = [None] * n
         self.adjustments = 0
+        self._plan: BatchPlan | None = None
+        self.plan = plan
+
+    @property
+    def plan(self) -> BatchPlan:
+        return self._plan
+
+    @plan.setter
+    def plan(self, plan: BatchPlan) -> None:
+        """A new plan (decided here, or handed out by the scheduler): a window measured at
+        another batch is dropped, and what the change check predicts is refreshed."""
+        batches = np.asarray(plan.batches)
+        if self._plan is not None:
+            for rank in np.flatnonzero(self._batches != batches).tolist():
+                self._window[rank] = []
+        self._plan, self._batches = plan, batches
+        self._active = np.flatnonzero(batches)
+        self._expect()
+
+    def _expect(self) -> None:
+        """Each worker's predicted time at its planned batch, where the model is trusted
+        there (nan elsewhere), and which windows are full or show a change."""
+        batches = self._batches
+        self._predicted = np.full(len(batches), np.nan)
+        ranks = np.flatnonzero(self.models.measured(np.arange(len(batches))) & (batches > 0))
+        trusted = ranks[self.models.trusted_at(ranks, batches[ranks])]
+        self._predicted[trusted] = self.models.predict(trusted, batches[trusted])
+        self._full: set[int] = set()
+        self._changing: set[int] = set()
+        for rank in np.flatnonzero(self._lengths()).tolist():
+            self._track(rank)  # (only a rank in the plan has a window)
+
+    def _lengths(self) -> np.ndarray:
+        return np.fromiter(map(len, self._window), dtype=np.int64, count=len(self._window))
 
     @property
     def active(self) -> list[int]:
         """The ranks the plan gives a batch: the workers in the job."""
-        return [r for r, b in enumerate(self.plan.batches) if b]
+        return self._active.tolist()
 
     def on_step(self, rank: int, batch: int, compute_s: float) -> None:
         if batch != self.plan.batches[rank] or not batch or not compute_s > 0:
@@ -50,79 +91,91 @@ class BatchControl:
         if self._measured_batch[rank] != batch:
             self._measured_batch[rank] = batch  # first step at this size: warm-up, not measured
             self._window[rank] = []
+            self._track(rank)
             return
         window = self._window[rank]
-        typical = statistics.median(window) if window else None
+        typical = self._median[rank] if window else None
         if typical is not None and abs(compute_s - typical) > CHANGE * typical:
             # the worker's speed changed inside the window: a median across the change would be
             # a time it never had (and a fit through it a wrong slope): start the window anew
             window.clear()
         window.append(compute_s)
+        self._median[rank] = statistics.median(window)
+        self._track(rank)
+
+    def _track(self, rank: int) -> None:
+        """Whether `rank`'s window is full, and whether it shows a change of speed: its last
+        CHANGE_STEPS measurements all miss its model's trusted prediction by more than CHANGE."""
+        window = self._window[rank]
+        if len(window) >= self.job.adjust_every - 1:
+            self._full.add(rank)
+        else:
+            self._full.discard(rank)
+        predicted = self._predicted[rank]
+        if len(window) >= CHANGE_STEPS and all(abs(t - predicted) > CHANGE * predicted
+                                                for t in window[-CHANGE_STEPS:]):
+            self._changing.add(rank)  # (a nan prediction, untrusted, misses nothing)
+        else:
+            self._changing.discard(rank)
 
     @property
     def ready(self) -> bool:
-        """Every worker has a full window, or one worker's speed has clearly changed:
-        its last CHANGE_STEPS measurements all miss its model by more than CHANGE."""
-        need = self.job.adjust_every - 1
-        active = self.active
-        return all(len(self._window[r]) >= need for r in active) or any(self._changed(r) for r in active)
-
-    def _changed(self, rank: int) -> bool:
-        window, model = self._window[rank], self.models[rank]
-        if len(window) < CHANGE_STEPS or not model.trusted_at(self.plan.batches[rank]):
-            return False
-        predicted = model.predict(self.plan.batches[rank])
-        return all(abs(t - predicted) > CHANGE * predicted for t in window[-CHANGE_STEPS:])
+        """Every worker has a full window, or one worker's speed has clearly changed."""
+        return len(self._full) == len(self._active) or bool(self._changing)
 
     def replan(self, reason: str = "window", active: list[int] | None = None) -> Adjustment:
         """Feed the windows to the time models and decide for the `active` ranks (default:
         those in the plan); the plan changes unless the decision falls inside the deadband,
         which a memory limit or a change of membership does not wait for."""
         batches = self.plan.batches
-        times = []
-        for rank, window in enumerate(self._window):
-            if window:
-                self.models[rank].observe(batches[rank], statistics.median(window))
-            self._window[rank] = []
-            times.append(statistics.median(window) if window else 0.0)
-        active = self.active if active is None else active
-        bounds = self.max_batch
-        sub = decide([batches[r] for r in active], self._lines(active), self.job.global_batch,
-                     self.min_batch, [bounds[r] for r in active],
-                     0.0 if reason in ("memory", "membership") else self.job.deadband)
         n = len(batches)
-        targets = [0.0] * n
-        for r, t in zip(active, sub.targets):
-            targets[r] = t
-        decision = Decision(None if sub.batches is None else spread(sub.batches, active, n), tuple(targets),
-                            sub.predicted_s)
+        measured = np.flatnonzero(self._lengths())
+        times = np.zeros(n)
+        times[measured] = self._median[measured]
+        self.models.observe(measured, self._batches[measured], times[measured])
+        self._window = [[] for _ in range(n)]
+        ranks = np.asarray(self._active if active is None else active, dtype=np.int64)
+        sub = decide(self._batches[ranks], self._lines(ranks), self.job.global_batch,
+                     self.min_batch, self._bounds[ranks],
+                     0.0 if reason in ("memory", "membership") else self.job.deadband)
+        targets = np.zeros(n)
+        targets[ranks] = sub.targets
+        decision = Decision(None if sub.batches is None else spread(sub.batches, ranks, n),
+                            tuple(targets.tolist()), sub.predicted_s)
         if decision.batches is not None and decision.batches != batches:
-            self.plan = BatchPlan(self.plan.gen + 1, decision.batches)
             self.adjustments += reason != "membership"
-        return Adjustment(decision, tuple(times), tuple(batches), reason)
+            self.plan = BatchPlan(self.plan.gen + 1, decision.batches)
+        else:
+            self._expect()  # the models moved: so do the predictions
+        return Adjustment(decision, tuple(times.tolist()), tuple(batches), reason)
 
     def resize(self, active: list[int]) -> Adjustment:
         """Workers left or joined: re-plan for `active` at once. A worker new to its rank
         starts with a fresh time model (taken meanwhile to be as fast as the typical one)."""
-        for rank in active:
-            if not self.plan.batches[rank]:
-                self.models[rank] = TimeModel(affine=self.job.controller == "affine")
-                self._measured_batch[rank] = None
+        joined = [rank for rank in active if not self.plan.batches[rank]]
+        self.models.reset(joined)
+        for rank in joined:
+            self._measured_batch[rank] = None
         return self.replan("membership", active)
 
     @property
     def max_batch(self) -> list[int]:
-        return [h if m is None else min(h, m) for h, m in zip(self.hard_max, self.memory_max)]
+        return self._bounds.tolist()
+
+    def _set_bound(self, rank: int) -> None:
+        h, m = self.hard_max[rank], self.memory_max[rank]
+        self._bounds[rank] = h if m is None else min(h, m)
 
     def limit(self, rank: int, max_batch: int) -> Adjustment | None:
         """A worker can hold at most `max_batch` samples in one pass (its --max-batch, or an
         out-of-memory step): lower its bound for good, and re-plan at once if its batch is
         now too large. ValueError when the workers together could no longer hold the global batch."""
         bound = max(self.min_batch, min(self.hard_max[rank], max_batch))
-        if not self._holds(rank, min(bound, self.max_batch[rank])):
+        if not self._holds(rank, min(bound, int(self._bounds[rank]))):
             raise ValueError(f"worker {rank} can hold only {max_batch} samples: the workers together cannot "
                              f"hold the global batch {self.job.global_batch}")
         self.hard_max[rank] = bound
+        self._set_bound(rank)
         return self._enforce(rank)
 
     def estimate(self, rank: int, max_batch: int) -> tuple[bool, Adjustment | None]:
@@ -134,21 +187,28 @@ class BatchControl:
         if not self._holds(rank, min(bound, self.hard_max[rank])):
             return False, None
         self.memory_max[rank] = bound
+        self._set_bound(rank)
         return True, self._enforce(rank)
 
     def _holds(self, rank: int, bound: int) -> bool:
-        bounds = self.max_batch
-        return bound + sum(bounds[r] for r in self.active if r != rank) >= self.job.global_batch
+        others = self._active[self._active != rank]
+        return bound + int(self._bounds[others].sum()) >= self.job.global_batch
 
     def _enforce(self, rank: int) -> Adjustment | None:
-        return self.replan("memory") if self.plan.batches[rank] > self.max_batch[rank] else None
+        return self.replan("memory") if self.plan.batches[rank] > self._bounds[rank] else None
 
-    def _lines(self, active: list[int]) -> list[tuple[float, float]]:
-        """The `active` workers' time models, each fitted once; one never measured is assumed
-        to take the cluster's typical time at its current batch (the plan it is on is taken
-        as balanced), or at an equal share of the global batch when it has none (it just joined)."""
-        fitted = {r: self.models[r].line() for r in active if self.models[r].newest is not None}
-        typical = statistics.median(a + c * self.models[r].newest[0] for r, (a, c) in fitted.items()
-                                    if self.plan.batches[r]) if fitted else 1.0
-        share = self.job.global_batch / len(active)
-        return [fitted[r] if r in fitted else (0.0, typical / (self.plan.batches[r] or share)) for r in active]
+    def _lines(self, ranks: np.ndarray) -> np.ndarray:
+        """The time models of the workers at `ranks`, an (n, 2) array; one never measured is
+        assumed to take the cluster's typical time at its current batch (the plan it is on is
+        taken as balanced), or at an equal share of the global batch when it has none (it just joined)."""
+        measured = self.models.measured(ranks)
+        lines = np.zeros((len(ranks), 2))
+        lines[measured] = self.models.lines(ranks[measured])
+        if measured.all():
+            return lines
+        on_plan = measured & (self._batches[ranks] > 0)
+        newest = self.models.newest[ranks, 0]
+        typical = float(np.median(lines[on_plan, 0] + lines[on_plan, 1] * newest[on_plan])) if on_plan.any() else 1.0
+        share = self.job.global_batch / len(ranks)
+        lines[~measured, 1] = typical / np.array([self.plan.batches[r] or share for r in ranks[~measured]])
+        return lines

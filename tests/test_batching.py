@@ -194,6 +194,41 @@ def test_integerize_known_splits():
     assert integerize([4.6, 4.4], 9, 1, [4, 9]) == [4, 5]  # the bound wins over the remainder
 
 
+@FAST
+@given(problem=problems())
+def test_integerize_with_time_models_makes_the_slowest_worker_as_fast_as_it_can(problem):
+    """Spare samples spent by time: no spare sample can move to a worker that did not get
+    one and make the slowest worker faster (so no split within one of the real plan
+    has a faster slowest worker), and it is never slower than the split by remainders."""
+    lines, total, lo, hi = problem
+    his = np.broadcast_to(np.asarray(hi), (len(lines),))
+    real = water_fill(lines, total, lo, hi)
+    out = np.array(integerize(real, total, lo, hi, lines))
+    assert out.sum() == total and np.all(out >= lo) and np.all(out <= his)
+    assert np.all(np.floor(real - 1e-9) <= out) and np.all(out <= np.ceil(real + 1e-9))
+    a, c = np.array(lines).T
+    times = a + c * out
+    slowest = times.max()
+    assert slowest <= (a + c * np.array(integerize(real, total, lo, hi))).max() + 1e-9
+    base = np.clip(np.floor(real + 1e-9), lo, his)
+    for i in np.flatnonzero((out > base) & (times == slowest)):
+        for j in np.flatnonzero((out == base) & (out < his)):
+            moved = times.copy()
+            moved[i], moved[j] = a[i] + c[i] * base[i], a[j] + c[j] * (base[j] + 1)
+            assert moved.max() >= slowest - 1e-9, (lines, out, i, j)
+
+
+def test_integerize_with_time_models_known_split():
+    # real 22.3, 49.1, 24.6 (51.1 ms each): the largest remainder (worker 2) would take 52 ms,
+    # worker 0 takes 51.5
+    lines = [(40.0, 0.5), (2.0, 1.0), (2.0, 2.0)]
+    real = equal_time(lines, 96, 1, 96)
+    assert integerize(real, 96, 1, 96) == [22, 49, 25]
+    assert integerize(real, 96, 1, 96, lines) == [23, 49, 24]
+    # equal times after the extra sample: the larger remainder breaks the tie
+    assert integerize([44.25, 19.75], 64, 1, 64, [(20.0, 1.0), (5.0, 3.0)]) == [44, 20]
+
+
 def test_integerize_refuses_an_impossible_split():
     with pytest.raises(ValueError):
         integerize([1.5, 1.5], 3, 1, 1)

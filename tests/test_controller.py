@@ -4,6 +4,7 @@ bookkeeping (scheduler/control.py)."""
 
 import random
 
+import numpy as np
 import pytest
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
@@ -23,7 +24,8 @@ STRONG = ([50.0, 50.0, 1.0, 1.0], [0.5, 1.0, 2.0, 4.0], 128)
 
 def exact_plan(a, c, total):
     """The equal-time integer plan computed from the true lines."""
-    return integerize(equal_time(list(zip(a, c)), total, 1, total), total, 1, total)
+    lines = list(zip(a, c))
+    return integerize(equal_time(lines, total, 1, total), total, 1, total, lines)
 
 
 def off_by(batches, plan):
@@ -92,7 +94,9 @@ def clusters(draw):
 
 def test_affine_controller_reaches_the_equal_time_plan_where_the_proportional_one_stops_short():
     a, c, total = [40.0, 2.0, 2.0], [0.5, 1.0, 2.0], 96
-    assert exact_plan(a, c, total) == [22, 49, 25]
+    # real plan 22.3, 49.1, 24.6 (51.1 ms each): the spare sample goes where it adds least,
+    # 23 (51.5 ms), not to the largest remainder, 25 (52 ms)
+    assert exact_plan(a, c, total) == [23, 49, 24]
     assert adjustments_to_reach(a, c, total, affine=True) == 2
     # the proportional rule under-shoots, and the deadband stops it 3 samples short
     assert adjustments_to_reach(a, c, total, affine=False) is None
@@ -195,18 +199,20 @@ def test_deadband_holds_a_converged_plan_under_noise(a, c, total):
     # typically no change at all; never more than two, never more than a sample away
     assert sum(ch for ch, _ in with_band) <= 5, with_band
     assert all(ch <= 2 and drift <= 1 for ch, drift in with_band), with_band
-    # without the deadband, the same noise moves the plan again and again
-    assert min(without) >= 5, without
+    # without the deadband, the same noise moves the plan again and again (less often than
+    # each window: a size measured again is averaged over windows)
+    assert sum(without) >= 30, without
 
 
 def test_deadband_limits_churn_with_strong_overheads():
     """With big overheads a fitted line turns 3 % of time noise into ~9 % of batch (a/(c*b)
-    amplifies it), so the deadband cannot hold every window; it still bounds the churn."""
+    amplifies it), so the deadband cannot hold every window; it still bounds the churn
+    (measurements averaged over windows at one size damp it either way)."""
     a, c, total = STRONG
     with_band = [noisy_windows(a, c, total, seed, DEADBAND) for seed in range(5)]
     without = [noisy_windows(a, c, total, seed, 0.0)[0] for seed in range(5)]
     assert all(ch <= 8 and drift <= 2 for ch, drift in with_band), with_band
-    assert min(without) >= 30, without
+    assert min(without) >= 8, without
     assert sum(ch for ch, _ in with_band) * 4 < sum(without)
 
 
@@ -225,9 +231,9 @@ def test_deadband_holds_a_small_batch_worker_under_noise():
     with_band = [noisy_windows(a, c, total, seed, DEADBAND) for seed in range(3)]
     without = [noisy_windows(a, c, total, seed, 0.0)[0] for seed in range(3)]
     # the 9-sample worker's target wanders by about half a sample: at most 3 one-sample
-    # moves in 50 windows, where without the deadband the plan changes most windows
+    # moves in 50 windows, where without the deadband the plan keeps changing
     assert all(ch <= 3 and drift <= 1 for ch, drift in with_band), with_band
-    assert min(without) >= 10, without
+    assert sum(without) >= 20, without
 
 
 # -- the time model ----------------------------------------------------------------------
@@ -274,12 +280,13 @@ def test_speed_change_is_followed_after_one_window(line, factor, at_old):
 
 
 def test_a_small_change_is_taken_as_noise_at_first():
-    """Below 20 % (CHANGE) a new time is not a speed change: the newest point is honoured,
-    the older ones are not rescaled."""
+    """Below 20 % (CHANGE) a new time is not a speed change: it is averaged into the point
+    at its size (the earlier measurements there weigh FORGET), the other points are not
+    rescaled."""
     model = affine_model(20.0, 1.0, 60, 100)
     assert model.line() == pytest.approx((20.0, 1.0))
     model.observe(100, 1.1 * 120)
-    assert model.predict(100) == pytest.approx(132)
+    assert model.predict(100) == pytest.approx((0.5 * 120 + 132) / 1.5)
     assert model.predict(60) == pytest.approx(80)  # the old speed
 
 
@@ -288,15 +295,29 @@ def test_fit_needs_two_sizes_spanning_ten_percent():
     model = TimeModel()
     model.observe(40, 60.0)
     assert model.line() == (0.0, 1.5)
-    # the same size again: the newest point wins
+    # the same size again: averaged with the earlier measurement there
     model.observe(40, 62.0)
-    assert model.line() == (0.0, 62.0 / 40)
+    assert model.line() == pytest.approx((0.0, (0.5 * 60.0 + 62.0) / 1.5 / 40))
     # 100 and 91 span 9 %: still proportional, through the newest point
     assert affine_model(5.0, 1.0, 100, 91).line() == (0.0, 96.0 / 91)
     # 100 and 90 span 10 %: a fit
     assert affine_model(5.0, 1.0, 100, 90).line() == pytest.approx((5.0, 1.0))
     # the paper's rule never fits
     assert affine_model(5.0, 1.0, 100, 50, affine=False).line() == (0.0, 55.0 / 50)
+
+
+def test_a_steady_batch_keeps_its_fit_and_averages_its_noise():
+    """Measurements at a size already held age only that point: a plan that stays put
+    for many windows keeps the slope it learnt from the sizes before, and its point
+    becomes an average over windows (noise shrinks) instead of the newest window."""
+    model = affine_model(20.0, 1.0, 60, 100)
+    rng = random.Random(1)
+    times = [120 * (1 + rng.uniform(-0.03, 0.03)) for _ in range(20)]
+    for t in times:
+        model.observe(100, t)
+    a, c = model.line()
+    assert a > 0 and c == pytest.approx(1.0, rel=0.1)  # still affine: the point at 60 is kept
+    assert abs(model.predict(100) - 120) < max(abs(t - 120) for t in times[-3:])
 
 
 def test_negative_intercept_and_slope_are_clamped():
@@ -496,3 +517,38 @@ def test_max_batch_setting_bounds_the_plan():
     assert ctl.plan.batches == (40, 24)
     with pytest.raises(ValueError):
         ctl.limit(1, 23)
+
+
+def test_control_at_scale_reaches_the_best_integer_plan():
+    """512 affine workers up to 8x apart, exact times: three adjustments reach a plan whose
+    slowest worker is as fast as the best integer plan's, and it holds."""
+    n = 512
+    rng = np.random.default_rng(3)
+    a = rng.uniform(1.0, 10.0, n)
+    c = rng.uniform(0.1, 2.0, n) / rng.uniform(1.0, 8.0, n)
+    total = 32 * n
+    ctl = control(num_workers=n, global_batch=total, adjust_every=2)
+    best = (a + c * np.array(exact_plan(a, c, total))).max()
+    for _ in range(6):
+        run_window(ctl, list(a + c * np.array(ctl.plan.batches)))
+        assert ctl.ready
+        ctl.replan()
+        assert sum(ctl.plan.batches) == total and min(ctl.plan.batches) >= 1
+    assert ctl.adjustments <= 3
+    assert (a + c * np.array(ctl.plan.batches)).max() <= 1.01 * best
+
+
+def test_a_plan_handed_in_drops_the_windows_it_moved():
+    """The scheduler hands the controller every plan it sends: a worker whose batch the plan
+    changed has its window (measured at the old size) dropped, the others keep theirs."""
+    ctl = control(adjust_every=3)
+    run_window(ctl, [1.0, 1.0, 1.0])
+    assert ctl.ready
+    ctl.plan = BatchPlan(1, (25, 20, 15))
+    assert not ctl.ready
+    for rank in (0, 2):
+        for _ in range(3):  # the first step at the new size is not measured
+            ctl.on_step(rank, ctl.plan.batches[rank], 1.0)
+    assert ctl.ready  # worker 1 kept its full window
+    adj = ctl.replan()
+    assert adj.times == (1.0, 1.0, 1.0) and adj.batches == (25, 20, 15)
