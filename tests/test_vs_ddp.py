@@ -16,8 +16,8 @@ def test_vs_ddp_quick_writes_its_tables(tmp_path):
     text = out.read_text()
     assert "- nproc: " in text and "load average" in text
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| digits | 4:2:1 | ")]
-    results = {r[2]: r for r in rows if len(r) == 12}
-    assert set(results) == {"ddp-equal", "ddp-ideal", "omnips"}
+    results = {r[2]: r for r in rows if r[2] in ("ddp-equal", "ddp-ideal", "omnips")}
+    assert len(results) == 3 and all(len(r) == 12 for r in results.values()), rows
     for r in results.values():
         assert int(r[4]) == 12  # steps: ceil(1438 / 128)
         numbers = [float(v) for v in r[5:11]] + [float(r[11].rstrip(" |"))]
