@@ -1,0 +1,447 @@
+#!/usr/bin/env python
+"""omnips against torch DistributedDataParallel on emulated heterogeneous workers.
+
+Each workload trains, for each cluster of relative speeds (4:2:1 on 3 workers; HL8,
+6:6:4:32 on 4), to the same number of epochs as
+
+* (a) ddp-equal: DDP (gloo, 127.0.0.1) with equal per-rank batches;
+* (b) ddp-ideal: DDP with the ideal hand-set per-rank batches, the equal-time plan
+  from the known emulated speeds (omnips.batching.equal_time, then integerize: the
+  plan the omnips controller would compute from exact time models);
+* (c) omnips: BSP, --batching dynamic (affine controller), every worker declaring
+  the same --capacity: no knowledge of the speeds. 1 server for digits, 2 for the
+  large model (through one server process its 25 MB per worker and direction cost
+  twice DDP's allreduce here: 145 against 76 ms per step at 4:2:1 in a trial run).
+
+Workloads: the default mlp on digits, and an mlp with hidden (2048, 2048) on
+`synthetic` with 1024 features (6.3 M parameters, 25 MB of gradient each way per
+step). Same model (omnips.models.build, same seed), same samples (the BSP sample
+stream of omnips/data.py: rank i takes its slice of step t's global batch), same
+SGD (lr 0.05, momentum 0.9; DDP ranks update with omnips.optim.SGD, torch.optim.SGD
+bit for bit) and global batch B in all three. The two DDP variants run one after
+the other in one set of rank processes.
+
+Emulation, identical in all three: worker/emulation.py's Emulation with
+ms_per_step A and ms_per_sample C per workload and slowdown F = fastest speed /
+speed (so the fastest worker runs the virtual device as is): a step's compute
+phase lasts max(real, F*(A + C*b)) ms. omnips workers get it as --slowdown,
+--emulate-ms-per-step and --emulate-ms-per-sample; a DDP rank pads in a DDP
+communication hook, before its allreduce. DDP's bucket is made larger than the
+model, so that hook runs once per step, after the whole backward pass: the compute
+phase ends there, as in an omnips worker (which pushes after its backward); DDP's
+overlap of allreduce with backward buys at most a real backward per step here.
+With unequal batches DDP's mean over ranks is unweighted, so each rank's loss is
+scaled by b_i*N/B: the averaged gradient is the mean over the global batch, as
+in omnips (the factor is 1 for equal batches).
+
+Time to E epochs (wall): first step's start to last step's end (omnips:
+summary.json wall_s, from the scheduler's reports, with its per-epoch evaluations
+running alongside; DDP: monotonic clock, after a barrier, to the end of the last
+optimizer step, evaluated afterwards). samples/s = steps * B / wall.
+
+    python benchmarks/vs_ddp.py [--quick] [--only digits,large] [--speeds 4:2:1,HL8] [--epochs-scale 1]
+
+Prints a line per run and the tables; writes benchmarks/results/vs_ddp.md.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from report import machine_lines, publish  # noqa: E402
+
+from omnips import data, models  # noqa: E402
+from omnips.batching import equal_time, initial_batches, integerize  # noqa: E402
+from omnips.job import JobSpec  # noqa: E402
+from omnips.launch import LaunchError, LocalCluster, WorkerSpec  # noqa: E402
+from omnips.metrics import read_events  # noqa: E402
+from omnips.optim import SGD  # noqa: E402
+from omnips.transport import tune_malloc  # noqa: E402
+from worker.emulation import Emulation  # noqa: E402
+
+LR, MOMENTUM, SEED = 0.05, 0.9, 0
+JOB_TIMEOUT_S = 600
+SPEEDS = {"4:2:1": (4, 2, 1), "HL8": (6, 6, 4, 32)}
+VARIANTS = ("ddp-equal", "ddp-ideal", "omnips")
+TARGET_VS_EQUAL = 2.0  # (c)/(a) at 4:2:1
+TARGET_VS_IDEAL = 1.0  # (c)/(b)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    model_args: dict
+    dataset: str
+    dataset_args: dict
+    global_batch: int
+    epochs: float
+    ms_per_step: float  # A of the virtual device
+    ms_per_sample: float  # C
+    servers: int  # omnips servers: the large model's 25 MB through one server process is its bottleneck
+
+    def job(self) -> JobSpec:
+        return JobSpec(model="mlp", model_args=self.model_args, dataset=self.dataset, dataset_args=self.dataset_args,
+                       global_batch=self.global_batch, epochs=self.epochs, lr=LR, momentum=MOMENTUM, seed=SEED)
+
+
+WORKLOADS = {
+    "digits": Workload("digits", {}, "digits", {}, 128, 10, 10.0, 1.0, 1),
+    "large": Workload("large", {"hidden": [2048, 2048]}, "synthetic", {"n": 2048, "features": 1024}, 128, 3,
+                      60.0, 6.0, 2),
+}
+
+
+def slowdowns(speeds) -> list[float]:
+    return [max(speeds) / s for s in speeds]
+
+
+def ideal_batches(w: Workload, speeds) -> list[int]:
+    """The equal-time plan from the exact virtual devices (b's hand-set batches)."""
+    lines = [(f * w.ms_per_step, f * w.ms_per_sample) for f in slowdowns(speeds)]
+    return integerize(equal_time(lines, w.global_batch, 1, w.global_batch), w.global_batch, 1, w.global_batch)
+
+
+def emulated_ms(w: Workload, speeds, batches) -> float:
+    """The slowest worker's emulated compute phase under `batches`."""
+    return max(f * (w.ms_per_step + w.ms_per_sample * b) for f, b in zip(slowdowns(speeds), batches))
+
+
+# -- DDP ----------------------------------------------------------------------------
+class Pad:
+    """What `pad_then_allreduce` needs about the step in progress."""
+
+    def __init__(self, emulation: Emulation):
+        self.emulation = emulation
+        self.started, self.step, self.batch, self.compute_s = 0.0, 0, 0, 0.0
+
+    def begin(self, step: int, batch: int) -> None:
+        self.started, self.step, self.batch = time.perf_counter(), step, batch
+
+
+def pad_then_allreduce(pad: Pad, bucket):
+    """A DDP communication hook: end the compute phase where the virtual device would,
+    then allreduce as DDP's default hook does (sum, then divide by the ranks)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    if not bucket.is_last():  # a second bucket would run backward after the padding
+        raise RuntimeError("the model's gradients span several DDP buckets: the emulation needs one")
+    real = time.perf_counter() - pad.started
+    target = pad.emulation.target_s(pad.step, pad.batch, real)
+    if target > real:
+        time.sleep(target - real)  # the emulated slower device: the delay is the feature
+    pad.compute_s = max(target, real)
+    return allreduce_hook(None, bucket)
+
+
+def ddp_rank(rank: int, spec: dict, port: int, out_dir: str) -> None:
+    """One DDP rank: train spec["steps"] steps at each plan of spec["plans"] in turn (the model
+    and optimizer built anew for each), write its timings."""
+    tune_malloc()  # the allocator settings omnips processes get
+    torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = spec["loopback"]
+    n = len(spec["slowdowns"])
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=n, timeout=datetime.timedelta(seconds=120))
+    try:
+        train, test = data.load(spec["dataset"], spec["dataset_args"])
+        emulation = Emulation(((0, spec["slowdowns"][rank]),), spec["ms_per_step"], spec["ms_per_sample"])
+        out = [train_plan(rank, plan, spec, train, test, emulation) for plan in spec["plans"]]
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
+    finally:
+        dist.destroy_process_group()
+
+
+def train_plan(rank: int, batches: list[int], spec: dict, train, test, emulation: Emulation) -> dict:
+    from torch.nn.parallel import DistributedDataParallel
+
+    total, n = spec["global_batch"], len(batches)
+    module = models.build("mlp", spec["model_args"], train, SEED)
+    model_mb = sum(p.numel() * p.element_size() for p in module.parameters()) / 2**20
+    ddp = DistributedDataParallel(module, bucket_cap_mb=model_mb + 1)
+    pad = Pad(emulation)
+    ddp.register_comm_hook(pad, pad_then_allreduce)
+    # omnips's server update, which is torch.optim.SGD bit for bit (tests/test_optim.py)
+    opts = [(SGD(p.data, MOMENTUM, False, 0.0), p) for p in module.parameters()]
+    stream, batcher = data.SampleStream(len(train), SEED), data.Batcher(train)
+    b, offset = batches[rank], sum(batches[:rank])
+    scale = b * n / total  # DDP averages over ranks: this makes it the global batch's mean
+    compute = []
+    dist.barrier()
+    start = time.monotonic()
+    for step in range(spec["steps"]):
+        pad.begin(step, b)
+        x, y = batcher(stream.take(step * total + offset, b))
+        ddp.zero_grad()
+        (models.loss_fn(ddp(x), y) * scale).backward()
+        for opt, param in opts:
+            opt.step(param.grad, LR)
+        compute.append(pad.compute_s)
+    end = time.monotonic()
+    acc, loss = models.evaluate(module, data.Batcher(test), len(test)) if rank == 0 else (None, None)
+    return {"start": start, "end": end, "compute_s": compute, "test_accuracy": acc, "test_loss": loss}
+
+
+def loopback_interface() -> str:
+    for _, name in socket.if_nameindex():
+        if name == "lo":
+            return name
+    raise SystemExit("no loopback interface 'lo' for gloo")
+
+
+def run_ddp(w: Workload, speeds, plans: list[list[int]], steps: int, out: Path) -> list[dict]:
+    """Each plan trained by one set of DDP rank processes, one plan after the other."""
+    out.mkdir(parents=True)
+    spec = {"plans": plans, "global_batch": w.global_batch, "steps": steps, "slowdowns": slowdowns(speeds),
+            "ms_per_step": w.ms_per_step, "ms_per_sample": w.ms_per_sample, "dataset": w.dataset,
+            "dataset_args": w.dataset_args, "model_args": w.model_args, "loopback": loopback_interface()}
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=60))
+    ctx = mp.start_processes(ddp_rank, args=(spec, store.port, str(out)), nprocs=len(speeds), join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + JOB_TIMEOUT_S * len(plans)
+    try:
+        while not ctx.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{out.name}: DDP did not finish within {JOB_TIMEOUT_S * len(plans)} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(len(speeds))]
+    results = []
+    for k, batches in enumerate(plans):
+        runs = [r[k] for r in ranks]
+        slowest = [max(r["compute_s"][t] for r in runs) for t in range(steps)]
+        results.append({"wall_s": max(r["end"] for r in runs) - min(r["start"] for r in runs), "steps": steps,
+                        "batches": batches, "compute_s": sum(slowest),
+                        "accuracy": runs[0]["test_accuracy"], "loss": runs[0]["test_loss"]})
+    return results
+
+
+# -- omnips -------------------------------------------------------------------------
+def run_omnips(w: Workload, speeds, root: Path, name: str, args) -> dict:
+    job = w.job()
+    sched = ["--mode", "bsp", "--model", job.model, "--model-args", json.dumps(job.model_args),
+             "--dataset", job.dataset, "--dataset-args", json.dumps(job.dataset_args),
+             "--global-batch", str(job.global_batch), "--epochs", f"{job.epochs:g}", "--lr", f"{job.lr:g}",
+             "--momentum", f"{job.momentum:g}", "--seed", str(job.seed), "--batching", "dynamic",
+             "--controller", "affine", "--adjust-every", str(args.adjust_every)]
+    workers = [WorkerSpec(capacity=1.0, slowdown=f"{f:.6g}", ms_per_step=w.ms_per_step,
+                          ms_per_sample=w.ms_per_sample) for f in slowdowns(speeds)]
+    run_dir = root / name
+    cluster = LocalCluster(run_dir, sched, w.servers, workers)
+    try:
+        cluster.start()
+        code = cluster.wait(JOB_TIMEOUT_S)
+    except LaunchError as exc:
+        raise SystemExit(f"{name}: {exc}") from None
+    codes = cluster.exit_codes()
+    if code != 0 or any(c != 0 for c in codes.values()):
+        logs = "\n".join(f"  {p}: {cluster.tail(p)}" for p in codes)
+        raise SystemExit(f"{name}: exit codes {codes} (run dir {run_dir})\n{logs}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if summary.get("status") != "completed":
+        raise SystemExit(f"{name}: status {summary.get('status')!r}")
+    steps: dict[int, list[dict]] = {}
+    for e in read_events(run_dir):
+        if e["event"] == "step":
+            steps.setdefault(e["step"], []).append(e)
+    final = summary["final_batches"]
+    return {"wall_s": summary["wall_s"], "steps": summary["steps"], "batches": final,
+            "compute_s": sum(max(e["compute_s"] for e in es) for es in steps.values()),
+            "accuracy": summary["final_test_accuracy"], "loss": summary["final_test_loss"],
+            "adjustments": summary["adjustments"], "steady": steady_step_s(steps, final)}
+
+
+def steady_step_s(steps: dict[int, list[dict]], final: list[int]) -> tuple[int, float] | None:
+    """(steps, seconds per step) of the run's tail at its final plan, from the end of the
+    step before it (the scheduler's report times); None when the tail has no step before it."""
+    last = max(steps)
+    first = last + 1
+    while first - 1 in steps and [e["batch"] for e in sorted(steps[first - 1], key=lambda e: e["worker"])] == final:
+        first -= 1
+    if first > last or first - 1 not in steps:
+        return None
+    end = {s: max(e["t"] for e in steps[s]) for s in (first - 1, last)}
+    return last - first + 1, (end[last] - end[first - 1]) / (last - first + 1)
+
+
+# -- the comparison ------------------------------------------------------------------
+def compare(w: Workload, level: str, root: Path, args) -> list[dict]:
+    speeds = SPEEDS[level]
+    train, _ = data.load(w.dataset, w.dataset_args)
+    steps = w.job().total_steps(len(train))
+    plans = {"ddp-equal": initial_batches("uniform", w.global_batch, [1.0] * len(speeds)),
+             "ddp-ideal": ideal_batches(w, speeds)}
+    name = f"{w.name}-{level.replace(':', '')}"
+    t0 = time.monotonic()
+    ddp = [v for v in args.variants if v in plans]
+    runs = dict(zip(ddp, run_ddp(w, speeds, [plans[v] for v in ddp], steps, root / f"{name}-ddp") if ddp else []))
+    if "omnips" in args.variants:
+        runs["omnips"] = run_omnips(w, speeds, root, f"{name}-omnips", args)
+    rows = []
+    for variant in args.variants:
+        r = runs[variant]
+        if r["steps"] != steps:
+            raise SystemExit(f"{name} {variant}: {r['steps']} steps, expected {steps}")
+        r.update(workload=w.name, level=level, variant=variant, samples_per_s=steps * w.global_batch / r["wall_s"])
+        rows.append(r)
+        print(f"{w.name:6s} {level:5s} {variant:9s} wall {r['wall_s']:6.2f} s  {r['samples_per_s']:6.0f} samples/s  "
+              f"batches {'/'.join(map(str, r['batches']))}  acc {r['accuracy']:.3f}", flush=True)
+    print(f"({time.monotonic() - t0:.0f} s with start-up)", flush=True)
+    return rows
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "missed"
+
+
+def render(rows: list[dict], workloads: list[Workload], levels: list[str], args, total_s: float,
+           params: dict) -> list[str]:
+    load = os.getloadavg()
+    by = {(r["workload"], r["level"], r["variant"]): r for r in rows}
+    lines = [
+        "# omnips against torch DistributedDataParallel, emulated heterogeneous workers", "",
+        *machine_lines(),
+        f"- torch {torch.__version__}; load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} "
+        "(other work on these cores adds noise)",
+        f"- command: `python benchmarks/vs_ddp.py {' '.join(sys.argv[1:])}` ({total_s:.0f} s in all)",
+        "- (a) ddp-equal: DDP, gloo on 127.0.0.1, equal per-rank batches; (b) ddp-ideal: DDP with the equal-time "
+        "batches from the known emulated speeds; (c) omnips: BSP, --batching dynamic --controller affine "
+        f"--adjust-every {args.adjust_every}, every worker --capacity 1 (speeds not told)",
+        "- all: 1 torch thread per process, sgd lr 0.05 momentum 0.9, seed 0, the same model, samples and global "
+        "batch; DDP ranks scale their loss by b_i*N/B (the averaged gradient is the global batch mean); DDP "
+        "with one gradient bucket, its compute phase padded in a communication hook before the allreduce",
+        "- emulation: a step's compute phase lasts max(real, F*(A + C*b)) ms, F = fastest speed / the worker's "
+        "speed (worker/emulation.py, in every worker and rank)",
+        "- speeds: " + ", ".join(f"{k} = {':'.join(map(str, v))} (F {'/'.join(f'{f:.3g}' for f in slowdowns(v))})"
+                                 for k, v in SPEEDS.items() if k in levels),
+    ]
+    for w in workloads:
+        lines.append(f"- {w.name}: mlp {json.dumps(w.model_args) if w.model_args else '(hidden (128, 64))'} on "
+                     f"{w.dataset}{' ' + json.dumps(w.dataset_args) if w.dataset_args else ''} "
+                     f"({params[w.name]:,} parameters), B = {w.global_batch}, "
+                     f"{w.epochs:g} epochs; A = {w.ms_per_step:g} ms, C = {w.ms_per_sample:g} ms; "
+                     f"omnips with {w.servers} server(s)")
+    lines += ["", "Definitions: wall = time to the epochs, the first step's start to the last step's end; "
+              "samples/s = steps*B/wall; step ms = wall/steps; compute ms = the slowest worker's compute phase "
+              "per step (mean over steps); overhead ms = step ms - compute ms (communication, barrier, "
+              "the optimizer step, host noise); test acc and loss on the held-out split after the last step (the three "
+              "variants train the same model on the same samples: they differ by float rounding only).", "",
+              "## Results", "",
+              "| workload | speeds | variant | batches (final) | steps | wall s | samples/s | step ms | compute ms | "
+              "overhead ms | test acc | test loss |",
+              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        s = r["steps"]
+        lines.append(f"| {r['workload']} | {r['level']} | {r['variant']} | {'/'.join(map(str, r['batches']))} | {s} | "
+                     f"{r['wall_s']:.2f} | {r['samples_per_s']:.0f} | {1000 * r['wall_s'] / s:.1f} | "
+                     f"{1000 * r['compute_s'] / s:.1f} | {1000 * (r['wall_s'] - r['compute_s']) / s:.1f} | "
+                     f"{r['accuracy']:.4f} | {r['loss']:.5f} |")
+    lines += ["", "## Targets", "",
+              "| workload | speeds | ratio | target | measured | verdict |", "|---|---|---|---|---:|---|"]
+    for w in workloads:
+        for level in levels:
+            a, b, c = (by.get((w.name, level, v)) for v in VARIANTS)
+            if not (a and b and c):
+                continue
+            vs_a, vs_b = c["samples_per_s"] / a["samples_per_s"], c["samples_per_s"] / b["samples_per_s"]
+            if level == "4:2:1":
+                lines.append(f"| {w.name} | {level} | (c)/(a) | >= {TARGET_VS_EQUAL:g} | {vs_a:.2f} | "
+                             f"{verdict(vs_a >= TARGET_VS_EQUAL)} |")
+            else:
+                lines.append(f"| {w.name} | {level} | (c)/(a) | (none) | {vs_a:.2f} | - |")
+            lines.append(f"| {w.name} | {level} | (c)/(b) | >= {TARGET_VS_IDEAL:g} | {vs_b:.2f} | "
+                         f"{verdict(vs_b >= TARGET_VS_IDEAL)} |")
+    lines += ["", "## Where (c) and (b) differ", "",
+              "wall = sum of the slowest compute phases + steps x overhead, so wall(c) - wall(b) splits exactly "
+              "into balancing (the slowest compute phases of (c) beyond (b)'s: the steps before the controller "
+              "reached its plan, and any difference between its plan and (b)'s) and overhead (communication and "
+              "the rest). The bound: equal batches take U = max_i F_i(A + C*B/N) per step, the ideal plan T. "
+              "At its final plan: (c)'s tail of steps at the batches it ended with, timed from the end of the step "
+              "before it, against (b)'s step ms over the whole run.", "",
+              "| workload | speeds | U ms | T ms | U/T | wall (c) - (b) s | balancing s | overhead s | "
+              "overhead ms/step (b) / (c) | adjustments (c) | (c) at its final plan: steps, step ms, (c)/(b) |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
+    for w in workloads:
+        for level in levels:
+            b, c = by.get((w.name, level, "ddp-ideal")), by.get((w.name, level, "omnips"))
+            if not (b and c):
+                continue
+            speeds = SPEEDS[level]
+            u = emulated_ms(w, speeds, initial_batches("uniform", w.global_batch, [1.0] * len(speeds)))
+            t = emulated_ms(w, speeds, ideal_batches(w, speeds))
+            ob, oc = b["wall_s"] - b["compute_s"], c["wall_s"] - c["compute_s"]
+            tail = "-"
+            if c["steady"]:
+                n, per = c["steady"]
+                tail = f"{n}, {1000 * per:.1f}, {b['wall_s'] / b['steps'] / per:.2f}"
+            lines.append(f"| {w.name} | {level} | {u:.1f} | {t:.1f} | {u / t:.2f} | {c['wall_s'] - b['wall_s']:.2f} | "
+                         f"{c['compute_s'] - b['compute_s']:.2f} | {oc - ob:.2f} | "
+                         f"{1000 * ob / b['steps']:.1f} / {1000 * oc / c['steps']:.1f} | {c['adjustments']} | {tail} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads (digits,large)")
+    p.add_argument("--speeds", default=",".join(SPEEDS), help="comma-separated speed sets (4:2:1,HL8)")
+    p.add_argument("--epochs-scale", type=float, default=1.0, help="multiply every workload's epochs")
+    p.add_argument("--adjust-every", type=int, default=5, help="omnips --adjust-every")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variants to run")
+    p.add_argument("--quick", action="store_true", help="smoke run: digits at 4:2:1 for 1 epoch")
+    p.add_argument("--out", type=Path, default=HERE / "results" / "vs_ddp.md")
+    args = p.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    levels = [s.strip() for s in args.speeds.split(",") if s.strip()]
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if args.quick:
+        names, levels, args.epochs_scale = ["digits"], ["4:2:1"], 1 / WORKLOADS["digits"].epochs
+    unknown = ([n for n in names if n not in WORKLOADS] + [s for s in levels if s not in SPEEDS]
+               + [v for v in args.variants if v not in VARIANTS])
+    if unknown or not names or not levels or not args.variants:
+        p.error(f"unknown or no workload, speeds or variant: {', '.join(unknown) or '(none given)'}")
+    if not args.epochs_scale > 0 or not math.isfinite(args.epochs_scale):
+        p.error("--epochs-scale must be a positive number")
+    workloads = [replace(WORKLOADS[n], epochs=WORKLOADS[n].epochs * args.epochs_scale) for n in names]
+    params = {}
+    for w in workloads:
+        train, _ = data.load(w.dataset, w.dataset_args)
+        params[w.name] = sum(t.numel() for t in models.build("mlp", w.model_args, train, SEED).parameters())
+        print(f"{w.name}: {params[w.name]:,} parameters, {len(train)} training samples, "
+              f"{w.job().total_steps(len(train))} steps", flush=True)
+    root = Path(tempfile.mkdtemp(prefix="omnips-vs-ddp-"))
+    start, rows, failed = time.monotonic(), [], True
+    try:
+        for w in workloads:
+            for level in levels:
+                rows += compare(w, level, root, args)
+        failed = False
+    finally:
+        if failed:
+            print(f"run directories kept in {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    publish(render(rows, workloads, levels, args, time.monotonic() - start, params), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
