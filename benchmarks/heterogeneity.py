@@ -41,7 +41,6 @@ Prints a line per run and the tables; writes benchmarks/results/heterogeneity.md
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import shutil
@@ -56,10 +55,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from jobs import run_job  # noqa: E402
 
 from omnips.batching import initial_batches  # noqa: E402
-from omnips.launch import LaunchError, LocalCluster, WorkerSpec  # noqa: E402
-from omnips.metrics import read_events  # noqa: E402
+from omnips.launch import WorkerSpec  # noqa: E402
 
 LEVELS = {  # relative speeds ("cores") of the 4 workers
     "HL1": (12, 12, 12, 12),
@@ -131,21 +132,9 @@ def worker_specs(variant: str, scenario: Scenario, args) -> list[WorkerSpec]:
 # -- one run -----------------------------------------------------------------------
 def run_one(root: Path, scenario: Scenario, variant: str, args) -> dict:
     run_dir = root / f"{scenario.name}-{variant}"
-    cluster = LocalCluster(run_dir, scheduler_args(variant, scenario, args), 1, worker_specs(variant, scenario, args))
     t0 = time.monotonic()
-    try:
-        cluster.start()
-        code = cluster.wait(JOB_TIMEOUT_S)
-    except LaunchError as exc:
-        raise SystemExit(f"{scenario.name} {variant}: {exc}") from None
-    codes = cluster.exit_codes()
-    if code != 0 or any(c != 0 for c in codes.values()):
-        logs = "\n".join(f"  {name}: {cluster.tail(name)}" for name in codes)
-        raise SystemExit(f"{scenario.name} {variant}: exit codes {codes} (run dir {run_dir})\n{logs}")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    if summary.get("status") != "completed":
-        raise SystemExit(f"{scenario.name} {variant}: status {summary.get('status')!r}")
-    events = read_events(run_dir)
+    summary, events = run_job(run_dir, scheduler_args(variant, scenario, args), 1,
+                              worker_specs(variant, scenario, args), f"{scenario.name} {variant}", JOB_TIMEOUT_S)
     return {"scenario": scenario.name, "variant": variant, "summary": summary, "run_dir": str(run_dir),
             "elapsed_s": time.monotonic() - t0, **analyse(events, summary, scenario, args)}
 

@@ -30,7 +30,9 @@ sys.path.insert(0, str(HERE))
 from report import machine_lines, publish  # noqa: E402
 
 from omnips.flags import size  # noqa: E402
-from omnips.launch import LaunchError, LocalCluster, WorkerSpec  # noqa: E402
+from jobs import run_job  # noqa: E402
+
+from omnips.launch import WorkerSpec  # noqa: E402
 
 JOB_TIMEOUT_S = 600.0
 
@@ -45,16 +47,7 @@ def scheduler_args(args) -> list[str]:
 def run_one(root: Path, bucket: str, round_: int, args) -> dict:
     run_dir = root / f"bucket-{bucket}-{round_}"
     worker = WorkerSpec(threads=args.threads, extra=("--bucket-size", bucket))
-    cluster = LocalCluster(run_dir, scheduler_args(args), 1, [worker])
-    try:
-        cluster.start()
-        code = cluster.wait(JOB_TIMEOUT_S)
-    except LaunchError as exc:
-        raise SystemExit(f"bucket {bucket}: {exc}") from None
-    codes = cluster.exit_codes()
-    if code != 0 or any(c != 0 for c in codes.values()):
-        raise SystemExit(f"bucket {bucket}: exit codes {codes} (run dir {run_dir})")
-    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    _, events = run_job(run_dir, scheduler_args(args), 1, [worker], f"bucket {bucket}", JOB_TIMEOUT_S)
     steps = [e for e in events if e["event"] == "step"]
     times = [e["t"] for e in steps]
     gaps = [b - a for a, b in zip(times, times[1:])][args.skip:]

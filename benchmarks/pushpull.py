@@ -423,9 +423,9 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
         copy_s = [0.0]  # time in ServerGroup.accept: the np.copyto of each reply into `params`
         accept = group.accept
 
-        def timed_accept(s, msg, into):
+        def timed_accept(s, msg, into, *wire):
             t = time.perf_counter()
-            accept(s, msg, into)
+            accept(s, msg, into, *wire)
             copy_s[0] += time.perf_counter() - t
 
         group.accept = timed_accept

@@ -65,13 +65,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+from jobs import run_job  # noqa: E402
 from report import machine_lines, publish  # noqa: E402
 
 from omnips import data, models  # noqa: E402
 from omnips.batching import equal_time, initial_batches, integerize  # noqa: E402
 from omnips.job import JobSpec  # noqa: E402
-from omnips.launch import LaunchError, LocalCluster, WorkerSpec  # noqa: E402
-from omnips.metrics import read_events  # noqa: E402
+from omnips.launch import WorkerSpec  # noqa: E402
 from omnips.optim import SGD  # noqa: E402
 from omnips.transport import tune_malloc  # noqa: E402
 from worker.emulation import Emulation  # noqa: E402
@@ -246,21 +246,9 @@ def run_omnips(w: Workload, speeds, root: Path, name: str, args) -> dict:
     workers = [WorkerSpec(capacity=1.0, slowdown=f"{f:.6g}", ms_per_step=w.ms_per_step,
                           ms_per_sample=w.ms_per_sample) for f in slowdowns(speeds)]
     run_dir = root / name
-    cluster = LocalCluster(run_dir, sched, w.servers, workers)
-    try:
-        cluster.start()
-        code = cluster.wait(JOB_TIMEOUT_S)
-    except LaunchError as exc:
-        raise SystemExit(f"{name}: {exc}") from None
-    codes = cluster.exit_codes()
-    if code != 0 or any(c != 0 for c in codes.values()):
-        logs = "\n".join(f"  {p}: {cluster.tail(p)}" for p in codes)
-        raise SystemExit(f"{name}: exit codes {codes} (run dir {run_dir})\n{logs}")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    if summary.get("status") != "completed":
-        raise SystemExit(f"{name}: status {summary.get('status')!r}")
+    summary, events = run_job(run_dir, sched, w.servers, workers, name, JOB_TIMEOUT_S)
     steps: dict[int, list[dict]] = {}
-    for e in read_events(run_dir):
+    for e in events:
         if e["event"] == "step":
             steps.setdefault(e["step"], []).append(e)
     final = summary["final_batches"]

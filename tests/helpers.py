@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from omnips import data, models
-from omnips.launch import LocalCluster, WorkerSpec
+from omnips.launch import LocalCluster
 from omnips.metrics import read_events
 
 JOB_TIMEOUT_S = 150
