@@ -104,10 +104,13 @@ class BatchControl:
         self._track(rank)
 
     def _track(self, rank: int) -> None:
-        """Whether `rank`'s window is full, and whether it shows a change of speed: its last
+        """Whether `rank`'s window is full (one measured step for a worker never measured yet), and whether it shows a change of speed: its last
         CHANGE_STEPS measurements all miss its model's trusted prediction by more than CHANGE."""
         window = self._window[rank]
-        if len(window) >= self.job.adjust_every - 1:
+        # a worker never measured (the job's start, a joiner) is judged on its first measured
+        # step: the plan it is on is a guess, and its first move is large enough for one sample
+        need = self.job.adjust_every - 1 if self.models.newest[rank, 0] > 0 else 1
+        if len(window) >= need:
             self._full.add(rank)
         else:
             self._full.discard(rank)

@@ -370,12 +370,18 @@ def run_window(ctl, times, first=True):
             ctl.on_step(rank, ctl.plan.batches[rank], t)
 
 
-def test_ready_needs_every_worker_to_have_a_full_window():
+def test_ready_needs_every_worker_to_have_a_full_window_after_its_first_measured_step():
     ctl = control()
     assert ctl.plan == BatchPlan(0, (20, 20, 20))
     assert not ctl.ready
     for rank in range(3):
         ctl.on_step(rank, 20, 1.0)  # the first step at a batch size: not measured
+    ctl.on_step(0, 20, 1.0)
+    ctl.on_step(1, 20, 1.0)
+    assert not ctl.ready  # worker 2 not measured yet
+    ctl.on_step(2, 20, 1.0)
+    assert ctl.ready  # never measured before: one step each decides the first plan
+    assert ctl.replan().decision.batches is None  # equal speeds: the plan stays
     for _ in range(2):
         for rank in range(3):
             ctl.on_step(rank, 20, 1.0)
