@@ -138,29 +138,3 @@ def _fit(w: np.ndarray, bs: np.ndarray, ts: np.ndarray, nb: np.ndarray, nt: np.n
     line[flat] = out[fit][flat]
     out[fit] = line
     return out
-
-
-class TimeModel:
-    """One worker's time model (a TimeModels of one), with scalar arguments."""
-
-    def __init__(self, affine: bool = True):
-        self._models = TimeModels(1, affine)
-
-    @property
-    def newest(self) -> tuple[int, float] | None:
-        b, t = self._models.newest[0]
-        return (int(b), float(t)) if b else None
-
-    def observe(self, batch: int, seconds: float) -> None:
-        self._models.observe([0], [batch], [seconds])
-
-    def trusted_at(self, batch: int) -> bool:
-        return bool(self._models.trusted_at([0], [batch])[0])
-
-    def line(self) -> tuple[float, float]:
-        """(a, c) of the current model; needs at least one observation."""
-        a, c = self._models.lines([0])[0]
-        return float(a), float(c)
-
-    def predict(self, batch: int) -> float:
-        return float(self._models.predict([0], [batch])[0])

@@ -11,8 +11,35 @@ from hypothesis import strategies as st
 
 from omnips.batching import BatchPlan, decide, equal_time, initial_batches, integerize
 from omnips.job import JobSpec
-from omnips.timemodel import TimeModel
+from omnips.timemodel import TimeModels
 from scheduler.control import Adjustment, BatchControl
+
+
+class TimeModel:
+    """One worker's time model (a TimeModels of one), with scalar arguments: what a test of
+    one worker reads most plainly."""
+
+    def __init__(self, affine: bool = True):
+        self._models = TimeModels(1, affine)
+
+    @property
+    def newest(self) -> tuple[int, float] | None:
+        b, t = self._models.newest[0]
+        return (int(b), float(t)) if b else None
+
+    def observe(self, batch: int, seconds: float) -> None:
+        self._models.observe([0], [batch], [seconds])
+
+    def trusted_at(self, batch: int) -> bool:
+        return bool(self._models.trusted_at([0], [batch])[0])
+
+    def line(self) -> tuple[float, float]:
+        """(a, c) of the current model; needs at least one observation."""
+        a, c = self._models.lines([0])[0]
+        return float(a), float(c)
+
+    def predict(self, batch: int) -> float:
+        return float(self._models.predict([0], [batch])[0])
 
 DEADBAND = 0.05
 # derandomized so that runs repeat; no shrinking phase (a failure is reported as found)
