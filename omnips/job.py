@@ -133,6 +133,15 @@ class JobSpec:
         return spec
 
 
+def same_job(saved, job: JobSpec) -> bool:
+    """Whether `saved` (a job's settings as a file holds them) describes `job`; a setting
+    added since the file was written counts at its default."""
+    try:
+        return isinstance(saved, dict) and JobSpec.from_dict(saved) == job
+    except ValueError:
+        return False
+
+
 def _one_of(name, value, allowed):
     if value not in allowed:
         raise ValueError(f"--{name} must be one of {', '.join(allowed)}, not {value!r}")

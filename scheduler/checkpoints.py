@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omnips import checkpoint
 from omnips.checkpoint import CheckpointError, Manifest
-from omnips.job import JobSpec
+from omnips.job import JobSpec, same_job
 from omnips.protocol import Saved
 
 log = logging.getLogger("omnips.scheduler")
@@ -125,7 +125,7 @@ def resume_point(run_dir: Path) -> tuple[JobSpec, Manifest]:
     if ckpt is None:
         raise ResumeError(f"cannot resume {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'} "
                           "(was it run with --checkpoint-every?)")
-    if ckpt.job != job.to_dict():
+    if not same_job(ckpt.job, job):
         raise ResumeError(f"cannot resume {run_dir}: checkpoint {ckpt.path} belongs to another job than config.json")
     if len(ckpt.shards) != job.num_servers or len(ckpt.worker_steps) != job.num_workers:
         raise ResumeError(f"cannot resume {run_dir}: checkpoint {ckpt.path} does not fit the job's cluster size")

@@ -31,7 +31,7 @@ import torch
 
 from omnips import optim
 from omnips.flat import aligned_empty, aligned_zeros, all_finite
-from omnips.job import JobSpec
+from omnips.job import JobSpec, same_job
 from omnips.protocol import Ack, Checkpoint, Error, Init, Message, Params, Plan, Pull, Push, Saved
 from omnips.wire import WireDtype, name_of
 
@@ -375,7 +375,7 @@ class ShardCore:
         m, arrays, workers = state.meta, state.arrays, self.job.num_workers
         if self._pending or self._held or self._pulls:
             raise ValueError("a shard with requests in flight cannot be restored")
-        if m.get("job") != self.job.to_dict():
+        if not same_job(m.get("job"), self.job):
             raise ValueError("the saved shard belongs to another job (its settings differ)")
         if (m.get("size"), m.get("trained")) != (self.n, self.trained):
             raise ValueError(f"the saved shard holds {m.get('size')} values ({m.get('trained')} trained), "

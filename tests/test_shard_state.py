@@ -210,3 +210,16 @@ def test_a_snapshot_waits_for_the_previous_write_at_most_wait_s(tmp_path, monkey
     release.set()
     (first,) = writer.finished(wait_s=30)
     assert (first.msg.req, first.msg.error) == (1, "") and first.msg.size > 0
+
+
+def test_a_state_saved_before_a_job_setting_existed_restores_at_its_default():
+    core = core_for("bsp", dict(momentum=0.9))
+    run_steps(core, np.random.default_rng(0), 2)
+    old = core.state()
+    job = {k: v for k, v in old.meta["job"].items() if k != "wire_dtype"}  # a file written before --wire-dtype
+    restored = core_for("bsp", dict(momentum=0.9), init=False)
+    restored.restore(ShardState({**old.meta, "job": job}, old.arrays))
+    assert restored.version == core.version and restored.values.tobytes() == core.values.tobytes()
+    with pytest.raises(ValueError, match="another job"):  # a setting this version does not know: not this job
+        core_for("bsp", dict(momentum=0.9), init=False).restore(ShardState({**old.meta, "job": {**job, "x": 1}},
+                                                                             old.arrays))
