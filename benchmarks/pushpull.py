@@ -482,7 +482,8 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
 
 
 # -- in-process pieces of one round trip ------------------------------------------
-def _median_time(fn, repeats: int) -> float:
+def median_time(fn, repeats: int) -> float:
+    """Median seconds of `fn()` over `repeats` calls."""
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
@@ -506,9 +507,9 @@ def pieces(params: np.ndarray, grads: np.ndarray, repeats: int, server_threads: 
     n = params.size
     out = {}
     dst = aligned_zeros(n)
-    out["worker: np.copyto of the reply into params"] = _median_time(lambda: np.copyto(dst, params), repeats)
-    out["server: finiteness check (np.dot)"] = _median_time(lambda: all_finite(grads), repeats)
-    out["protocol: encode + decode of a Push"] = _median_time(
+    out["worker: np.copyto of the reply into params"] = median_time(lambda: np.copyto(dst, params), repeats)
+    out["server: finiteness check (np.dot)"] = median_time(lambda: all_finite(grads), repeats)
+    out["protocol: encode + decode of a Push"] = median_time(
         lambda: protocol.decode(protocol.encode(Push(rank=0, step=0, ver=0, batch=1, gen=0, data=grads))), repeats)
 
     threads = torch.get_num_threads()
@@ -525,19 +526,18 @@ def pieces(params: np.ndarray, grads: np.ndarray, repeats: int, server_threads: 
             step[0] += 1
 
         push()  # starts the momentum buffer
-        out[f"server: ShardCore.handle(Push), {mode.upper()} (check + update)"] = _median_time(push, repeats)
+        out[f"server: ShardCore.handle(Push), {mode.upper()} (check + update)"] = median_time(push, repeats)
         if mode == "asp":
             out[f"server: optimizer step alone (ShardCore._step, {job.optimizer} momentum {job.momentum}, "
-                f"{server_threads} torch thread(s) as the servers)"] = _median_time(
+                f"{server_threads} torch thread(s) as the servers)"] = median_time(
                 lambda: core._step(grads, job.lr), repeats)
             torch.set_num_threads(other)
-            out[f"what-if: the same step with {other} torch thread(s)"] = _median_time(
+            out[f"what-if: the same step with {other} torch thread(s)"] = median_time(
                 lambda: core._step(grads, job.lr), repeats)
             torch.set_num_threads(server_threads)
-        del core
     # the floor of any update: one in-place pass reading g and read-writing p
     p, g = torch.from_numpy(dst), torch.from_numpy(grads)
-    out["reference: in-place p.add_(g, alpha=-lr) (SGD without momentum)"] = _median_time(
+    out["reference: in-place p.add_(g, alpha=-lr) (SGD without momentum)"] = median_time(
         lambda: p.add_(g, alpha=-1e-3), repeats)
     torch.set_num_threads(threads)
     return out

@@ -51,7 +51,7 @@ from omnips.link import SchedulerLink  # noqa: E402
 from omnips.protocol import Params, Push, Register, Report, Shutdown  # noqa: E402
 from omnips.servers import ServerGroup  # noqa: E402
 from omnips.wire import WireDtype  # noqa: E402
-from pushpull import job_args, model_size  # noqa: E402
+from pushpull import job_args, median_time, model_size  # noqa: E402
 from report import machine_lines, publish  # noqa: E402
 
 JOB_TIMEOUT_S = 300.0
@@ -185,12 +185,7 @@ def conversion_times(n: int, repeats: int) -> dict:
         buf = w.buffer(n)
         for what, fn in (("narrow", lambda: w.narrow(values, buf)), ("widen", lambda: w.widen(buf, back))):
             fn()
-            took = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                fn()
-                took.append(time.perf_counter() - start)
-            out[(name, what)] = statistics.median(took)
+            out[(name, what)] = median_time(fn, repeats)
     return out
 
 

@@ -90,7 +90,8 @@ def launch(argv) -> int:
     run_dir = Path(args.resume or args.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
     if not args.resume and (run_dir / "metrics.jsonl").exists():
         parser.error(f"run directory {run_dir} already holds a run: choose another --run-dir")
-    cluster = LocalCluster(run_dir, scheduler_args, args.num_servers, workers, env={"OMNIPS_TOKEN": args.token, "OMNIPS_TRANSPORT": args.transport},
+    env = {"OMNIPS_TOKEN": args.token, "OMNIPS_TRANSPORT": args.transport}
+    cluster = LocalCluster(run_dir, scheduler_args, args.num_servers, workers, env=env,
                            keys=args.keys.path if args.keys else None)
     try:
         cluster.start()

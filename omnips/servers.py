@@ -60,8 +60,9 @@ class ServerGroup:
             self._poller.register(sock, zmq.POLLIN)
         self._req = 0
         self._upto: dict[int, int] = {}  # shard -> values of its reply in parts that have arrived
-        self._rest_into: np.ndarray | None = None
+        # the request whose replies are being read: its id, where its values go, in what dtype they come
         self._rest_req: int | None = None
+        self._rest_into: np.ndarray | None = None
         self._rest_wire = FLOAT32
         self._on_wait = on_wait
         self._tick_s = tick_s
@@ -117,21 +118,21 @@ class ServerGroup:
             return all(slo + self._upto.get(s, shi - slo) >= min(hi, shi) for s, (slo, shi) in enumerate(self.ranges)
                        if slo < hi and lo < shi)
         if self._upto and not arrived():
-            self._pump(arrived, None, None, self._rest_into)
+            self._pump(arrived)
 
     def complete(self) -> None:
         """Until the reply being read has arrived whole."""
         if self._upto:
-            self._pump(lambda: not self._upto, None, None, self._rest_into)
+            self._pump(lambda: not self._upto)
 
     def _gather(self, want: type, req: int | None, into: np.ndarray | None,
                 wire: WireDtype = FLOAT32) -> Exchange:
         """The first answer of every shard to `req`; Params values, expected in `wire`, into `into`."""
         self.complete()  # a reply still arriving in parts comes before the next one
         start = time.perf_counter()
-        self._rest_into, self._rest_req, self._rest_wire = into, req, wire
+        self._rest_req, self._rest_into, self._rest_wire = req, into, wire
         got = {}
-        self._pump(lambda: len(got) == len(self.socks), want, req, into, got)
+        self._pump(lambda: len(got) == len(self.socks), want, got)
         params = [msg for msg in got.values() if isinstance(msg, Params)]
         plan = None
         for msg in params:
@@ -139,9 +140,10 @@ class ServerGroup:
         held = max((msg.held_s for msg in params), default=0.0)
         return Exchange(list(self.versions), plan, held, time.perf_counter() - start)
 
-    def _pump(self, done, want: type | None, req: int | None, into: np.ndarray | None, got: dict | None = None):
-        """Read replies until done(): the first answer of each shard to `req` (into `got`),
-        and the later parts of replies in parts."""
+    def _pump(self, done, want: type | None = None, got: dict | None = None):
+        """Read replies until done(): the later parts of replies in parts and, given `got`,
+        each shard's first answer (of type `want`) to the request being read, into `got`."""
+        req, into = self._rest_req, self._rest_into
         deadline = time.monotonic() + self.timeout_s
         while not done():
             left = deadline - time.monotonic()
@@ -151,7 +153,7 @@ class ServerGroup:
                     self._on_wait()
                 continue
             if not events:
-                names = ", ".join(self.endpoints[s] for s, _ in enumerate(self.socks)
+                names = ", ".join(self.endpoints[s] for s in range(len(self.socks))
                                   if got is not None and s not in got or s in self._upto)
                 raise ServerError(f"no answer from server(s) {names} within {self.timeout_s:g} s", "timeout")
             for s, sock in enumerate(self.socks):
@@ -159,21 +161,22 @@ class ServerGroup:
                     continue
                 msg = self.decode_reply(s, transport.recv_frames(sock))
                 if s in self._upto:  # a reply in parts: nothing else can come before its end
-                    if not isinstance(msg, Params) or msg.req != self._rest_req or not msg.whole:
+                    if not isinstance(msg, Params) or msg.req != req or not msg.whole:
                         raise ServerError(f"server {self.endpoints[s]} broke off a reply in parts", "protocol")
-                    self._accept_part(s, msg, self._rest_into)
+                    self._accept_part(s, msg)
                     continue
                 if got is None or s in got or not isinstance(msg, want) or (req is not None and msg.req != req):
                     continue  # a late answer to an earlier, abandoned request: read and dropped
                 if isinstance(msg, Params):
                     if msg.whole:
                         self._upto[s] = 0
-                        self._accept_part(s, msg, into)
+                        self._accept_part(s, msg)
                     else:
                         self.accept(s, msg, into, self._rest_wire)
                 got[s] = msg
 
-    def _accept_part(self, s: int, msg: Params, into: np.ndarray | None) -> None:
+    def _accept_part(self, s: int, msg: Params) -> None:
+        into = self._rest_into
         lo, hi = self.ranges[s]
         upto = self._upto[s]
         if msg.whole != hi - lo or msg.offset != upto:

@@ -104,8 +104,9 @@ class BatchControl:
         self._track(rank)
 
     def _track(self, rank: int) -> None:
-        """Whether `rank`'s window is full (one measured step for a worker never measured yet), and whether it shows a change of speed: its last
-        CHANGE_STEPS measurements all miss its model's trusted prediction by more than CHANGE."""
+        """Whether `rank`'s window is full (one measured step for a worker never measured
+        yet), and whether it shows a change of speed: its last CHANGE_STEPS measurements
+        all miss its model's trusted prediction by more than CHANGE."""
         window = self._window[rank]
         # a worker never measured (the job's start, a joiner) is judged on its first measured
         # step: the plan it is on is a guess, and its first move is large enough for one sample
@@ -213,5 +214,6 @@ class BatchControl:
         newest = self.models.newest[ranks, 0]
         typical = float(np.median(lines[on_plan, 0] + lines[on_plan, 1] * newest[on_plan])) if on_plan.any() else 1.0
         share = self.job.global_batch / len(ranks)
-        lines[~measured, 1] = typical / np.array([self.plan.batches[r] or share for r in ranks[~measured]])
+        batches = self._batches[ranks[~measured]]
+        lines[~measured, 1] = typical / np.where(batches > 0, batches, share)
         return lines

@@ -392,7 +392,8 @@ class Scheduler:
     def _connect_servers(self) -> None:
         endpoints = routes.endpoints([m.info.endpoint for m in self.registry.servers],
                                      self.registry.local_endpoints(), self.opts.transport)
-        self.servers = ServerGroup(self.ctx, endpoints, self.registry.ranges, self.opts.server_timeout_s, keys=self.opts.keys)
+        self.servers = ServerGroup(self.ctx, endpoints, self.registry.ranges, self.opts.server_timeout_s,
+                                   keys=self.opts.keys)
         for sock in self.servers.socks:
             self.poller.register(sock, zmq.POLLIN)
         if self.job.mode == "bsp":

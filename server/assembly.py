@@ -4,8 +4,9 @@ still ran) back into one push for the shard core. Pure logic, no I/O.
 A connection has at most one push in assembly. Its parts must agree on everything
 but their place, stay inside the shard and not overlap; the push is complete when
 they cover the shard. A part of a later step replaces an unfinished push (a worker
-goes on only once its push was whole, so that one never will be). A refused part changes nothing. A whole push of batch 0 for
-the same step (the worker found its gradient not finite) voids the parts.
+goes on only once its push was whole, so that one never will be). A refused part
+changes nothing. A whole push of batch 0 for the same step (the worker found its
+gradient not finite) voids the parts.
 """
 
 from dataclasses import dataclass, replace

@@ -42,7 +42,7 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
         bound = transport.bind(router, host, port, keys)
         endpoint = f"tcp://{advertised_host(host, advertise)}:{bound.rsplit(':', 1)[1]}"
         try:
-            ipc, ipc_dir = transport.bind_ipc(router, keys)
+            ipc, ipc_dir = transport.bind_ipc(router)
         except transport.TransportError as exc:
             ipc = ""
             log.warning("%s: clients on this host connect over tcp", exc)

@@ -107,9 +107,9 @@ class ShardCore:
             if not msg.whole:
                 self._parts.void(peer, msg)
                 return self._push(peer, msg, now)
-            if msg.data.dtype != self.wire.dtype:
-                return [_error(peer, "bad_dtype", f"a part of {name_of(msg.data)} values, the job's wire dtype is "
-                                                  f"{self.wire.name}")]
+            refusal = self._wrong_dtype(peer, msg)
+            if refusal:
+                return [refusal]
             try:
                 whole = self._parts.feed(peer, msg)
             except PartRefused as exc:
@@ -219,9 +219,9 @@ class ShardCore:
         owner = self._owner.get(msg.rank)
         if owner is not None and owner != peer:
             return _error(peer, "rank_taken", f"worker rank {msg.rank} is bound to another connection")
-        if msg.batch and msg.data.dtype != self.wire.dtype:
-            return _error(peer, "bad_dtype", f"push carries {name_of(msg.data)} values, the job's wire dtype is "
-                                             f"{self.wire.name}")
+        refusal = self._wrong_dtype(peer, msg)
+        if refusal:
+            return refusal
         if msg.batch and msg.data.size != self.n:
             return _error(peer, "bad_length", f"push carries {msg.data.size} values, shard holds {self.n}")
         if msg.ver > self.version:
@@ -238,6 +238,13 @@ class ShardCore:
                 return _error(peer, "not_in_plan", f"worker {msg.rank} has no batch in plan {msg.gen}")
         elif msg.step <= self._last_step.get(msg.rank, -1):
             return _error(peer, "duplicate", f"worker {msg.rank} already pushed step {msg.step}")
+        return None
+
+    def _wrong_dtype(self, peer, msg: Push) -> Outgoing | None:
+        """A push (or a part of one) whose values are not in the job's wire dtype is refused."""
+        if msg.batch and msg.data.dtype != self.wire.dtype:
+            return _error(peer, "bad_dtype", f"push carries {name_of(msg.data)} values, the job's wire dtype is "
+                                             f"{self.wire.name}")
         return None
 
     def _float32(self, msg: Push) -> Push:

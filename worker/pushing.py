@@ -4,11 +4,12 @@ servers' answer, which then comes in parts of the same size, first layers first:
 the next forward pass starts as soon as its first layers' values are in.
 
 Backward hooks send each bucket as soon as every parameter in it has its final
-gradient, checking it is finite first (in the job's wire dtype, into which it is narrowed). The bucket that would complete a shard is
-held back until the whole gradient is known to be finite: a server then either gets
-the step's whole gradient or, with a batch-0 push, learns it was dropped (the parts
-it holds are void). Sends are zero-copy and tracked: the gradient buffer is only
-overwritten (a step redone after running out of memory) once they are out.
+gradient, checking it is finite first (in the job's wire dtype, into which it is
+narrowed). The bucket that would complete a shard is held back until the whole
+gradient is known to be finite: a server then either gets the step's whole gradient
+or, with a batch-0 push, learns it was dropped (the parts it holds are void). Sends
+are zero-copy and tracked: the gradient buffer is only overwritten (a step redone
+after running out of memory) once they are out.
 
 Hooks send from backward's own thread, which is the calling thread on the CPU; on
 CUDA the gradients only reach the host buffer after backward, so there the buckets
@@ -17,26 +18,21 @@ gradients exist only once the emulated time has passed).
 """
 
 import functools
-import logging
 from dataclasses import replace
 
 import zmq
 
 from omnips.flat import FlatModel
 from omnips.protocol import Push
-from omnips.servers import ServerGroup
+from omnips.servers import FLOAT32, ServerError, ServerGroup
 from omnips.wire import WireDtype
 
 from .buckets import BucketPlan
 
-log = logging.getLogger("omnips.worker")
-
-SEND_WAIT_S = 30.0
-
 
 class Pusher:
     def __init__(self, flat: FlatModel, ranges: list, bucket_values: int, live: bool,
-                 wire: WireDtype = WireDtype("float32")):
+                 wire: WireDtype = FLOAT32):
         self.flat = flat
         self.wire = wire
         self._wire_grads = wire.buffer(flat.size)  # what pushes carry, narrowed (None: flat.grads itself)
@@ -75,8 +71,13 @@ class Pusher:
     def settle(self) -> None:
         """The gradients are about to be computed again: stop, and let what was sent leave."""
         self._armed = False
+        timeout_s = self._servers.timeout_s
         for tracker in self._trackers:
-            tracker.wait(SEND_WAIT_S)  # zmq.NotDone past it: a server that takes nothing in 30 s
+            try:
+                tracker.wait(timeout_s)
+            except zmq.NotDone:
+                raise ServerError(f"a gradient bucket stayed queued for {timeout_s:g} s: a server takes nothing",
+                                  "timeout") from None
         self._trackers = []
 
     def _before_forward(self, lo: int, hi: int, _module, _inputs) -> None:

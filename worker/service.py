@@ -115,7 +115,7 @@ class _Session:
         self.sample_bytes = memory.sample_bytes(self.flat.module, batcher, range(len(train)), device)
         live = device.type == "cpu" and not opts.emulation.active
         self.pusher = Pusher(self.flat, cluster["ranges"], opts.bucket_bytes // 4, live, self.wire)
-        self.trainer.on_retry = self.pusher.settle
+        self.trainer.on_final_pass, self.trainer.on_retry = self.pusher.final_pass, self.pusher.settle
         bsp = job.mode == "bsp"
         # ASP: a stream per worker; one that joins later draws a stream of its own, not its rank's old one
         incarnation = 0 if self.join_gen < 0 else 1 + self.join_gen
@@ -175,8 +175,7 @@ class _Session:
             start, asp_pos = asp_pos, asp_pos + batch
         before = list(self.servers.versions)
         self.pusher.begin(self.servers, self.rank, step, batch, self.plan.gen)
-        loss, real_s = self.trainer.compute(self.stream.take(start, batch), self.pusher.final_pass,
-                                            poison=step in self.opts.fault_nan_at)
+        loss, real_s = self.trainer.compute(self.stream.take(start, batch), poison=step in self.opts.fault_nan_at)
         compute_s = self._pad(step, batch, real_s)
         finite = self.pusher.finish()
         if not finite:

@@ -52,18 +52,19 @@ class Trainer:
         self.max_batch = max_batch  # 0: no known limit
         self._fault_oom_above = fault_oom_above  # test knob: emulate OOM for larger chunks
         self._cuda = flat.device.type == "cuda"
-        self.on_retry = None  # called before a step is computed again: gradients sent must be out first
+        # the worker's pusher: told before the backward that makes the gradients final (its hooks
+        # then send them as they come), and before a step is computed again (what was sent must be out)
+        self.on_final_pass = None
+        self.on_retry = None
 
-    def compute(self, indices, final_pass=None, poison: bool = False) -> tuple[float, float]:
+    def compute(self, indices, poison: bool = False) -> tuple[float, float]:
         """Gradients of the mean loss over `indices` into flat.grads: (loss, seconds).
-        `final_pass()` is called before the backward that makes the gradients final (the
-        worker's hooks may then send them as they come); `poison` (a test knob) makes
-        the loss, and so every gradient, NaN."""
+        `poison` (a test knob) makes the loss, and so every gradient, NaN."""
         start = time.perf_counter()
         while True:
             chunk = self.max_batch or len(indices)
             try:
-                loss = self._gradients(indices, chunk, final_pass, poison)
+                loss = self._gradients(indices, chunk, poison)
                 break
             except Exception as exc:
                 if not _is_oom(exc):
@@ -78,7 +79,7 @@ class Trainer:
                     self.on_retry()
         return loss, time.perf_counter() - start
 
-    def _gradients(self, indices, chunk: int, final_pass, poison: bool) -> float:
+    def _gradients(self, indices, chunk: int, poison: bool) -> float:
         self.flat.zero_grads()
         total = 0.0
         for lo in range(0, len(indices), chunk):
@@ -90,8 +91,8 @@ class Trainer:
             loss = models.loss_fn(self.flat.module(x), y) * (len(part) / len(indices))
             if poison:
                 loss = loss * float("nan")
-            if final_pass is not None and lo + chunk >= len(indices):
-                final_pass()
+            if self.on_final_pass is not None and lo + chunk >= len(indices):
+                self.on_final_pass()
             loss.backward()
             total += loss.item()
         self.flat.finish_grads()
