@@ -369,12 +369,7 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
                 server_threads: int, key_dir: Path | None) -> dict:
     """One configuration, this process reaching the servers over `kind` (tcp or ipc); with
     `key_dir` every process (this one too) uses CURVE."""
-    from omnips import routes
-    from omnips.launch import LocalCluster
-    from omnips.link import SchedulerLink
-    from omnips.protocol import Register, Report, Shutdown
-    from omnips.security import Keys
-    from omnips.servers import ServerGroup
+    from solo import SoloWorker
 
     steps = warmup + repeats
     name = f"{mode}-{num_servers}s-{kind}" + ("-curve" if key_dir else "")
@@ -382,43 +377,20 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
     # ASP: a sample budget far beyond the run, so the scheduler never asks to stop.
     # BSP: exactly `steps` steps of global batch 1; the final evaluation is at version `steps`.
     max_steps = steps if mode == "bsp" else 10 ** 9
-    keys = Keys.load(key_dir, listens=False) if key_dir else None
-    key_args = ["--keys", str(key_dir)] if key_dir else []
-    cluster = LocalCluster(run_dir, [], num_servers, [])
     ctx = zmq.Context()
+    job = SoloWorker(ctx, run_dir, [
+        "--mode", mode, "--model", "mlp", "--model-args", json.dumps(model_args),
+        "--dataset", "synthetic", "--dataset-args", json.dumps(dataset_args),
+        "--global-batch", "1", "--max-steps", str(max_steps), "--host", host],
+        num_servers, ["--host", host, "--threads", str(server_threads)], keys=key_dir,
+        transport="auto" if kind == "ipc" else "tcp")
     plain = f"omnips {mode.upper()}, {num_servers} server{'s' if num_servers > 1 else ''}, {kind}"
     result = {"config": plain + (", CURVE" if key_dir else ""), "plain": plain, "kind": kind,
               "curve": key_dir is not None, "mode": mode, "servers": num_servers, "logs": str(run_dir / "logs")}
     try:
-        # LocalCluster.start always starts its own workers; start the scheduler and the
-        # servers through its _spawn (which applies MALLOC_ENV) and be the worker here.
-        sched = cluster._spawn("scheduler", "scheduler", [
-            "--mode", mode, "--model", "mlp", "--model-args", json.dumps(model_args),
-            "--dataset", "synthetic", "--dataset-args", json.dumps(dataset_args),
-            "--global-batch", "1", "--max-steps", str(max_steps), "--num-servers", str(num_servers),
-            "--num-workers", "1", "--host", host, "--port", "0", "--run-dir", str(run_dir), *key_args],
-            stdout=subprocess.PIPE)
-        cluster.endpoint = cluster._read_endpoint(sched, 60.0)
-        for s in range(num_servers):
-            cluster._spawn(f"server{s}", "server", ["--scheduler", cluster.endpoint, "--host", host,
-                                                    "--threads", str(server_threads), *key_args])
-
-        def check_children():  # called while waiting for servers: fail fast if one died
-            dead = {name: code for name, code in cluster.exit_codes().items() if code is not None}
-            if dead:
-                raise RuntimeError(f"cluster process(es) exited early: {dead}")
-
-        link = SchedulerLink(ctx, cluster.endpoint, keys=keys)
-        welcome = link.register(Register(role="worker", host=pysocket.gethostname(), capacity=1.0, device="cpu",
-                                         threads=1, pid=os.getpid()), ack_timeout_s=10.0, welcome_timeout_s=60.0)
-        info = welcome.cluster
-        link.dead_after_s = info["dead_after_s"]
-        if info["num_params"] != params.size:
-            raise RuntimeError(f"the scheduler's model has {info['num_params']} values, expected {params.size}")
-        endpoints = routes.endpoints(info["servers"], info["ipc"], "auto" if kind == "ipc" else "tcp")
-        if not all(e.startswith(f"{kind}://") for e in endpoints):
-            raise RuntimeError(f"asked for {kind}, the servers are reached at {endpoints}")
-        group = ServerGroup(ctx, endpoints, info["ranges"], REPLY_TIMEOUT_S, on_wait=check_children, keys=keys)
+        group = job.start(params.size)
+        if not all(e.startswith(f"{kind}://") for e in group.endpoints):
+            raise RuntimeError(f"asked for {kind}, the servers are reached at {group.endpoints}")
 
         copy_s = [0.0]  # time in ServerGroup.accept: the np.copyto of each reply into `params`
         accept = group.accept
@@ -442,13 +414,7 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
             dt = time.perf_counter() - t
             if step % 2 == 0:
                 raw_dt = raw.round_trip(kind)
-            if ex.plan is not None and ex.plan.get("stop"):
-                raise RuntimeError("the scheduler stopped the job early")
-            link.send(Report(rank=0, step=step, batch=1, compute_s=0.0, network_s=max(0.0, ex.elapsed_s - ex.held_s),
-                             wait_s=ex.held_s, loss=0.0))
-            while link.sock.poll(0):  # heartbeats; a failed shutdown raises
-                if isinstance(link.receive(), Shutdown):
-                    raise RuntimeError("the scheduler ended the job early")
+            job.report(ex)
             if step >= warmup:
                 omni.append(dt)
                 raw_t.append(raw_dt)
@@ -456,28 +422,16 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
                 elapsed.append(ex.elapsed_s)
         if not np.isfinite(params[:1000]).all():
             raise RuntimeError("parameters went non-finite")
-
-        link.send(Report(rank=0, step=steps, batch=0, compute_s=0.0, network_s=0.0, wait_s=0.0, loss=0.0, done=True))
-        deadline = time.monotonic() + 60.0
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RuntimeError("the scheduler did not shut the job down")
-            if link.sock.poll(int(left * 1000)) and isinstance(link.receive(), Shutdown):
-                break
-        cluster.stop(grace_s=15.0)
-        codes = cluster.exit_codes()
-        if any(code != 0 for code in codes.values()):
-            raise RuntimeError(f"cluster processes exited with {codes}")
+        job.finish()
         result.update(omni=omni, raw=raw_t, copy=copies, elapsed=elapsed)
         return result
     except BaseException:
         print(f"{name} failed; logs in {run_dir / 'logs'}", file=sys.stderr)
-        for proc_name in cluster.procs:
-            print(f"  {proc_name}: {cluster.tail(proc_name)}", file=sys.stderr)
+        for proc_name in job.cluster.procs:
+            print(f"  {proc_name}: {job.cluster.tail(proc_name)}", file=sys.stderr)
         raise
     finally:
-        cluster.stop(grace_s=0.0)  # no-op when everything already exited
+        job.stop()
         ctx.destroy(linger=0)
 
 

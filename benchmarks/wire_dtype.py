@@ -34,7 +34,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
-import socket as pysocket  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -46,57 +45,40 @@ import zmq  # noqa: E402
 from omnips import protocol  # noqa: E402
 from omnips.flat import aligned_empty  # noqa: E402
 from omnips.job import WIRE_DTYPES  # noqa: E402
-from omnips.launch import LocalCluster, WorkerSpec  # noqa: E402
-from omnips.link import SchedulerLink  # noqa: E402
-from omnips.protocol import Params, Push, Register, Report, Shutdown  # noqa: E402
-from omnips.servers import ServerGroup  # noqa: E402
+from omnips.launch import WorkerSpec  # noqa: E402
+from omnips.protocol import Params, Push  # noqa: E402
 from omnips.wire import WireDtype  # noqa: E402
 from pushpull import job_args, median_time, model_size  # noqa: E402
+from jobs import run_job  # noqa: E402
 from report import machine_lines, publish  # noqa: E402
+from solo import SoloWorker  # noqa: E402
 
 JOB_TIMEOUT_S = 300.0
-REPLY_TIMEOUT_S = 60.0
 DIGITS = ["--mode", "bsp", "--dataset", "digits", "--model", "mlp", "--global-batch", "64", "--lr", "0.05",
           "--momentum", "0.9"]
 
 
 def accuracy_run(wire: str, seed: int, epochs: float, root: Path) -> dict:
-    cluster = LocalCluster(root / f"digits-{wire}-{seed}", [*DIGITS, "--epochs", str(epochs), "--seed", str(seed),
-                                                            "--wire-dtype", wire], 1, [WorkerSpec(), WorkerSpec()])
-    try:
-        cluster.start()
-        code = cluster.wait(JOB_TIMEOUT_S)
-    finally:
-        cluster.stop(grace_s=0.0)
-    summary = json.loads((cluster.run_dir / "summary.json").read_text())
-    if code != 0 or summary["status"] != "completed":
-        raise RuntimeError(f"{wire} seed {seed}: {summary['status']} (logs in {cluster.run_dir / 'logs'})")
+    summary, _ = run_job(root / f"digits-{wire}-{seed}", [*DIGITS, "--epochs", str(epochs), "--seed", str(seed),
+                                                          "--wire-dtype", wire], 1, [WorkerSpec(), WorkerSpec()],
+                         f"{wire} seed {seed}", JOB_TIMEOUT_S)
     return {"wire": wire, "seed": seed, "acc": summary["final_test_accuracy"], "loss": summary["final_test_loss"],
             "steps": summary["steps"]}
 
 
 class WireJob:
-    """A BSP job of one scheduler and one server in `wire`, this process its only worker."""
+    """A BSP job of one scheduler and one server in `wire`, this process its only worker,
+    reaching the server over tcp loopback."""
 
     def __init__(self, wire: str, model_args: dict, dataset_args: dict, steps: int, root: Path, ctx: zmq.Context):
         self.wire = WireDtype(wire)
-        self.cluster = LocalCluster(root / f"pushpull-{wire}", [
+        self.solo = SoloWorker(ctx, root / f"pushpull-{wire}", [
             "--mode", "bsp", "--wire-dtype", wire, "--model", "mlp", "--model-args", json.dumps(model_args),
             "--dataset", "synthetic", "--dataset-args", json.dumps(dataset_args), "--global-batch", "1",
-            "--max-steps", str(steps), "--dead-after", "120"], 1, [], server_args=["--threads", "1"], ranks=1)
-        self.cluster.start_scheduler(120.0)
-        self.cluster.start_servers()
-        self.ctx = ctx
-        self.steps = 0
+            "--max-steps", str(steps), "--dead-after", "120"], 1, ["--threads", "1"], transport="tcp", wire=self.wire)
 
     def connect(self, params0: np.ndarray, grads: np.ndarray) -> None:
-        self.link = SchedulerLink(self.ctx, self.cluster.endpoint)
-        welcome = self.link.register(Register(role="worker", host=pysocket.gethostname(), threads=1,
-                                              pid=os.getpid()), ack_timeout_s=10.0, welcome_timeout_s=120.0)
-        info = welcome.cluster
-        if info["num_params"] != params0.size:
-            raise RuntimeError(f"the job has {info['num_params']} values, expected {params0.size}")
-        self.group = ServerGroup(self.ctx, info["servers"], info["ranges"], REPLY_TIMEOUT_S, wire=self.wire)
+        self.group = self.solo.start(params0.size)
         self.params = aligned_empty(params0.size)
         self.params[:] = params0
         self.grads, self.buf = grads, self.wire.buffer(grads.size)
@@ -105,29 +87,10 @@ class WireJob:
 
     def round_trip(self) -> float:
         start = time.perf_counter()
-        ex = self.group.push_pull(0, self.steps, self.wire.narrow(self.grads, self.buf), 1, 0, self.params)
+        ex = self.group.push_pull(0, self.solo.steps, self.wire.narrow(self.grads, self.buf), 1, 0, self.params)
         took = time.perf_counter() - start
-        self.link.send(Report(rank=0, step=self.steps, batch=1, compute_s=0.0, wait_s=ex.held_s, loss=0.0,
-                              network_s=max(0.0, ex.elapsed_s - ex.held_s)))
-        self.steps += 1
-        while self.link.sock.poll(0):  # heartbeats; a failed job ends in a Shutdown
-            if isinstance(self.link.receive(), Shutdown):
-                raise RuntimeError(f"the {self.wire.name} job ended early")
-        self.link.check_alive()
+        self.solo.report(ex)
         return took
-
-    def finish(self) -> None:
-        self.link.send(Report(rank=0, step=self.steps, batch=0, compute_s=0.0, network_s=0.0, wait_s=0.0,
-                              loss=0.0, done=True))
-        deadline = time.monotonic() + 60.0
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RuntimeError(f"the {self.wire.name} job did not shut down")
-            if self.link.sock.poll(int(left * 1000)) and isinstance(self.link.receive(), Shutdown):
-                break
-        if self.cluster.wait(60.0) != 0:
-            raise RuntimeError(f"the {self.wire.name} job failed (logs in {self.cluster.run_dir / 'logs'})")
 
 
 def time_round_trips(n_target: int, warmup: int, repeats: int, root: Path) -> tuple[int, dict]:
@@ -150,12 +113,12 @@ def time_round_trips(n_target: int, warmup: int, repeats: int, root: Path) -> tu
                 if step >= warmup:
                     times[job.wire.name].append(took)
         for job in jobs:
-            job.finish()
+            job.solo.finish()
         if not all(np.isfinite(job.params).all() for job in jobs):
             raise RuntimeError("parameters went non-finite")
     finally:
         for job in jobs:
-            job.cluster.stop(grace_s=0.0)
+            job.solo.stop()
         ctx.destroy(linger=0)
     return n, times
 
