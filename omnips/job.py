@@ -39,6 +39,7 @@ class JobSpec:
     controller: str = "affine"
     adjust_every: int = 10
     deadband: float = 0.05
+    probe: bool = True  # dynamic batching: plan the first step from timed passes on every worker
     min_batch: int = 1
     max_batch: int | None = None
     staleness: int = 3  # ssp: how many steps a worker may run ahead of the slowest

@@ -113,6 +113,29 @@ class Report(Message):
 
 
 @dataclass(frozen=True)
+class Probe(Message):
+    """A worker's timed passes before its first step (dynamic batching): each of `batches`
+    took the matching `seconds`. The scheduler plans the first step from every worker's
+    probe and answers each with a `Plan`."""
+
+    OP = "probe"
+    rank: int
+    batches: list
+    seconds: list
+    mem_free: int = 0  # as in Report: the memory bound applies from the first step
+    sample_bytes: int = 0
+
+    def check(self):
+        _non_negative(self, "rank", "mem_free", "sample_bytes")
+        if (not 2 <= len(self.batches) <= 8 or not all(_count(b) and b >= 1 for b in self.batches)
+                or len(set(self.batches)) != len(self.batches)):
+            raise ValueError(f"batches must be 2 to 8 distinct sizes >= 1, not {_brief(self.batches)}")
+        if len(self.seconds) != len(self.batches) or not all(type(t) is float and 0 < t < float("inf")
+                                                             for t in self.seconds):
+            raise ValueError(f"seconds must be one time > 0 per batch size, not {_brief(self.seconds)}")
+
+
+@dataclass(frozen=True)
 class Heartbeat(Message):
     OP = "heartbeat"
 
@@ -303,7 +326,7 @@ class Rewind(Message):
             raise ValueError("ipc must hold one [host, ipc:// endpoint or \"\"] pair per server, or none")
 
 
-OPS = {cls.OP: cls for cls in (Register, Welcome, Report, Heartbeat, Shutdown, Error,
+OPS = {cls.OP: cls for cls in (Register, Welcome, Report, Probe, Heartbeat, Shutdown, Error,
                                Ack, Init, Pull, Push, Params, Plan, Checkpoint, Saved, Restore, Rewind)}
 
 

@@ -65,6 +65,9 @@ def parser() -> argparse.ArgumentParser:
                    help="dynamic batching: steps measured per worker between adjustments")
     p.add_argument("--deadband", type=float, default=d.deadband,
                    help="dynamic batching: relative batch change below which nothing changes")
+    p.add_argument("--no-probe", dest="probe", action="store_false",
+                   help="dynamic batching: start from the equal (or --capacity) split instead of planning the first "
+                        "step from two timed passes on every worker")
     p.add_argument("--min-batch", type=int, default=d.min_batch, help="smallest per-worker batch")
     p.add_argument("--max-batch", type=int, default=d.max_batch, help="largest per-worker batch (default: no limit)")
     p.add_argument("--nan-policy", choices=NAN_POLICIES, default=d.nan_policy,

@@ -44,6 +44,7 @@ class BatchControl:
         self._window = [[] for _ in range(n)]
         self._median = np.zeros(n)  # of each window
         self._measured_batch: list[int | None] = [None] * n
+        self._stepped = np.zeros(n, dtype=bool)  # measured in a window of real steps (not only probed)
         self.adjustments = 0
         self._plan: BatchPlan | None = None
         self.plan = plan
@@ -108,9 +109,10 @@ class BatchControl:
         yet), and whether it shows a change of speed: its last CHANGE_STEPS measurements
         all miss its model's trusted prediction by more than CHANGE."""
         window = self._window[rank]
-        # a worker never measured (the job's start, a joiner) is judged on its first measured
-        # step: the plan it is on is a guess, and its first move is large enough for one sample
-        need = self.job.adjust_every - 1 if self.models.newest[rank, 0] > 0 else 1
+        # a worker never measured in real steps (the job's start, a joiner) is judged on its
+        # first measured step: the plan it is on is a guess (at best from probe passes far
+        # smaller than its batch), and its first move is large enough for one sample
+        need = self.job.adjust_every - 1 if self._stepped[rank] else 1
         if len(window) >= need:
             self._full.add(rank)
         else:
@@ -137,6 +139,7 @@ class BatchControl:
         times = np.zeros(n)
         times[measured] = self._median[measured]
         self.models.observe(measured, self._batches[measured], times[measured])
+        self._stepped[measured] = True
         self._window = [[] for _ in range(n)]
         ranks = np.asarray(self._active if active is None else active, dtype=np.int64)
         sub = decide(self._batches[ranks], self._lines(ranks), self.job.global_batch,
@@ -147,17 +150,30 @@ class BatchControl:
         decision = Decision(None if sub.batches is None else spread(sub.batches, ranks, n),
                             tuple(targets.tolist()), sub.predicted_s)
         if decision.batches is not None and decision.batches != batches:
-            self.adjustments += reason != "membership"
+            self.adjustments += reason not in ("membership", "probe")
             self.plan = BatchPlan(self.plan.gen + 1, decision.batches)
         else:
             self._expect()  # the models moved: so do the predictions
         return Adjustment(decision, tuple(times.tolist()), tuple(batches), reason)
+
+    def probed(self, points: dict[int, tuple[list, list]], memory: dict[int, int]) -> tuple[Adjustment, list[int]]:
+        """The start plan from every worker's probe passes (rank -> their batch sizes and
+        times): each worker's line through its probe points, within the batches its free
+        memory holds (rank -> an estimate, as `estimate` takes), then a decision as after a
+        window. Also the ranks whose memory estimate could not be applied."""
+        ranks = np.asarray(sorted(points), dtype=np.int64)
+        sizes = [points[int(r)] for r in ranks]
+        for j in range(min(len(b) for b, _ in sizes)):
+            self.models.observe(ranks, [b[j] for b, _ in sizes], [t[j] for _, t in sizes])
+        refused = [rank for rank, bound in sorted(memory.items()) if not self._bound_memory(rank, bound)]
+        return self.replan("probe"), refused
 
     def resize(self, active: list[int]) -> Adjustment:
         """Workers left or joined: re-plan for `active` at once. A worker new to its rank
         starts with a fresh time model (taken meanwhile to be as fast as the typical one)."""
         joined = [rank for rank in active if not self.plan.batches[rank]]
         self.models.reset(joined)
+        self._stepped[joined] = False
         for rank in joined:
             self._measured_batch[rank] = None
         return self.replan("membership", active)
@@ -187,12 +203,16 @@ class BatchControl:
         down), re-planning at once if its batch is over. An estimate that would leave the
         workers unable to hold the global batch is not applied (False): the worker then
         finds its real limit by running out of memory, and computes in chunks."""
+        applied = self._bound_memory(rank, max_batch)
+        return applied, self._enforce(rank) if applied else None
+
+    def _bound_memory(self, rank: int, max_batch: int) -> bool:
         bound = max(self.min_batch, max_batch)
         if not self._holds(rank, min(bound, self.hard_max[rank])):
-            return False, None
+            return False
         self.memory_max[rank] = bound
         self._set_bound(rank)
-        return True, self._enforce(rank)
+        return True
 
     def _holds(self, rank: int, bound: int) -> bool:
         others = self._active[self._active != rank]

@@ -90,6 +90,12 @@ class Progress:
         w = self.workers[r.rank]
         return w.present and not w.done and (w.next_step is None or r.step == w.next_step)
 
+    def on_probe(self, seconds: float, now: float) -> None:
+        """A worker's probe passes took `seconds` until `now`: the job's time counts from
+        the earliest probe, since it delays the first step."""
+        start = now - seconds
+        self.first_start = start if self.first_start is None else min(self.first_start, start)
+
     def on_report(self, r: Report, now: float) -> list[EvalPoint]:
         """Account for a report; returns the ASP evaluations it makes due."""
         w = self.workers[r.rank]

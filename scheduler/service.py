@@ -20,7 +20,7 @@ from omnips.checkpoint import Manifest, discard_after, newest_complete
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
 from omnips.metrics import RunDir
-from omnips.protocol import (Ack, Checkpoint, Heartbeat, Params, Plan, ProtocolError, Register, Report, Restore,
+from omnips.protocol import (Ack, Checkpoint, Heartbeat, Params, Plan, Probe, ProtocolError, Register, Report, Restore,
                              Rewind, Saved, Shutdown)
 from omnips.servers import ServerError, ServerGroup
 
@@ -97,6 +97,9 @@ class Scheduler:
         self._recovery: Recovery | None = None
         self._heard: dict[bytes, float] = {}  # registered peer -> when it last said anything
         self._memory_warned: set[int] = set()  # ranks whose memory estimate could not be applied
+        self._probing: set[int] = set()  # ranks whose probe the start plan still waits for
+        self._probes: dict[int, tuple[list, list]] = {}  # rank -> its probe's (batches, seconds)
+        self._probe_memory: dict[int, int] = {}  # rank -> the batch its free memory holds, from its probe
         self._plan_logged = False
         self._done_at: float | None = None
         self._complete_at = 0.0
@@ -289,6 +292,8 @@ class Scheduler:
             self._on_register(peer, msg)
         elif isinstance(msg, Report):
             self._on_report(peer, msg)
+        elif isinstance(msg, Probe):
+            self._on_probe(peer, msg)
         elif isinstance(msg, Ack) and getattr(self.registry.by_peer.get(peer), "role", "") == "server":
             self._on_restored(self.registry.by_peer[peer].rank)
         elif not isinstance(msg, Heartbeat):
@@ -324,6 +329,8 @@ class Scheduler:
             plan = self.registry.plan
             if self.job.batching == "dynamic":
                 self.control = BatchControl(self.job, plan)
+                if self.job.probe and self.resume is None:  # a resumed job's workers go on at once
+                    self._probing = set(self.registry.workers)
             self.run.event("assign", gen=plan.gen, batches=list(plan.batches), step=0, reason="start")
             log.info("cluster complete; batches %s", list(plan.batches))
             self._send_plan(plan)  # every server learns whom a step waits for
@@ -373,6 +380,12 @@ class Scheduler:
         if not plan.stop:
             plan = self._membership_plan(sorted(self.registry.workers), "lost")
         self._send_plan(plan, departed=[[rank, last]])
+        if rank in self._probing:  # the others need not wait for its probe
+            self._probing.discard(rank)
+            self._probes.pop(rank, None)
+            self._probe_memory.pop(rank, None)
+            if not self._probing:
+                self._start_plan()
 
     def _membership_plan(self, active: list[int], change: str) -> BatchPlan:
         if self.control is None:
@@ -453,12 +466,46 @@ class Scheduler:
         elif self.control is not None and not self.registry.plan.stop:
             self._control(r)
 
+    def _on_probe(self, peer: bytes, msg: Probe) -> None:
+        """A worker's timed passes before its first step: once every starting worker's are in,
+        the first step's plan, sent to the servers and to each worker (which waits for it)."""
+        member = self.registry.by_peer.get(peer)
+        if member is None or member.role != "worker" or member.rank != msg.rank:
+            self._refuse(peer, "bad_rank", "probe from an unregistered peer or the wrong rank")
+            return
+        if msg.rank not in self._probing:
+            self._refuse(peer, "bad_step", f"no probe expected from worker {msg.rank}: the job is past its start")
+            return
+        self._probing.discard(msg.rank)
+        self._probes[msg.rank] = (msg.batches, msg.seconds)
+        estimate = self._memory_estimate(msg.rank, msg.mem_free, msg.sample_bytes)
+        if estimate is not None:
+            self._probe_memory[msg.rank] = estimate
+        self.run.event("probe", worker=msg.rank, batches=msg.batches, seconds=msg.seconds)
+        self.progress.on_probe(sum(msg.seconds), time.monotonic())
+        if not self._probing:
+            self._start_plan()
+
+    def _start_plan(self) -> None:
+        try:
+            adjustment, refused = self.control.probed(self._probes, self._probe_memory)
+        except ValueError as exc:
+            raise JobFailed(f"dynamic batching failed on the probes: {exc}") from None
+        for rank in refused:
+            self._memory_not_applied(rank, self._probe_memory[rank])
+        plan, d = self.control.plan, adjustment.decision
+        self.run.event("assign", gen=plan.gen, batches=list(plan.batches), reason="probe", step=0,
+                       targets=list(d.targets), predicted_step_s=d.predicted_s, max_batch=list(self.control.max_batch))
+        log.info("start batches from the probes %s (predicted step %.1f ms)", list(plan.batches),
+                 1000 * d.predicted_s)
+        self._send_plan(plan)
+        for m in self.registry.workers.values():
+            transport.reply(self.router, m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop))
+
     def _control(self, r: Report) -> None:
         self.control.on_step(r.rank, r.batch, r.compute_s)
         adjustment = None
-        estimate = memory_batch(r.mem_free, r.sample_bytes, self.registry.sharing(r.rank),
-                                self.registry.workers[r.rank].info.memory_limit) \
-            if r.mem_free and r.sample_bytes else None
+        estimate = self._memory_estimate(r.rank, r.mem_free, r.sample_bytes)
         if r.mem_batch and r.mem_batch < self.control.hard_max[r.rank]:
             log.warning("worker %d can hold at most %d samples", r.rank, r.mem_batch)
             try:
@@ -467,10 +514,8 @@ class Scheduler:
                 raise JobFailed(str(exc)) from None
         elif estimate is not None and estimate != self.control.memory_max[r.rank]:
             applied, adjustment = self.control.estimate(r.rank, estimate)
-            if not applied and r.rank not in self._memory_warned:
-                self._memory_warned.add(r.rank)
-                log.warning("worker %d's free memory holds about %d samples, too few for the others to hold the "
-                            "global batch: not applied (it will compute in chunks if it runs out)", r.rank, estimate)
+            if not applied:
+                self._memory_not_applied(r.rank, estimate)
         if adjustment is None and self.control.ready:
             try:
                 adjustment = self.control.replan()
@@ -486,6 +531,19 @@ class Scheduler:
                        max_batch=list(self.control.max_batch))
         log.info("new batches %s (predicted step %.1f ms)", list(plan.batches), 1000 * d.predicted_s)
         self._send_plan(plan)
+
+    def _memory_estimate(self, rank: int, mem_free: int, sample_bytes: int) -> int | None:
+        """The batch a worker's free memory holds (None: it did not measure)."""
+        if not (mem_free and sample_bytes):
+            return None
+        return memory_batch(mem_free, sample_bytes, self.registry.sharing(rank),
+                            self.registry.workers[rank].info.memory_limit)
+
+    def _memory_not_applied(self, rank: int, estimate: int) -> None:
+        if rank not in self._memory_warned:
+            self._memory_warned.add(rank)
+            log.warning("worker %d's free memory holds about %d samples, too few for the others to hold the "
+                        "global batch: not applied (it will compute in chunks if it runs out)", rank, estimate)
 
     def _send_plan(self, plan: BatchPlan, departed=()) -> None:
         """Every server hands the plan on with its replies; a worker takes the newest it

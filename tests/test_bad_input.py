@@ -30,6 +30,7 @@ def _garbage_messages(rng: random.Random) -> list[list[bytes]]:
         [msgpack.packb({"v": 1, "op": "register", "role": "root", "host": "x"})],
         [msgpack.packb({"v": 1, "op": "report", "rank": 0, "step": 0, "batch": 1, "compute_s": 0.1,
                         "network_s": 0.0, "wait_s": 0.0, "loss": 1.0})],
+        [msgpack.packb({"v": 1, "op": "probe", "rank": 0, "batches": [2, 4], "seconds": [0.1, 0.2]})],  # not ours
         [valid_push, b"\x00" * 7],  # length that is not 3 float32
         [msgpack.packb({"v": 1, "op": "pull", "req": 1, "at": -5})],
         [msgpack.packb({"v": 1, "op": "init", "rank": 0, "dt": "f4", "len": 1}), b"\x00" * 4],

@@ -585,3 +585,24 @@ def test_a_plan_handed_in_drops_the_windows_it_moved():
     assert ctl.ready  # worker 1 kept its full window
     adj = ctl.replan()
     assert adj.times == (1.0, 1.0, 1.0) and adj.batches == (25, 20, 15)
+
+
+def test_probe_points_give_the_start_plan_within_memory_and_a_one_step_first_window():
+    ctl = control(num_workers=3, global_batch=60, adjust_every=4)
+    a, c = [0.005, 0.005, 0.005], [0.001, 0.002, 0.004]  # the equal-time plan: about 34 / 17 / 9
+    points = {r: ([2, 4], [a[r] + c[r] * 2, a[r] + c[r] * 4]) for r in range(3)}
+    adj, refused = ctl.probed(points, {})
+    assert adj.reason == "probe" and refused == [] and ctl.adjustments == 0  # a start, not an adjustment
+    assert list(ctl.plan.batches) == exact_plan(a, c, 60) and ctl.plan.gen == 1
+    # the lines came from passes of 2 and 4 samples: one measured step still decides the next plan
+    for rank in range(3):
+        ctl.on_step(rank, ctl.plan.batches[rank], 1.0)  # warm-up at the new size
+    assert not ctl.ready
+    for rank in range(3):
+        ctl.on_step(rank, ctl.plan.batches[rank], a[rank] + c[rank] * ctl.plan.batches[rank])
+    assert ctl.ready and ctl.replan().decision.batches is None  # the probe was exact: nothing to change
+
+    bounded = control(num_workers=3, global_batch=60, adjust_every=4)
+    _, refused = bounded.probed(points, {0: 25, 1: 12, 2: 10})  # the third would leave 47 places for 60 samples
+    assert refused == [2] and bounded.max_batch == [25, 12, 60]
+    assert bounded.plan.batches[:2] == (25, 12) and sum(bounded.plan.batches) == 60

@@ -18,9 +18,14 @@ def test_batches_converge_to_the_speed_ratios(run_job):
     assert all(abs(b - want) <= 1.5 for b, want in zip(s["final_batches"], (36.6, 18.3, 9.1))), s["final_batches"]
     assigns = _assigns(run)
     assert all(sum(e["batches"]) == 64 for e in assigns)
-    assert 1 <= s["adjustments"] <= 3 and len(assigns) == s["adjustments"] + 1
-    last = assigns[-1]
-    assert {"compute_s", "throughput", "predicted_step_s", "measured_batches"} <= last.keys()
+    # the probe passes (2 and 4 samples on each virtual device) already give the equal-time
+    # plan, and the very first step runs it
+    assert [e["reason"] for e in assigns[:2]] == ["start", "probe"] and assigns[0]["batches"] == [22, 21, 21]
+    assert all(abs(b - want) <= 1.5 for b, want in zip(assigns[1]["batches"], (36.6, 18.3, 9.1)))
+    first = sorted((e["worker"], e["batch"]) for e in run.events if e["event"] == "step" and e["step"] == 0)
+    assert [b for _, b in first] == assigns[1]["batches"]
+    assert s["adjustments"] <= 2 and len(assigns) == s["adjustments"] + 2
+    assert {"targets", "predicted_step_s", "max_batch"} <= assigns[1].keys()
     # the workers' measured compute times end up within 15 % of each other
     times = [e["compute_s"] for e in run.events if e["event"] == "step" and e["step"] >= 50]
     assert max(times) / min(times) < 1.15 + 0.1  # emulated floor plus real-compute noise
@@ -36,6 +41,17 @@ def test_a_speed_change_mid_run_is_followed(run_job):
     assert after, "no adjustment after the slowdown"
     b0, b1 = run.summary["final_batches"]
     assert abs(b0 - 47) <= 2 and b0 + b1 == 64, (b0, b1)  # 3x slower: (T-2)/2 + (T-6)/6 = 64 -> 47.5 / 16.5
+
+
+def test_without_the_probe_the_first_steps_run_the_equal_split(run_job):
+    workers = [WorkerSpec(ms_per_step=2, ms_per_sample=1), WorkerSpec(ms_per_step=2, ms_per_sample=4)]
+    run = run_job([*BASE, "--max-steps", "20", "--no-probe"], workers)
+    assigns = _assigns(run)
+    assert run.summary["status"] == "completed" and not any(e["event"] == "probe" for e in run.events)
+    assert assigns[0]["reason"] == "start" and assigns[1]["reason"] == "window"
+    first = [e["batch"] for e in run.events if e["event"] == "step" and e["step"] == 0]
+    assert first == [32, 32] and assigns[1]["batches"][0] > 40
+    assert {"compute_s", "throughput", "predicted_step_s", "measured_batches"} <= assigns[1].keys()
 
 
 def test_out_of_memory_lowers_the_bound_and_nothing_is_lost(run_job):
@@ -61,9 +77,11 @@ def test_free_memory_bounds_a_workers_batch(run_job):
     steps = [e for e in run.events if e["event"] == "step"]
     assert {e["sample_bytes"] for e in steps} == {1072} and all(e["mem_free"] > 0 for e in steps)
     assigns = _assigns(run)
-    assert assigns[1]["reason"] == "memory" and assigns[1]["max_batch"][0] == 30
+    # the probe carries the worker's free memory: the bound holds from the first step
+    assert assigns[1]["reason"] == "probe" and assigns[1]["max_batch"][0] == 30
     # the fast worker would get 51 of 64 (as in the test above); its memory holds 30
     assert all(e["batches"][0] <= 30 for e in assigns[1:]) and s["final_batches"] == [30, 34]
+    assert max(e["batch"] for e in steps if e["worker"] == 0) == 30
     assert "out of memory" not in (run.dir / "logs" / "worker0.log").read_text()  # bounded before, not after
 
 

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from omnips import protocol
-from omnips.protocol import (MAX_HEADER_BYTES, Ack, Checkpoint, Error, Heartbeat, Init, Params, Plan, ProtocolError,
-                             Pull, Push, Register, Report, Restore, Rewind, Saved, Shutdown, Welcome, decode,
+from omnips.protocol import (MAX_HEADER_BYTES, Ack, Checkpoint, Error, Heartbeat, Init, Params, Plan, Probe,
+                             ProtocolError, Pull, Push, Register, Report, Restore, Rewind, Saved, Shutdown, Welcome, decode,
                              encode)
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -50,6 +50,9 @@ STRATEGIES = {
     "report": st.builds(Report, rank=U64, step=U64, batch=U64, compute_s=NON_NEG_FLOAT, network_s=NON_NEG_FLOAT,
                         wait_s=NON_NEG_FLOAT, loss=FLOAT, staleness=U64, mem_batch=U64, mem_free=U64,
                         sample_bytes=U64, done=st.booleans()),
+    "probe": st.lists(st.tuples(st.integers(1, 2**32), st.floats(min_value=1e-9, max_value=1e9)), min_size=2,
+                      max_size=8, unique_by=lambda p: p[0]).map(
+        lambda points: Probe(rank=3, batches=[b for b, _ in points], seconds=[t for _, t in points])),
     "heartbeat": st.just(Heartbeat()),
     "shutdown": st.builds(Shutdown, ok=st.booleans(), reason=TEXT),
     "error": st.builds(Error, code=TEXT, text=TEXT),
@@ -299,6 +302,7 @@ SAMPLE = {
                          capacity=2.0, threads=4, pid=9),
     "welcome": Welcome(rank=1, job={"mode": "bsp"}, cluster={"range": [0, 3]}),
     "report": Report(rank=1, step=2, batch=3, compute_s=0.5, network_s=0.5, wait_s=0.5, loss=1.0, staleness=1),
+    "probe": Probe(rank=1, batches=[2, 4], seconds=[0.01, 0.015]),
     "shutdown": Shutdown(ok=True, reason="done"),
     "error": Error(code="c", text="t"),
     "init": Init(rank=0, data=np.zeros(3, np.float32)),
@@ -403,6 +407,9 @@ def test_missing_data_length():
     ("report", "network_s", -1e-9), ("report", "wait_s", -1), ("report", "staleness", -1),
     ("report", "mem_free", -1), ("report", "sample_bytes", -1), ("register", "memory_limit", -1),
     ("register", "threads", -2), ("register", "pid", -1),
+    ("probe", "rank", -1), ("probe", "batches", [2]), ("probe", "batches", [2, 2]), ("probe", "batches", [0, 4]),
+    ("probe", "seconds", [0.01]), ("probe", "seconds", [0.01, 0.0]), ("probe", "seconds", [0.01, math.inf]),
+    ("probe", "seconds", [0.01, math.nan]), ("probe", "seconds", [0.01, 1]),
     ("pull", "at", -1), ("pull", "gen", -2),
     ("plan", "gen", -1), ("plan", "batches", [0, 0]), ("plan", "batches", [3, -1]), ("plan", "batches", []),
     ("plan", "departed", [[5, 1]]), ("plan", "departed", [[0]]), ("plan", "departed", [[0, -2]]), ("plan", "departed", [[0, 1.5]]),

@@ -14,7 +14,7 @@ from omnips.batching import BatchPlan
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
 from omnips.link import LinkError, SchedulerLink
-from omnips.protocol import Register, Report, Rewind, Shutdown
+from omnips.protocol import Plan, Probe, Register, Report, Rewind, Shutdown
 from omnips.servers import ServerGroup
 from omnips.wire import WireDtype
 
@@ -24,6 +24,7 @@ from .pushing import Pusher
 from .trainer import Trainer, resolve_device
 
 log = logging.getLogger("omnips.worker")
+PROBE_BATCHES = (2, 4)  # the timed passes before the first step; the memory probe (the same sizes) warms them up
 
 
 class JobEnded(Exception):
@@ -113,6 +114,14 @@ class _Session:
         # before the first pull, which overwrites whatever the probe touched (and before the
         # pusher's hooks exist)
         self.sample_bytes = memory.sample_bytes(self.flat.module, batcher, range(len(train)), device)
+        # dynamic batching plans the first step from every worker's timed passes (a joiner
+        # and a resumed job go on with the plan they are given)
+        self.probing = job.batching == "dynamic" and job.probe and self.join_gen < 0 and not self.resumed
+        self.start_plan: BatchPlan | None = None  # the scheduler's answer to the probe
+        if self.probing:
+            sizes = list(PROBE_BATCHES)
+            link.send(Probe(rank=rank, batches=sizes, seconds=[self._probe(size) for size in sizes],
+                            mem_free=memory.free_bytes(device), sample_bytes=self.sample_bytes))
         live = device.type == "cpu" and not opts.emulation.active
         self.pusher = Pusher(self.flat, cluster["ranges"], opts.bucket_bytes // 4, live, self.wire)
         self.trainer.on_final_pass, self.trainer.on_retry = self.pusher.final_pass, self.pusher.settle
@@ -140,6 +149,11 @@ class _Session:
                 self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)
             log.info("worker %d joins at step %d", self.rank, step)
         self.flat.load_params()
+        if self.probing:
+            try:
+                self._await_start_plan()
+            except Rewound as rw:
+                step, asp_pos = self._rewind(rw.msg)
         while not self.plan.stop and not (bsp and step >= self.total_steps):
             try:
                 asp_pos, last = self._step(step, asp_pos, bsp)
@@ -149,6 +163,28 @@ class _Session:
         self.link.send(Report(rank=self.rank, step=step, batch=0, compute_s=0.0, network_s=0.0, wait_s=0.0,
                               loss=last.loss if last else 0.0, done=True))
         self._await_shutdown()
+
+    def _probe(self, size: int) -> float:
+        """Seconds of one forward and backward pass over the first `size` samples, as this
+        worker's (emulated) device takes them; the random state is left as it was, and the
+        gradient it leaves is zeroed by the first step."""
+        devices = [self.flat.device] if self.flat.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            _, real_s = self.trainer.compute(list(range(size)))
+        return self._pad(0, size, real_s)
+
+    def _await_start_plan(self) -> None:
+        """Until the scheduler answers the probe with the first step's plan."""
+        deadline = time.monotonic() + self.opts.server_timeout_s
+        while self.start_plan is None:
+            if time.monotonic() > deadline:
+                raise LinkError(f"no start plan from the scheduler within {self.opts.server_timeout_s:g} s "
+                                "(it waits for every worker's probe)")
+            self.link.sock.poll(1000 * min(1.0, self.link.heartbeat_s))
+            self.check_scheduler()
+        if self.start_plan.gen >= self.plan.gen:
+            self.plan = self.start_plan
+        log.info("worker %d starts with batch %d (planned from the probes)", self.rank, self.plan.batches[self.rank])
 
     def _rewind(self, msg: Rewind) -> tuple[int, int]:
         """Abandon the step in flight, connect to the servers as they are now, and pull the
@@ -222,6 +258,12 @@ class _Session:
                 raise JobEnded()
             if isinstance(msg, Rewind):
                 raise Rewound(msg)
+            if isinstance(msg, Plan) and self.probing and self.start_plan is None:
+                try:
+                    self.start_plan = BatchPlan.from_wire({"gen": msg.gen, "batches": msg.batches,
+                                                           "stop": msg.stop}, self.job.num_workers)
+                except ValueError as exc:
+                    raise LinkError(f"the scheduler sent a bad start plan: {exc}") from None
         self.link.check_alive()
 
     def _await_shutdown(self) -> None:
