@@ -3,11 +3,15 @@
 `observe(ranks, batches, seconds)` takes each worker's robust time for a window
 at its batch; `lines(ranks)` returns (a, c) with t(b) ~ a + c*b. With points at
 two or more batch sizes far enough apart, it is a weighted least-squares fit
-(older points weigh less: the worker's speed may drift); otherwise, or for the
-paper's rule, the line through the origin and the newest point (a = 0: constant
-throughput). A size measured again is averaged into its point, the earlier
-windows weighing less, and leaves the other points as they were: a plan that
-holds still keeps the slope it learnt and measures its point ever more precisely.
+(older points weigh less: the worker's speed may drift); otherwise the line
+through the origin and the points' weighted mean (a = 0: constant throughput),
+and for the paper's rule the one through the newest point. A size measured again
+is averaged into its point, the earlier windows weighing less, and leaves the
+other points as they were: a plan that holds still keeps the slope it learnt and
+measures its point ever more precisely. Once a line is fitted, a size within
+half MIN_SPREAD of a point is that point measured again, moved along the line: a
+plan that moves by a few samples each window (thousands of workers' noise moves
+some every time) averages as well as one that holds still.
 
 A measurement far from a trustworthy prediction means the worker's speed changed
 (throttling, another job on the machine, an emulated slowdown). Such changes
@@ -67,16 +71,25 @@ class TimeModels:
         line = self._lines[ranks]
         predicted = line[:, 0] + line[:, 1] * b
         change = _near(b, bs, held) & (np.abs(t - predicted) > CHANGE * predicted)
-        ts[change] *= (t[change] / predicted[change])[:, None]
-        same = held & (bs == b[:, None])
-        again = same.any(axis=1)
+        scale = np.ones(len(ranks))
+        scale[change] = t[change] / predicted[change]
+        ts *= scale[:, None]
+        rows = np.arange(len(ranks))
+        distance = np.where(held, np.abs(bs - b[:, None]), np.inf)
+        nearest = np.argmin(distance, axis=1)
+        # with a fitted line, a size within half MIN_SPREAD of a point is that point measured
+        # again, moved along the line: a plan that moves by a few samples each window keeps
+        # averaging over windows and keeps the far points its slope comes from (at least twice
+        # as far apart); without a fit only the same size is, so that the sizes can spread out
+        reach = np.where(_spread(w, bs), 0.5 * MIN_SPREAD * bs[rows, nearest], 0.0) if self.affine else 0.0
+        again = distance[rows, nearest] <= reach
+        ts[rows, nearest] += np.where(again, scale * line[:, 1] * (b - bs[rows, nearest]), 0.0)
         # a new size ages the other points; a size measured again only its own point, so that a
         # steady plan neither forgets its slope nor loses its average over windows
         w[~again] *= FORGET
         w[w < MIN_WEIGHT] = 0.0
-        rows = np.arange(len(ranks))
-        # the slot of a point at the same batch, else an empty one (forgetting left at least one)
-        slot = np.where(again, np.argmax(same, axis=1), np.argmax(w == 0, axis=1))
+        # the slot of the point measured again, else an empty one (forgetting left at least one)
+        slot = np.where(again, nearest, np.argmax(w == 0, axis=1))
         kept = np.where(again, FORGET * w[rows, slot], 0.0)
         merged = (kept * ts[rows, slot] + t) / (kept + 1.0)
         w[rows, slot], bs[rows, slot], ts[rows, slot] = kept + 1.0, b, merged
@@ -106,6 +119,14 @@ def _near(b: np.ndarray, bs: np.ndarray, held: np.ndarray) -> np.ndarray:
     return np.any(held & (np.abs(b[:, None] - bs) <= MIN_SPREAD * bs), axis=1)
 
 
+def _spread(w: np.ndarray, bs: np.ndarray) -> np.ndarray:
+    """Whether each row holds two or more points spanning MIN_SPREAD of its largest batch: enough for a fit."""
+    held = w > 0
+    top = np.where(held, bs, 0.0).max(axis=1)
+    bottom = np.where(held, bs, np.inf).min(axis=1)
+    return (np.count_nonzero(held, axis=1) >= 2) & (top - bottom >= MIN_SPREAD * top)
+
+
 def _through_origin(nb: np.ndarray, nt: np.ndarray) -> np.ndarray:
     return np.stack([np.zeros(len(nb)), nt / nb], axis=1)
 
@@ -114,10 +135,11 @@ def _fit(w: np.ndarray, bs: np.ndarray, ts: np.ndarray, nb: np.ndarray, nt: np.n
     """Each row's (a, c) from its points (weights `w`, batches `bs`, times `ts`) and its
     newest point (`nb`, `nt`)."""
     out = _through_origin(nb, nt)
-    held = w > 0
-    top = np.where(held, bs, 0.0).max(axis=1)
-    bottom = np.where(held, bs, np.inf).min(axis=1)
-    fit = (np.count_nonzero(held, axis=1) >= 2) & (top - bottom >= MIN_SPREAD * top)
+    fit = _spread(w, bs)
+    # too close together for a slope: through the origin and the points' weighted mean, every
+    # recent window counting rather than the newest alone (the sizes differ by under MIN_SPREAD,
+    # so a fixed cost bends it little)
+    out[~fit, 1] = np.einsum("ij,ij->i", w[~fit], ts[~fit]) / np.einsum("ij,ij->i", w[~fit], bs[~fit])
     if not fit.any():
         return out
     if not fit.all():
@@ -134,7 +156,7 @@ def _fit(w: np.ndarray, bs: np.ndarray, ts: np.ndarray, nb: np.ndarray, nt: np.n
         wl = w[low]
         line[low] = np.stack([np.zeros(len(wl)), np.einsum("ij,ij->i", wl, ts[low] / np.where(wl > 0, bs[low], 1.0))
                               / total[low]], axis=1)
-    flat = c <= 0  # time not growing with batch: no usable slope, the proportional line stays
-    line[flat] = out[fit][flat]
+    flat = c <= 0  # time not growing with batch: no usable slope, the line through the newest point
+    line[flat] = _through_origin(nb[fit][flat], nt[fit][flat])
     out[fit] = line
     return out
