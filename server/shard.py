@@ -95,7 +95,7 @@ class ShardCore:
         self._last_step: dict[int, int] = {}  # ASP/SSP: newest step applied per rank
         self._held: list[tuple[bytes, Push, float]] = []  # SSP replies waiting for the slowest worker
         self._pulls: list[tuple[bytes, Pull, float]] = []  # waiting for init or for `at`
-        self._parts = Assembler(self.n, max_open=2 * job.num_workers)  # pushes sent in buckets
+        self._parts = Assembler(self.n, max_open=2 * job.num_workers, check=self.wire.exact)  # pushes sent in buckets
         self.staleness_sum = 0
         self.staleness_max = 0
         self.updates = 0
@@ -111,10 +111,10 @@ class ShardCore:
             if refusal:
                 return [refusal]
             try:
-                whole = self._parts.feed(peer, msg)
+                joined = self._parts.feed(peer, msg)
             except PartRefused as exc:
                 return [_error(peer, exc.code, exc.text)]
-            return [] if whole is None else self._push(peer, whole, now)
+            return [] if joined is None else self._push(peer, joined.push, now, checked=joined.finite)
         if isinstance(msg, (Pull, Checkpoint)):
             return self._pull(peer, msg, now)
         if isinstance(msg, Init):
@@ -192,12 +192,13 @@ class ShardCore:
         self._pulls.append((peer, msg, now))
         return []
 
-    def _push(self, peer, msg: Push, now):
+    def _push(self, peer, msg: Push, now, checked: bool = False):
+        """`checked`: its values are known finite (its parts were checked as they came)."""
         refusal = self._check_push(peer, msg)
         if refusal:
             return [refusal]
         msg = self._float32(msg)
-        if not all_finite(msg.data):
+        if not (checked or all_finite(msg.data)):
             return [_error(peer, "non_finite", f"gradient from worker {msg.rank} for step {msg.step} "
                                                "has NaN, inf or overflowing values")]
         self._claim(peer, msg.rank)

@@ -92,7 +92,7 @@ def test_parts_in_any_order_join_to_the_pushed_values(shape, rnd):
     asm = Assembler(n, max_open=2)
     out = [asm.feed(b"w", p) for p in parts]
     assert out[:-1] == [None] * (len(parts) - 1) and asm.open == 0 and asm.joined == 1
-    whole = out[-1]
+    whole = out[-1].push
     assert (whole.whole, whole.offset, whole.rank, whole.batch) == (0, 0, 0, 4)
     np.testing.assert_array_equal(whole.data, values)
 
@@ -113,7 +113,7 @@ def test_parts_that_do_not_fit_are_refused_and_change_nothing():
         assert refused.value.code == code
     with pytest.raises(PartRefused, match="busy"):  # one push in assembly at most, here
         asm.feed(b"other", parts_of(values, [4])[0])
-    whole = asm.feed(b"w", parts_of(values, [4])[1])  # the open push was left as it was
+    whole = asm.feed(b"w", parts_of(values, [4])[1]).push  # the open push was left as it was
     np.testing.assert_array_equal(whole.data, values)
 
 
@@ -162,6 +162,21 @@ def test_a_core_refuses_a_bad_part_without_a_change_and_a_dropped_push_voids_its
     assert core.handle(PEERS[0], parts_of(g, [3], step=1)[0], 1.0) == []  # a later step replaces it
     out = core.handle(PEERS[0], parts_of(g, [3], step=1)[1], 1.0)
     assert core._parts.open == 0 and core.parts_joined == 1 and 0 in core._pending, out
+
+
+def test_parts_are_checked_finite_as_they_come_and_a_non_finite_one_fails_the_push():
+    values = np.arange(8, dtype=np.float32)
+    checking, plain = Assembler(8, max_open=1, check=True), Assembler(8, max_open=1)
+    assert [checking.feed(b"w", p) for p in parts_of(values, [3])][-1].finite
+    assert not [plain.feed(b"w", p) for p in parts_of(values, [3])][-1].finite  # unchecked: the core checks
+    bad = values.copy()
+    bad[5] = np.inf
+    assert not [checking.feed(b"w", p) for p in parts_of(bad, [3])][-1].finite
+    core = make_core(n=8, init=np.ones(8))
+    assert core.handle(PEERS[0], parts_of(bad, [3])[1], 1.0) == []  # the non-finite part first: joined anyway
+    assert_refused(core, PEERS[0], parts_of(bad, [3])[0], "non_finite")  # the whole push is refused
+    assert core.version == 0 and not core._pending and core._parts.open == 0
+    np.testing.assert_array_equal(core.values, np.ones(8))
 
 
 # -- the worker's side: buckets leave while backward runs --------------------------
