@@ -364,9 +364,26 @@ def model_size(model_args: dict, dataset_args: dict) -> int:
         b.numel() for b in module.buffers() if b.is_floating_point())
 
 
+def exchange(group, step: int, grads: np.ndarray, params: np.ndarray, part_values: int):
+    """One round trip as a worker makes it: with `part_values`, the gradient leaves in
+    buckets of that many values, the last ones first, and the reply comes back in parts
+    of the same size (worker/pushing.py, without the backward pass it overlaps); with 0,
+    one push per shard."""
+    from omnips.protocol import Push
+
+    if not part_values:
+        return group.push_pull(0, step, grads, 1, 0, params)
+    head = Push(rank=0, step=step, ver=0, batch=1, gen=0, data=grads, reply_part=part_values)
+    for s in reversed(range(len(group.ranges))):
+        lo, hi = group.ranges[s]
+        for top in range(hi, lo, -part_values):
+            group.push(s, max(lo, top - part_values), top, head)
+    return group.collect(step, params)
+
+
 def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, dataset_args: dict, warmup: int,
                 repeats: int, params: np.ndarray, grads: np.ndarray, raw: RawPeer, run_root: Path, host: str,
-                server_threads: int, key_dir: Path | None) -> dict:
+                server_threads: int, key_dir: Path | None, part_values: int) -> dict:
     """One configuration, this process reaching the servers over `kind` (tcp or ipc); with
     `key_dir` every process (this one too) uses CURVE."""
     from solo import SoloWorker
@@ -392,15 +409,20 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
         if not all(e.startswith(f"{kind}://") for e in group.endpoints):
             raise RuntimeError(f"asked for {kind}, the servers are reached at {group.endpoints}")
 
-        copy_s = [0.0]  # time in ServerGroup.accept: the np.copyto of each reply into `params`
-        accept = group.accept
+        copy_s = [0.0]  # time copying replies into `params`: ServerGroup.accept (whole), _accept_part (parts)
+        accept, accept_part = group.accept, group._accept_part
 
-        def timed_accept(s, msg, into, *wire):
+        def timed_accept(*args):
             t = time.perf_counter()
-            accept(s, msg, into, *wire)
+            accept(*args)
             copy_s[0] += time.perf_counter() - t
 
-        group.accept = timed_accept
+        def timed_accept_part(*args):
+            t = time.perf_counter()
+            accept_part(*args)
+            copy_s[0] += time.perf_counter() - t
+
+        group.accept, group._accept_part = timed_accept, timed_accept_part
 
         group.init(params)
         group.pull(params)
@@ -410,7 +432,7 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
                 raw_dt = raw.round_trip(kind)
             copy_s[0] = 0.0
             t = time.perf_counter()
-            ex = group.push_pull(0, step, grads, 1, 0, params)
+            ex = exchange(group, step, grads, params, part_values)
             dt = time.perf_counter() - t
             if step % 2 == 0:
                 raw_dt = raw.round_trip(kind)
@@ -565,8 +587,11 @@ def render(rows, raw_by_kind, floor_rows, gl, piece_times, args, n, total_s) -> 
         "- raw ZeroMQ: DEALER -> ROUTER in a child process, header + zero-copy vector frame each way, preallocated "
         "page-aligned buffers, MALLOC_ENV in both processes; no computation; tcp and ipc (unix socket)",
         "- omnips: real scheduler + server processes, this process as the only worker "
-        "(ServerGroup.push_pull: push gradients, server checks + SGD-momentum step, reply copied into params), "
-        f"servers with --threads {args.server_threads}; raw ZeroMQ round trips of the same transport interleaved "
+        + (f"(pushes in buckets of {args.bucket_size:,} bytes, last values first, and the reply in parts of the same "
+           "size, as a worker sends while backward runs; server checks each part as it comes, joins them, takes the "
+           "SGD-momentum step; each reply part copied into params as it arrives), " if args.bucket_size else
+           "(ServerGroup.push_pull: push gradients, server checks + SGD-momentum step, reply copied into params), ")
+        + f"servers with --threads {args.server_threads}; raw ZeroMQ round trips of the same transport interleaved "
         "with omnips ones while each cluster runs",
         *(["- CURVE: each tcp configuration again right after it, every process (this one too) on --keys"]
           if any(r["curve"] for r in rows) else []),
@@ -641,6 +666,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-bsp", action="store_true", help="skip the BSP 1-server configurations")
     p.add_argument("--no-curve", action="store_true", help="skip the CURVE (--keys) twin of each tcp configuration")
     p.add_argument("--server-threads", type=int, default=1, help="torch threads per server (server --threads)")
+    p.add_argument("--bucket-size", type=int, default=4 << 20, metavar="BYTES",
+                   help="omnips pushes in buckets of this size and takes the reply in parts of it, as a worker does "
+                        "by default (0: one push per shard, the reply whole)")
     p.add_argument("--out", default=str(HERE / "results" / "pushpull.md"))
     p.add_argument("--keep-runs", action="store_true", help="keep the clusters' run directories and logs")
     p.add_argument("--raw-child", action="store_true", help=argparse.SUPPRESS)
@@ -693,7 +721,7 @@ def main(argv=None) -> int:
         for mode, servers, kind, keys in configs:
             r = run_cluster(mode, servers, kind, model_args, dataset_args, args.warmup,
                             args.curve_repeats if keys else args.repeats, params, grads, raw, run_root, args.host,
-                            args.server_threads, keys)
+                            args.server_threads, keys, args.bucket_size // 4)
             print(f"  {r['config']}: median {ms(statistics.median(r['omni']))} ms, raw alongside "
                   f"{ms(statistics.median(r['raw']))} ms", flush=True)
             results.append(r)
