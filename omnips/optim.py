@@ -1,5 +1,11 @@
 """Server-side optimizers on a flat shard: torch.optim's update rules, in place.
 
+A step takes the gradient as (offset, values) segments that tile the parameter:
+a push that came in parts is applied from the parts as they were received, without
+joining them into one buffer first. Every update rule is elementwise, so a step in
+segments whose boundaries are multiples of server/segments.py's ALIGN is bit-for-bit
+the step on the joined gradient.
+
 Both give bit-for-bit the results of torch.optim.SGD and torch.optim.Adam with
 their default CPU settings, so BSP training equals single-process training with
 torch's optimizers (tests/test_cluster.py, tests/test_optim.py). They are not
@@ -27,10 +33,12 @@ class SGD:
         self.buf = torch.zeros_like(param) if momentum else None
         self._first = True
 
-    def step(self, grad: torch.Tensor, lr: float) -> None:
-        torch._fused_sgd_([self.param], [grad], [self.buf] if self.momentum else [],
-                          weight_decay=self.weight_decay, momentum=self.momentum, lr=lr, dampening=0.0,
-                          nesterov=self.nesterov, maximize=False, is_first_step=self._first)
+    def step(self, grads: list[tuple[int, torch.Tensor]], lr: float) -> None:
+        for lo, grad in grads:
+            hi = lo + grad.numel()
+            torch._fused_sgd_([self.param[lo:hi]], [grad], [self.buf[lo:hi]] if self.momentum else [],
+                              weight_decay=self.weight_decay, momentum=self.momentum, lr=lr, dampening=0.0,
+                              nesterov=self.nesterov, maximize=False, is_first_step=self._first)
         self._first = False
 
     def state(self) -> tuple[dict, dict]:
@@ -56,17 +64,20 @@ class Adam:
         self._tmp = torch.empty_like(param) if weight_decay else None
         self.steps = 0
 
-    def step(self, grad: torch.Tensor, lr: float) -> None:
+    def step(self, grads: list[tuple[int, torch.Tensor]], lr: float) -> None:
         beta1, beta2 = self.betas
         self.steps += 1
-        if self.weight_decay:
-            grad = torch.add(grad, self.param, alpha=self.weight_decay, out=self._tmp)
-        self.exp_avg.lerp_(grad, 1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         step_size = lr / (1 - beta1 ** self.steps)
         bias_correction2_sqrt = (1 - beta2 ** self.steps) ** 0.5
-        denom = torch.sqrt(self.exp_avg_sq, out=self._denom).div_(bias_correction2_sqrt).add_(self.eps)
-        self.param.addcdiv_(self.exp_avg, denom, value=-step_size)
+        for lo, grad in grads:
+            hi = lo + grad.numel()
+            param, exp_avg, exp_avg_sq = self.param[lo:hi], self.exp_avg[lo:hi], self.exp_avg_sq[lo:hi]
+            if self.weight_decay:
+                grad = torch.add(grad, param, alpha=self.weight_decay, out=self._tmp[lo:hi])
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = torch.sqrt(exp_avg_sq, out=self._denom[lo:hi]).div_(bias_correction2_sqrt).add_(self.eps)
+            param.addcdiv_(exp_avg, denom, value=-step_size)
 
     def state(self) -> tuple[dict, dict]:
         return {"steps": self.steps}, {"exp_avg": self.exp_avg.numpy().copy(),

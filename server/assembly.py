@@ -1,6 +1,9 @@
 """Joins a push that came in parts (buckets a worker sent while its backward pass
 still ran) back into one push for the shard core. Pure logic, no I/O.
 
+The parts are kept as received (no copy into a shard-sized buffer, no allocation per
+push): the joined push carries them as (offset, values) segments (server/segments.py).
+
 A connection has at most one push in assembly. Its parts must agree on everything
 but their place, stay inside the shard and not overlap; the push is complete when
 they cover the shard. A part of a later step replaces an unfinished push (a worker
@@ -17,9 +20,7 @@ widened).
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-import numpy as np
-
-from omnips.flat import aligned_empty, all_finite
+from omnips.flat import all_finite
 from omnips.protocol import Push
 
 
@@ -32,14 +33,14 @@ class PartRefused(Exception):
 @dataclass
 class _Open:
     first: Push  # its fields, as every later part must repeat them
-    values: np.ndarray
-    spans: list  # [lo, hi) already filled, in arrival order
+    segments: list  # (offset, values) of the parts so far, in arrival order
     filled: int = 0
     finite: bool = True  # every part so far checked finite
 
 
 class Joined(NamedTuple):
-    push: Push
+    push: Push  # the first part's fields, as a whole push (offset and whole 0)
+    segments: list  # (offset, values) tiling the shard
     finite: bool  # every part was checked and finite: the push needs no check of its own
 
 
@@ -67,25 +68,24 @@ class Assembler:
         if entry is None:
             if peer not in self._open and len(self._open) >= self.max_open:
                 raise PartRefused("busy", f"{self.max_open} pushes are already being assembled")
-        elif _key(part) != _key(entry.first) or part.data.dtype != entry.values.dtype:
+        elif _key(part) != _key(entry.first) or part.data.dtype != entry.first.data.dtype:
             raise PartRefused("bad_part", f"a part of worker {part.rank}'s step {part.step} while its step "
                                           f"{entry.first.step} is incomplete")
-        elif any(lo < b and a < hi for a, b in entry.spans):
+        elif any(lo < a + v.size and a < hi for a, v in entry.segments):
             raise PartRefused("bad_part", f"worker {part.rank}'s step {part.step} already has values in "
                                           f"[{lo}, {hi})")
         if entry is None:
             self._open.pop(peer, None)
-            # a fresh buffer per push: the core may keep it pending at a barrier after we are done
-            entry = self._open[peer] = _Open(part, aligned_empty(self.size, part.data.dtype), [])
-        entry.values[lo:hi] = part.data
-        entry.spans.append((lo, hi))
+            entry = self._open[peer] = _Open(part, [])
+        entry.segments.append((lo, part.data))
         entry.filled += hi - lo
-        entry.finite = entry.finite and self.check and all_finite(entry.values[lo:hi])
+        entry.finite = entry.finite and self.check and all_finite(part.data)
         if entry.filled < self.size:
             return None
         del self._open[peer]
         self.joined += 1
-        return Joined(replace(entry.first, data=entry.values, offset=0, whole=0), entry.finite)
+        # the values travel in the segments; the push keeps their dtype
+        return Joined(replace(entry.first, data=entry.first.data[:0], offset=0, whole=0), entry.segments, entry.finite)
 
     def void(self, peer: bytes, push: Push) -> None:
         """A whole push from `peer` came: parts of the same step it was sending are void."""

@@ -17,7 +17,9 @@ rank's (so the BSP sum stays in rank order) and checked for finiteness there; re
 to pushes carry the shard narrowed into one buffer, once per version. Init, pulls and
 checkpoints stay float32: they set or save state, which must not lose precision.
 A push may come in parts (buckets a worker sends while its backward pass runs):
-server/assembly.py joins them (in the wire dtype), and the core sees one push.
+server/assembly.py joins them (in the wire dtype), and the core sees one push whose
+values are the parts as received, (offset, values) segments re-cut at aligned places
+(server/segments.py) so that applying them is bit-for-bit applying the whole.
 A `checkpoint` request is served like a pull (at once, or when the version reaches
 `at`): the core answers with a `Snapshot` instruction holding a copy of its
 state, which the server writes; `restore` takes such a state back.
@@ -36,6 +38,7 @@ from omnips.protocol import Ack, Checkpoint, Error, Init, Message, Params, Plan,
 from omnips.wire import WireDtype, name_of
 
 from .assembly import Assembler, PartRefused
+from .segments import aligned
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,8 @@ class ShardCore:
         self._gone: dict[int, tuple[int, float]] = {}  # rank -> (its last step, the gen that re-filled it)
         self._joiners: set[int] = set()  # ranks (re)activated that have not pushed yet
         self._owner: dict[int, bytes] = {}  # rank -> the connection that speaks for it
-        self._pending: dict[int, tuple[bytes, Push, float]] = {}  # BSP pushes for step `version`
+        self._pending: dict[int, tuple[bytes, Push, float, list]] = {}  # BSP pushes for step `version`, with
+        # their values as (offset, values) segments
         self._pending_gen: int | None = None  # the plan those pushes were computed under
         self._gen_pulls: list[tuple[bytes, Pull, float]] = []  # joiners waiting for their first step
         self._last_step: dict[int, int] = {}  # ASP/SSP: newest step applied per rank
@@ -114,7 +118,7 @@ class ShardCore:
                 joined = self._parts.feed(peer, msg)
             except PartRefused as exc:
                 return [_error(peer, exc.code, exc.text)]
-            return [] if joined is None else self._push(peer, joined.push, now, checked=joined.finite)
+            return [] if joined is None else self._push(peer, joined.push, now, joined.segments, joined.finite)
         if isinstance(msg, (Pull, Checkpoint)):
             return self._pull(peer, msg, now)
         if isinstance(msg, Init):
@@ -192,24 +196,28 @@ class ShardCore:
         self._pulls.append((peer, msg, now))
         return []
 
-    def _push(self, peer, msg: Push, now, checked: bool = False):
-        """`checked`: its values are known finite (its parts were checked as they came)."""
-        refusal = self._check_push(peer, msg)
+    def _push(self, peer, msg: Push, now, segments: list | None = None, checked: bool = False):
+        """A whole push, or one joined from parts (its values in `segments`; `checked`: known
+        finite, its parts were checked as they came)."""
+        if segments is None:
+            segments = [(0, msg.data)] if msg.batch else []
+        refusal = self._check_push(peer, msg, segments)
         if refusal:
             return [refusal]
-        msg = self._float32(msg)
-        if not (checked or all_finite(msg.data)):
+        segments = self._float32(msg.rank, segments)
+        if not (checked or all(all_finite(values) for _, values in segments)):
             return [_error(peer, "non_finite", f"gradient from worker {msg.rank} for step {msg.step} "
                                                "has NaN, inf or overflowing values")]
         self._claim(peer, msg.rank)
         self._joiners.discard(msg.rank)
+        segments = aligned(segments) if len(segments) > 1 else segments
         if self.job.mode == "bsp":
-            self._pending[msg.rank] = (peer, msg, now)
+            self._pending[msg.rank] = (peer, msg, now, segments)
             self._pending_gen = msg.gen
             return self._release_gen_pulls(now) + self._try_complete(now)
-        return self._apply_asp(peer, msg, now) + self._release_pulls(now)
+        return self._apply_asp(peer, msg, segments, now) + self._release_pulls(now)
 
-    def _check_push(self, peer, msg: Push) -> Outgoing | None:
+    def _check_push(self, peer, msg: Push, segments: list) -> Outgoing | None:
         if not self.initialized:
             return _error(peer, "not_ready", "shard not initialised yet: pull first")
         if msg.rank >= self.job.num_workers:
@@ -223,8 +231,9 @@ class ShardCore:
         refusal = self._wrong_dtype(peer, msg)
         if refusal:
             return refusal
-        if msg.batch and msg.data.size != self.n:
-            return _error(peer, "bad_length", f"push carries {msg.data.size} values, shard holds {self.n}")
+        size = sum(values.size for _, values in segments)
+        if msg.batch and size != self.n:
+            return _error(peer, "bad_length", f"push carries {size} values, shard holds {self.n}")
         if msg.ver > self.version:
             return _error(peer, "bad_version", f"push computed on version {msg.ver}, shard is at {self.version}")
         if self.job.mode == "bsp":
@@ -248,16 +257,19 @@ class ShardCore:
                                              f"{self.wire.name}")
         return None
 
-    def _float32(self, msg: Push) -> Push:
-        """`msg` with float32 values: a narrow push (checked, so not a duplicate of a pending
-        one) widened into its rank's buffer (BSP keeps it until the barrier; ASP applies it
-        at once, so one buffer serves all)."""
-        if self.wire.exact or not msg.batch:
-            return msg
-        slot = msg.rank if self.job.mode == "bsp" else 0
+    def _float32(self, rank: int, segments: list) -> list:
+        """A push's values in float32: narrow ones (checked, so not a duplicate of a pending
+        push) widened into its rank's buffer (BSP keeps it until the barrier; ASP applies it
+        at once, so one buffer serves all), whole."""
+        if self.wire.exact or not segments:
+            return segments
+        slot = rank if self.job.mode == "bsp" else 0
         if slot not in self._widened:
             self._widened[slot] = aligned_empty(self.n)  # once per rank, not per step
-        return replace(msg, data=self.wire.widen(msg.data, self._widened[slot]))
+        out = self._widened[slot]
+        for lo, values in segments:
+            self.wire.widen(values, out[lo:lo + values.size])
+        return [(0, out)]
 
     def _claim(self, peer, rank) -> Outgoing | None:
         owner = self._owner.setdefault(rank, peer)
@@ -299,31 +311,33 @@ class ShardCore:
     # -- updates -----------------------------------------------------------------
     def _apply_bsp(self, now):
         pushes = [self._pending[r] for r in sorted(self._pending)]
-        grads = [p for _, p, _ in pushes if p.batch]  # dropped gradients weigh nothing
+        grads = [(p.batch, segments) for _, p, _, segments in pushes if p.batch]  # dropped ones weigh nothing
         if len(grads) == 1:  # weight 1: step on the pushed values, saving a pass over the shard
-            self._step(grads[0].data, self.job.lr)
+            self._step(grads[0][1], self.job.lr)
         elif grads:
-            total = sum(p.batch for p in grads)
-            np.multiply(grads[0].data, grads[0].batch / total, out=self._agg)
+            total = sum(batch for batch, _ in grads)
+            for lo, values in grads[0][1]:
+                np.multiply(values, grads[0][0] / total, out=self._agg[lo:lo + values.size])
             agg = torch.from_numpy(self._agg)
-            for p in grads[1:]:
-                agg.add_(torch.from_numpy(p.data), alpha=p.batch / total)
-            self._step(self._agg, self.job.lr)
+            for batch, segments in grads[1:]:
+                for lo, values in segments:
+                    agg[lo:lo + values.size].add_(torch.from_numpy(values), alpha=batch / total)
+            self._step([(0, self._agg)], self.job.lr)
         self.version += 1  # even with every gradient dropped: versions count steps in BSP
         self.updates += bool(grads)
         self._pending.clear()
         self._plans = {g: b for g, b in self._plans.items() if g >= self._pending_gen}  # older ones are done
         self._pending_gen = None
-        replies = [self._reply(peer, p, now - t) for peer, p, t in pushes]
+        replies = [self._reply(peer, p, now - t) for peer, p, t, _ in pushes]
         return replies + self._release_pulls(now)
 
-    def _apply_asp(self, peer, msg: Push, now):
+    def _apply_asp(self, peer, msg: Push, segments: list, now):
         if msg.batch:  # a dropped gradient changes nothing but the worker's progress
             staleness = self.version - msg.ver
             lr = self.job.lr * msg.batch / self._b_ref
             if self.job.staleness_lr == "inverse":
                 lr /= 1 + staleness
-            self._step(msg.data, lr)
+            self._step(segments, lr)
             self.version += 1
             self.updates += 1
             self.staleness_sum += staleness
@@ -344,12 +358,15 @@ class ShardCore:
         self._held = [h for h in self._held if h[1].step - slowest > self.job.staleness]
         return [self._reply(p_peer, p, now - t) for p_peer, p, t in ready]
 
-    def _step(self, grad: np.ndarray, lr: float):
-        """One optimizer step with `grad`; buffer slots simply take grad's values."""
+    def _step(self, grad: list, lr: float):
+        """One optimizer step with the gradient in (offset, values) segments; buffer slots
+        simply take its values."""
         t = self.trained
         if t:
-            self._opt.step(torch.from_numpy(grad[:t]), lr)
-        np.copyto(self.values[t:], grad[t:])
+            self._opt.step([(lo, torch.from_numpy(values[:t - lo])) for lo, values in grad if lo < t], lr)
+        for lo, values in grad:
+            if lo + values.size > t:
+                np.copyto(self.values[max(lo, t):lo + values.size], values[max(0, t - lo):])
 
     # -- state -------------------------------------------------------------------
     def state(self) -> ShardState:

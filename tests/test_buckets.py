@@ -81,6 +81,13 @@ def parts_of(values: np.ndarray, cuts: list[int], **fields) -> list[Push]:
                  data=values[lo:hi], offset=lo, whole=values.size) for lo, hi in zip(edges, edges[1:]) if hi > lo]
 
 
+def joined(segments, n):
+    out = np.full(n, np.nan, dtype=np.float32)
+    for lo, values in segments:
+        out[lo:lo + values.size] = values
+    return out
+
+
 @given(st.integers(1, 64).flatmap(lambda n: st.tuples(st.just(n), st.sets(st.integers(1, n - 1) if n > 1
                                                                           else st.nothing()))),
        st.randoms(use_true_random=False))
@@ -94,7 +101,8 @@ def test_parts_in_any_order_join_to_the_pushed_values(shape, rnd):
     assert out[:-1] == [None] * (len(parts) - 1) and asm.open == 0 and asm.joined == 1
     whole = out[-1].push
     assert (whole.whole, whole.offset, whole.rank, whole.batch) == (0, 0, 0, 4)
-    np.testing.assert_array_equal(whole.data, values)
+    np.testing.assert_array_equal(joined(out[-1].segments, n), values)
+    assert all(np.shares_memory(v, p.data) for (_, v), p in zip(out[-1].segments, parts))  # kept, not copied
 
 
 def test_parts_that_do_not_fit_are_refused_and_change_nothing():
@@ -113,8 +121,8 @@ def test_parts_that_do_not_fit_are_refused_and_change_nothing():
         assert refused.value.code == code
     with pytest.raises(PartRefused, match="busy"):  # one push in assembly at most, here
         asm.feed(b"other", parts_of(values, [4])[0])
-    whole = asm.feed(b"w", parts_of(values, [4])[1]).push  # the open push was left as it was
-    np.testing.assert_array_equal(whole.data, values)
+    whole = asm.feed(b"w", parts_of(values, [4])[1])  # the open push was left as it was
+    np.testing.assert_array_equal(joined(whole.segments, 8), values)
 
 
 def test_a_dropped_gradient_or_a_departed_worker_voids_the_parts():

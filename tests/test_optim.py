@@ -15,8 +15,13 @@ CASES = [
 ]
 
 
+# parts at multiples of server.segments.ALIGN (the server re-cuts others there), applied last first
+CUTS = {"whole": [0, 1000], "parts": [0, 64, 320, 384, 1000]}
+
+
+@pytest.mark.parametrize("cuts", CUTS.values(), ids=CUTS.keys())
 @pytest.mark.parametrize("name,kw", CASES)
-def test_matches_torch_optim_bit_for_bit(name, kw):
+def test_matches_torch_optim_bit_for_bit(name, kw, cuts):
     g = torch.Generator().manual_seed(0)
     start = torch.randn(1000, generator=g)
     ours = start.clone()
@@ -30,7 +35,7 @@ def test_matches_torch_optim_bit_for_bit(name, kw):
     for step in range(6):
         lr = 0.1 / (1 + step)  # ASP changes lr per update: both must honour it
         grad = torch.randn(1000, generator=g)
-        opt.step(grad, lr)
+        opt.step([(lo, grad[lo:hi]) for lo, hi in reversed(list(zip(cuts, cuts[1:])))], lr)
         for group in torch_opt.param_groups:
             group["lr"] = lr
         ref.grad = grad.clone()

@@ -40,7 +40,8 @@ def snapshot(core: ShardCore) -> dict:
         "values": core.values.copy(),
         "version": core.version,
         "initialized": core.initialized,
-        "pending": {r: (peer, p.step, p.batch, p.data.copy(), t) for r, (peer, p, t) in core._pending.items()},
+        "pending": {r: (peer, p.step, p.batch, [(lo, v.copy()) for lo, v in segs], t)
+                    for r, (peer, p, t, segs) in core._pending.items()},
         "owner": dict(core._owner),
         "last_step": dict(core._last_step),
         "pulls": list(core._pulls),
@@ -60,7 +61,9 @@ def assert_same_state(a: dict, b: dict):
             for r in a[k]:
                 pa, pb = a[k][r], b[k][r]
                 assert pa[:3] == pb[:3] and pa[4] == pb[4]
-                np.testing.assert_array_equal(pa[3], pb[3])
+                assert [lo for lo, _ in pa[3]] == [lo for lo, _ in pb[3]]
+                for (_, va), (_, vb) in zip(pa[3], pb[3]):
+                    np.testing.assert_array_equal(va, vb)
         elif isinstance(a[k], np.ndarray):
             np.testing.assert_array_equal(a[k], b[k])
         else:
