@@ -506,10 +506,10 @@ def pieces(params: np.ndarray, grads: np.ndarray, repeats: int, server_threads: 
         if mode == "asp":
             out[f"server: optimizer step alone (ShardCore._step, {job.optimizer} momentum {job.momentum}, "
                 f"{server_threads} torch thread(s) as the servers)"] = median_time(
-                lambda: core._step(grads, job.lr), repeats)
+                lambda: core._step([(0, grads)], job.lr), repeats)
             torch.set_num_threads(other)
             out[f"what-if: the same step with {other} torch thread(s)"] = median_time(
-                lambda: core._step(grads, job.lr), repeats)
+                lambda: core._step([(0, grads)], job.lr), repeats)
             torch.set_num_threads(server_threads)
     # the floor of any update: one in-place pass reading g and read-writing p
     p, g = torch.from_numpy(dst), torch.from_numpy(grads)

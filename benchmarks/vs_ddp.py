@@ -177,7 +177,7 @@ def train_plan(rank: int, batches: list[int], spec: dict, train, test, emulation
     pad = Pad(emulation)
     ddp.register_comm_hook(pad, pad_then_allreduce)
     # omnips's server update, which is torch.optim.SGD bit for bit (tests/test_optim.py)
-    opts = [(SGD(p.data, MOMENTUM, False, 0.0), p) for p in module.parameters()]
+    opts = [(SGD(p.data.view(-1), MOMENTUM, False, 0.0), p) for p in module.parameters()]  # flat, as a shard
     stream, batcher = data.SampleStream(len(train), SEED), data.Batcher(train)
     b, offset = batches[rank], sum(batches[:rank])
     scale = b * n / total  # DDP averages over ranks: this makes it the global batch's mean
@@ -190,7 +190,7 @@ def train_plan(rank: int, batches: list[int], spec: dict, train, test, emulation
         ddp.zero_grad()
         (models.loss_fn(ddp(x), y) * scale).backward()
         for opt, param in opts:
-            opt.step(param.grad, LR)
+            opt.step([(0, param.grad.view(-1))], LR)
         compute.append(pad.compute_s)
     end = time.monotonic()
     acc, loss = models.evaluate(module, data.Batcher(test), len(test)) if rank == 0 else (None, None)
