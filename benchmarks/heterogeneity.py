@@ -412,7 +412,8 @@ def render(results, args, total_s, scenarios, revisions) -> str:
         + (f"; dynamic schedule: --max-steps {args.schedule_steps}, blocks of {args.schedule_steps // len(SCHEDULE)} steps "
            f"{' -> '.join(SCHEDULE)}" if sched else ""),
         f"- dynamic variants: --adjust-every {args.adjust_every}, --deadband {args.deadband}; "
-        f"start: {'declared capacities (= speeds at a static level, equal in the schedule)' if args.dynamic_start == 'capacity' else 'equal batches'}",
+        f"start: the probe's plan (every worker times passes of 2 and 4 samples before step 0; the split by "
+        f"declared capacities it replaces: {'the speeds at a static level, equal in the schedule' if args.dynamic_start == 'capacity' else 'equal batches'})",
         f"- emulation (virtual device, same on every worker): A = --emulate-ms-per-step {args.ms_per_step:g} ms, "
         f"C = --emulate-ms-per-sample {args.ms_per_sample:g} ms; worker of speed s has slowdown F = 12/s, so a step's "
         f"compute phase lasts F*(A + C*b) ms (b = {share(args):g} at speed 12: {args.ms_per_step + share(args) * args.ms_per_sample:g} ms)",
@@ -424,7 +425,7 @@ def render(results, args, total_s, scenarios, revisions) -> str:
         "- efficiency = ideal / wall_s, ideal = sum over BSP steps t of B_t / X_t, X_t = sum_i b_it / c_it "
         "(c_it: worker i's reported compute_s in step t): the time the steps would take if every worker ran "
         "at its own throughput and nobody waited, with no communication; wall_s from summary.json "
-        "(first step to last, evaluations included).",
+        "(the first probe pass, or the first step where there is none, to the last step; evaluations included).",
         "- balance = ideal / sum_t max_i c_it: the load balance alone (1 = all workers' compute phases equal).",
         "- overhead ms/step = (wall_s - sum_t max_i c_it) / steps: communication, barrier, evaluations, host noise.",
         "- mean wait frac: mean over workers of summary worker_wait_fraction (barrier + network share of wall_s).",
@@ -445,7 +446,7 @@ def render(results, args, total_s, scenarios, revisions) -> str:
         "",
         "From the emulation parameters alone (no communication): the real-valued equal-time plan, the best "
         "integer plan (smallest slowest-worker time) and the capacity-proportional split that static uses "
-        "and the dynamic variants start from.",
+        "(and the dynamic variants' probe replaces before step 0).",
         "",
         *theory_lines(args),
     ]

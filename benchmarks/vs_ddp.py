@@ -35,8 +35,9 @@ scaled by b_i*N/B: the averaged gradient is the mean over the global batch, as
 in omnips (the factor is 1 for equal batches).
 
 Time to E epochs (wall): first step's start to last step's end (omnips:
-summary.json wall_s, from the scheduler's reports, with its per-epoch evaluations
-running alongside; DDP: monotonic clock, after a barrier, to the end of the last
+summary.json wall_s, from the scheduler's reports, which starts at its first probe
+pass (the timed passes that plan its first step, before step 0) and has its
+per-epoch evaluations running alongside; DDP: monotonic clock, after a barrier, to the end of the last
 optimizer step, evaluated afterwards). samples/s = steps * B / wall.
 
     python benchmarks/vs_ddp.py [--quick] [--only digits,large] [--speeds 4:2:1,HL8] [--epochs-scale 1]
@@ -252,7 +253,11 @@ def run_omnips(w: Workload, speeds, root: Path, name: str, args) -> dict:
         if e["event"] == "step":
             steps.setdefault(e["step"], []).append(e)
     final = summary["final_batches"]
+    # the probe passes before step 0 count in wall_s: from the earliest probe's start to step 0's
+    probes = [e["t"] - sum(e["seconds"]) for e in events if e["event"] == "probe"]
+    step0 = min(e["t"] - e["compute_s"] - e["network_s"] - e["wait_s"] for e in steps[0])
     return {"wall_s": summary["wall_s"], "steps": summary["steps"], "batches": final,
+            "start_s": max(0.0, step0 - min(probes)) if probes else 0.0,
             "compute_s": sum(max(e["compute_s"] for e in es) for es in steps.values()),
             "accuracy": summary["final_test_accuracy"], "loss": summary["final_test_loss"],
             "adjustments": summary["adjustments"], "steady": steady_step_s(steps, final)}
@@ -359,15 +364,17 @@ def render(rows: list[dict], workloads: list[Workload], levels: list[str], args,
             lines.append(f"| {w.name} | {level} | (c)/(b) | >= {TARGET_VS_IDEAL:g} | {vs_b:.2f} | "
                          f"{verdict(vs_b >= TARGET_VS_IDEAL)} |")
     lines += ["", "## Where (c) and (b) differ", "",
-              "wall = sum of the slowest compute phases + steps x overhead, so wall(c) - wall(b) splits exactly "
-              "into balancing (the slowest compute phases of (c) beyond (b)'s: the steps before the controller "
-              "reached its plan, and any difference between its plan and (b)'s) and overhead (communication and "
-              "the rest). The bound: equal batches take U = max_i F_i(A + C*B/N) per step, the ideal plan T. "
-              "At its final plan: (c)'s tail of steps at the batches it ended with, timed from the end of the step "
-              "before it, against (b)'s step ms over the whole run.", "",
-              "| workload | speeds | U ms | T ms | U/T | wall (c) - (b) s | balancing s | overhead s | "
+              "wall = start + sum of the slowest compute phases + steps x overhead, so wall(c) - wall(b) splits "
+              "exactly into start (omnips's probe passes before step 0, 2 and 4 samples on every emulated device; "
+              "DDP is told its batches), balancing (the slowest compute phases of (c) beyond (b)'s: steps before the "
+              "controller reached its plan, and any difference between its plan and (b)'s) and overhead "
+              "(communication and the rest). The bound: equal batches take U = max_i F_i(A + C*B/N) per step, the "
+              "ideal plan T. At its final plan: (c)'s tail of steps at the batches it ended with, timed from the end "
+              "of the step before it (from step 0's start when the plan never changed), against (b)'s step ms over "
+              "the whole run.", "",
+              "| workload | speeds | U ms | T ms | U/T | wall (c) - (b) s | start s | balancing s | overhead s | "
               "overhead ms/step (b) / (c) | adjustments (c) | (c) at its final plan: steps, step ms, (c)/(b) |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     for w in workloads:
         for level in levels:
             b, c = by.get((w.name, level, "ddp-ideal")), by.get((w.name, level, "omnips"))
@@ -376,13 +383,15 @@ def render(rows: list[dict], workloads: list[Workload], levels: list[str], args,
             speeds = SPEEDS[level]
             u = emulated_ms(w, speeds, initial_batches("uniform", w.global_batch, [1.0] * len(speeds)))
             t = emulated_ms(w, speeds, ideal_batches(w, speeds))
-            ob, oc = b["wall_s"] - b["compute_s"], c["wall_s"] - c["compute_s"]
+            start = c["start_s"]
+            ob, oc = b["wall_s"] - b["compute_s"], c["wall_s"] - c["compute_s"] - start
             tail = "-"
-            if c["steady"]:
-                n, per = c["steady"]
+            steady = c["steady"] or (None if c["adjustments"] else (c["steps"], (c["wall_s"] - start) / c["steps"]))
+            if steady:
+                n, per = steady
                 tail = f"{n}, {1000 * per:.1f}, {b['wall_s'] / b['steps'] / per:.2f}"
             lines.append(f"| {w.name} | {level} | {u:.1f} | {t:.1f} | {u / t:.2f} | {c['wall_s'] - b['wall_s']:.2f} | "
-                         f"{c['compute_s'] - b['compute_s']:.2f} | {oc - ob:.2f} | "
+                         f"{start:.2f} | {c['compute_s'] - b['compute_s']:.2f} | {oc - ob:.2f} | "
                          f"{1000 * ob / b['steps']:.1f} / {1000 * oc / c['steps']:.1f} | {c['adjustments']} | {tail} |")
     return lines
 

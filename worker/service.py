@@ -118,10 +118,6 @@ class _Session:
         # and a resumed job go on with the plan they are given)
         self.probing = job.batching == "dynamic" and job.probe and self.join_gen < 0 and not self.resumed
         self.start_plan: BatchPlan | None = None  # the scheduler's answer to the probe
-        if self.probing:
-            sizes = list(PROBE_BATCHES)
-            link.send(Probe(rank=rank, batches=sizes, seconds=[self._probe(size) for size in sizes],
-                            mem_free=memory.free_bytes(device), sample_bytes=self.sample_bytes))
         live = device.type == "cpu" and not opts.emulation.active
         self.pusher = Pusher(self.flat, cluster["ranges"], opts.bucket_bytes // 4, live, self.wire)
         self.trainer.on_final_pass, self.trainer.on_retry = self.pusher.final_pass, self.pusher.settle
@@ -149,7 +145,10 @@ class _Session:
                 self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)
             log.info("worker %d joins at step %d", self.rank, step)
         self.flat.load_params()
-        if self.probing:
+        if self.probing:  # once the model is in place: the job's time counts from the probe
+            sizes = list(PROBE_BATCHES)
+            self.link.send(Probe(rank=self.rank, batches=sizes, seconds=[self._probe(size) for size in sizes],
+                                 mem_free=memory.free_bytes(self.flat.device), sample_bytes=self.sample_bytes))
             try:
                 self._await_start_plan()
             except Rewound as rw:
@@ -166,11 +165,15 @@ class _Session:
 
     def _probe(self, size: int) -> float:
         """Seconds of one forward and backward pass over the first `size` samples, as this
-        worker's (emulated) device takes them; the random state is left as it was, and the
-        gradient it leaves is zeroed by the first step."""
+        worker's (emulated) device takes them; the random state is left as it was, the
+        gradient it leaves is zeroed by the first step, and nothing is pushed."""
         devices = [self.flat.device] if self.flat.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            _, real_s = self.trainer.compute(list(range(size)))
+        push, self.trainer.on_final_pass = self.trainer.on_final_pass, None
+        try:
+            with torch.random.fork_rng(devices=devices):
+                _, real_s = self.trainer.compute(list(range(size)))
+        finally:
+            self.trainer.on_final_pass = push
         return self._pad(0, size, real_s)
 
     def _await_start_plan(self) -> None:
