@@ -3,7 +3,7 @@
 import signal
 from collections import defaultdict
 
-from helpers import finish, start_cluster
+from helpers import finish, start_cluster, wait_for_event
 
 from omnips.launch import WorkerSpec
 
@@ -83,3 +83,25 @@ def test_a_killed_ssp_worker_does_not_hold_the_others(tmp_path):
     assert s["final_batches"][1] == 0 and sum(s["final_batches"]) == 30
     lost_at = next(e["t"] for e in run.events if e["event"] == "membership" and e["change"] == "lost")
     assert any(e["event"] == "step" and e["worker"] == 0 and e["t"] > lost_at for e in run.events)
+
+
+def test_a_worker_lost_during_the_probe_does_not_hold_the_others(tmp_path):
+    # worker 2's virtual device takes 4 s for any pass: it is killed inside its probe
+    workers = [WorkerSpec(ms_per_step=2, ms_per_sample=1), WorkerSpec(ms_per_step=2, ms_per_sample=2),
+               WorkerSpec(ms_per_step=4000)]
+    job = ["--mode", "bsp", "--batching", "dynamic", "--max-steps", "30", "--global-batch", "48", *LIVENESS]
+    run_dir = tmp_path / "run"
+    with start_cluster(run_dir, job, workers) as cluster:
+        for rank in (0, 1):
+            wait_for_event(run_dir, lambda e, r=rank: e["event"] == "probe" and e["worker"] == r)
+        cluster.procs["worker2"].send_signal(signal.SIGKILL)
+        run = finish(cluster, expect_ok=False)
+    assert run.code == 0, run.logs()
+    s = run.summary
+    assert s["status"] == "completed" and s["workers_lost"] == 1 and s["steps"] == 30
+    assert not any(e["event"] == "probe" and e["worker"] == 2 for e in run.events)
+    start = [e for e in run.events if e["event"] == "assign" and e["reason"] == "probe"]
+    assert len(start) == 1 and start[0]["batches"][2] == 0 and sum(start[0]["batches"]) == 48
+    assert start[0]["batches"][0] > start[0]["batches"][1]  # the faster device gets more
+    first = {e["worker"]: e["batch"] for e in run.events if e["event"] == "step" and e["step"] == 0}
+    assert first == {0: start[0]["batches"][0], 1: start[0]["batches"][1]}
