@@ -5,7 +5,8 @@ at its batch; `lines(ranks)` returns (a, c) with t(b) ~ a + c*b. With points at
 two or more batch sizes far enough apart, it is a weighted least-squares fit
 (older points weigh less: the worker's speed may drift); otherwise the line
 through the origin and the points' weighted mean (a = 0: constant throughput),
-and for the paper's rule the one through the newest point. A size measured again
+and for the paper's rule, or a fit whose time does not grow with the batch, the
+one through the newest point. A size measured again
 is averaged into its point, the earlier windows weighing less, and leaves the
 other points as they were: a plan that holds still keeps the slope it learnt and
 measures its point ever more precisely. Once a line is fitted, a size within

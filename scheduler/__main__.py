@@ -121,10 +121,13 @@ def main(argv=None) -> int:
         except ValueError as exc:
             logging.getLogger("omnips.scheduler").error("%s", exc)
             return 1
+        actions = {action.dest: action for action in p._actions if action.option_strings}
         for name, value in _given_job_flags(argv).items():
             if value != getattr(job, name):
-                p.error(f"--{name.replace('_', '-')} {value} differs from the resumed job's "
-                        f"{getattr(job, name)}: a resumed job keeps its settings")
+                flag = actions[name].option_strings[0]
+                given = f"{flag} differs from the resumed job ({name} {getattr(job, name)})" \
+                    if actions[name].nargs == 0 else f"{flag} {value} differs from the resumed job's {getattr(job, name)}"
+                p.error(f"{given}: a resumed job keeps its settings")
         a.run_dir = a.resume
     transport.tune_malloc()
     opts = SchedulerOptions(a.host, a.port, a.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"), a.heartbeat, a.dead_after, a.register_timeout,

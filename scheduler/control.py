@@ -142,9 +142,12 @@ class BatchControl:
         self._stepped[measured] = True
         self._window = [[] for _ in range(n)]
         ranks = np.asarray(self._active if active is None else active, dtype=np.int64)
+        # a worker above its bound (memory, membership, a bound set with the probes) moves whatever
+        # the deadband says
+        over = bool(np.any(self._batches[ranks] > self._bounds[ranks]))
         sub = decide(self._batches[ranks], self._lines(ranks), self.job.global_batch,
                      self.min_batch, self._bounds[ranks],
-                     0.0 if reason in ("memory", "membership") else self.job.deadband)
+                     0.0 if over or reason in ("memory", "membership") else self.job.deadband)
         targets = np.zeros(n)
         targets[ranks] = sub.targets
         decision = Decision(None if sub.batches is None else spread(sub.batches, ranks, n),
@@ -222,17 +225,26 @@ class BatchControl:
         return self.replan("memory") if self.plan.batches[rank] > self._bounds[rank] else None
 
     def _lines(self, ranks: np.ndarray) -> np.ndarray:
-        """The time models of the workers at `ranks`, an (n, 2) array; one never measured is
-        assumed to take the cluster's typical time at its current batch (the plan it is on is
-        taken as balanced), or at an equal share of the global batch when it has none (it just joined)."""
+        """The time models of the workers at `ranks`, an (n, 2) array. One never measured (it
+        just joined) is taken to be as fast as the typical measured worker (the median line);
+        when none is measured, each is taken to need the same time for its current batch (the
+        plan is taken as balanced), or for an equal share of the global batch when it has none."""
         measured = self.models.measured(ranks)
         lines = np.zeros((len(ranks), 2))
         lines[measured] = self.models.lines(ranks[measured])
         if measured.all():
             return lines
-        on_plan = measured & (self._batches[ranks] > 0)
-        newest = self.models.newest[ranks, 0]
-        typical = float(np.median(lines[on_plan, 0] + lines[on_plan, 1] * newest[on_plan])) if on_plan.any() else 1.0
+        if measured.any():
+            lines[~measured] = np.median(lines[measured], axis=0)
+            return lines
+        batches = self._batches[ranks]
+        lines[:, 1] = 1.0 / np.where(batches > 0, batches, self.job.global_batch / len(ranks))
+        return lines
+        planned = self._batches[ranks]
+        on_plan = measured & (planned > 0)
+        # the step time the plan gives the measured workers (at their planned batches: their newest
+        # measurement may be a probe pass of a few samples)
+        typical = float(np.median(lines[on_plan, 0] + lines[on_plan, 1] * planned[on_plan])) if on_plan.any() else 1.0
         share = self.job.global_batch / len(ranks)
         batches = self._batches[ranks[~measured]]
         lines[~measured, 1] = typical / np.where(batches > 0, batches, share)

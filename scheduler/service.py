@@ -380,10 +380,10 @@ class Scheduler:
         if not plan.stop:
             plan = self._membership_plan(sorted(self.registry.workers), "lost")
         self._send_plan(plan, departed=[[rank, last]])
+        self._probes.pop(rank, None)  # a probe of a worker gone says nothing of whoever takes its rank
+        self._probe_memory.pop(rank, None)
         if rank in self._probing:  # the others need not wait for its probe
             self._probing.discard(rank)
-            self._probes.pop(rank, None)
-            self._probe_memory.pop(rank, None)
             if not self._probing:
                 self._start_plan()
 
@@ -487,17 +487,22 @@ class Scheduler:
             self._start_plan()
 
     def _start_plan(self) -> None:
-        try:
-            adjustment, refused = self.control.probed(self._probes, self._probe_memory)
-        except ValueError as exc:
-            raise JobFailed(f"dynamic batching failed on the probes: {exc}") from None
-        for rank in refused:
-            self._memory_not_applied(rank, self._probe_memory[rank])
-        plan, d = self.control.plan, adjustment.decision
-        self.run.event("assign", gen=plan.gen, batches=list(plan.batches), reason="probe", step=0,
-                       targets=list(d.targets), predicted_step_s=d.predicted_s, max_batch=list(self.control.max_batch))
-        log.info("start batches from the probes %s (predicted step %.1f ms)", list(plan.batches),
-                 1000 * d.predicted_s)
+        """Every starting worker still in the job has probed: plan from the probes (none when
+        all that probed left: the plan stays) and let the workers go."""
+        if self._probes:
+            try:
+                adjustment, refused = self.control.probed(self._probes, self._probe_memory)
+            except ValueError as exc:
+                raise JobFailed(f"dynamic batching failed on the probes: {exc}") from None
+            for rank in refused:
+                self._memory_not_applied(rank, self._probe_memory[rank])
+            plan, d = self.control.plan, adjustment.decision
+            self.run.event("assign", gen=plan.gen, batches=list(plan.batches), reason="probe", step=0,
+                           targets=list(d.targets), predicted_step_s=d.predicted_s,
+                           max_batch=list(self.control.max_batch))
+            log.info("start batches from the probes %s (predicted step %.1f ms)", list(plan.batches),
+                     1000 * d.predicted_s)
+        plan = self.control.plan
         self._send_plan(plan)
         for m in self.registry.workers.values():
             transport.reply(self.router, m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop))

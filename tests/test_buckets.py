@@ -180,6 +180,10 @@ def test_parts_are_checked_finite_as_they_come_and_a_non_finite_one_fails_the_pu
     bad = values.copy()
     bad[5] = np.inf
     assert not [checking.feed(b"w", p) for p in parts_of(bad, [3])][-1].finite
+    # finite values whose sum of squares overflows float32: refused whole, so refused in parts too
+    huge = np.full(8, 1.5e19, dtype=np.float32)
+    assert not [checking.feed(b"w", p) for p in parts_of(huge, [4])][-1].finite
+    assert_refused(make_core(n=8, init=np.ones(8)), PEERS[0], push(0, 0, huge), "non_finite")
     core = make_core(n=8, init=np.ones(8))
     assert core.handle(PEERS[0], parts_of(bad, [3])[1], 1.0) == []  # the non-finite part first: joined anyway
     assert_refused(core, PEERS[0], parts_of(bad, [3])[0], "non_finite")  # the whole push is refused

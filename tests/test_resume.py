@@ -178,6 +178,7 @@ def test_a_resumed_job_keeps_its_settings_and_its_directory(tmp_path, capsys):
     run_dir = resumable(tmp_path / "run")
     for argv, text in [(["--mode", "asp"], "--mode asp differs from the resumed job's bsp"),
                        (["--num-workers", "3"], "--num-workers 3 differs"),
+                       (["--no-probe"], "--no-probe differs from the resumed job (probe True)"),
                        (["--run-dir", str(tmp_path / "elsewhere")], "a resumed run continues in its directory")]:
         with pytest.raises(SystemExit) as exit_:
             scheduler_main.main(["--resume", str(run_dir), *argv])

@@ -38,20 +38,28 @@ def test_the_recut_tiles_the_same_values_with_aligned_inner_boundaries(tiling):
     assert copied <= ALIGN * len(cuts)  # only the windows around unaligned boundaries are copies
 
 
-@pytest.mark.parametrize("mode", ["bsp", "asp"])
-def test_steps_from_parts_at_odd_offsets_equal_the_steps_from_whole_pushes_bit_for_bit(mode):
-    # weight decay and momentum: the fused kernel rounds a vector block and an array's last
-    # few values differently, so unaligned parts would change last bits
+CASES = {  # mode, workers, optimizer, trained values (the rest: buffer slots)
+    "bsp-mean": ("bsp", 3, "sgd", 1000), "bsp-one-gradient": ("bsp", 1, "sgd", 1000), "asp": ("asp", 3, "sgd", 1000),
+    "asp-adam": ("asp", 3, "adam", 1000), "bsp-one-adam-buffers": ("bsp", 1, "adam", 700)}
+
+
+@pytest.mark.parametrize("mode, workers, optimizer, trained", CASES.values(), ids=CASES.keys())
+def test_steps_from_parts_at_odd_offsets_equal_the_steps_from_whole_pushes_bit_for_bit(mode, workers, optimizer,
+                                                                                        trained):
+    # weight decay: the fused kernels round a vector block and an array's last few values
+    # differently, so unaligned parts would change last bits
     n, rng = 1000, np.random.default_rng(3)
     init = rng.standard_normal(n).astype(np.float32)
-    whole = make_core(mode, n=n, init=init, weight_decay=0.01)
-    parted = make_core(mode, n=n, init=init, weight_decay=0.01)
+    cores = [make_core(mode, n=n, num_trained=trained, num_workers=workers, init=init, weight_decay=0.01,
+                       optimizer=optimizer) for _ in range(2)]
+    whole, parted = cores
     for step in range(4):
-        for rank in range(3):
+        for rank in range(workers):
             g = rng.standard_normal(n).astype(np.float32)
             whole.handle(PEERS[rank], push(rank, step, g, batch=rank + 3, ver=0), 1.0)
             for part in reversed(parts_of(g, [7, 333, 334, 701], rank=rank, step=step, batch=rank + 3)):
                 parted.handle(PEERS[rank], part, 1.0)
-    assert parted.version == whole.version > 0 and parted.parts_joined == 12
+    assert parted.version == whole.version > 0 and parted.parts_joined == 4 * workers
     np.testing.assert_array_equal(parted.values, whole.values)
-    np.testing.assert_array_equal(parted._opt.buf.numpy(), whole._opt.buf.numpy())
+    for name, buffer in whole._opt.state()[1].items():
+        np.testing.assert_array_equal(parted._opt.state()[1][name], buffer)

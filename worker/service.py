@@ -147,7 +147,7 @@ class _Session:
         self.flat.load_params()
         if self.probing:  # once the model is in place: the job's time counts from the probe
             sizes = list(PROBE_BATCHES)
-            self.link.send(Probe(rank=self.rank, batches=sizes, seconds=[self._probe(size) for size in sizes],
+            self.link.send(Probe(rank=self.rank, batches=sizes, seconds=self._probe(sizes),
                                  mem_free=memory.free_bytes(self.flat.device), sample_bytes=self.sample_bytes))
             try:
                 self._await_start_plan()
@@ -163,31 +163,39 @@ class _Session:
                               loss=last.loss if last else 0.0, done=True))
         self._await_shutdown()
 
-    def _probe(self, size: int) -> float:
-        """Seconds of one forward and backward pass over the first `size` samples, as this
-        worker's (emulated) device takes them; the random state is left as it was, the
-        gradient it leaves is zeroed by the first step, and nothing is pushed."""
+    def _probe(self, sizes: list[int]) -> list[float]:
+        """Seconds of one forward and backward pass over the first `size` samples, for each
+        of `sizes`, as this worker's (emulated) device takes them. Nothing is pushed (the
+        pusher is unhooked), the model's buffers (normalisation statistics the passes move)
+        and the random state are left as the pull set them, and the gradient the passes
+        leave is zeroed by the first step."""
         devices = [self.flat.device] if self.flat.device.type == "cuda" else []
-        push, self.trainer.on_final_pass = self.trainer.on_final_pass, None
+        buffers = self.flat.params[self.flat.num_trained:].copy()
+        hooks = self.trainer.on_final_pass, self.trainer.on_retry
+        self.trainer.on_final_pass = self.trainer.on_retry = None
         try:
             with torch.random.fork_rng(devices=devices):
-                _, real_s = self.trainer.compute(list(range(size)))
+                return [self._pad(0, size, self.trainer.compute(list(range(size)))[1]) for size in sizes]
         finally:
-            self.trainer.on_final_pass = push
-        return self._pad(0, size, real_s)
+            self.trainer.on_final_pass, self.trainer.on_retry = hooks
+            self.flat.params[self.flat.num_trained:] = buffers
+            self.flat.load_params()
 
     def _await_start_plan(self) -> None:
-        """Until the scheduler answers the probe with the first step's plan."""
-        deadline = time.monotonic() + self.opts.server_timeout_s
+        """Until the scheduler answers the probe with the first step's plan. It waits for
+        every starting worker's probe (or for a silent one to be dropped): as long as the
+        cluster may take to form, while the scheduler is heard from."""
+        limit = self.opts.welcome_timeout_s
+        deadline = time.monotonic() + limit
         while self.start_plan is None:
             if time.monotonic() > deadline:
-                raise LinkError(f"no start plan from the scheduler within {self.opts.server_timeout_s:g} s "
-                                "(it waits for every worker's probe)")
+                raise LinkError(f"no start plan from the scheduler within {limit:g} s (it waits for every "
+                                "worker's probe)")
             self.link.sock.poll(1000 * min(1.0, self.link.heartbeat_s))
             self.check_scheduler()
         if self.start_plan.gen >= self.plan.gen:
             self.plan = self.start_plan
-        log.info("worker %d starts with batch %d (planned from the probes)", self.rank, self.plan.batches[self.rank])
+        log.info("worker %d starts with batch %d (plan %d)", self.rank, self.plan.batches[self.rank], self.plan.gen)
 
     def _rewind(self, msg: Rewind) -> tuple[int, int]:
         """Abandon the step in flight, connect to the servers as they are now, and pull the

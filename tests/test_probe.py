@@ -1,0 +1,93 @@
+"""The start plan from the workers' probes, at the scheduler: its message handlers driven
+in-process (no server or worker runs; replies go to a socket without peers)."""
+
+import pytest
+
+from omnips.job import JobSpec
+from omnips.protocol import Probe, Register
+from scheduler.service import Scheduler, SchedulerOptions
+
+
+@pytest.fixture
+def make(tmp_path):
+    made = []
+
+    def scheduler(**job) -> Scheduler:
+        spec = JobSpec(batching="dynamic", num_servers=1, **job)
+        spec.check()
+        s = Scheduler(spec, SchedulerOptions(run_dir=str(tmp_path / f"run{len(made)}")), announce=lambda *a: None)
+        s._connect_servers = lambda: None  # no server runs: the scheduler's pulls have nobody to go to
+        made.append(s)
+        register(s, b"S", "server")
+        return s
+
+    yield scheduler
+    for s in made:
+        s.router.close(0)
+        s.ctx.term()
+
+
+def register(s, peer, role, rank=-1):
+    s._on_register(peer, Register(role=role, host="h", endpoint="tcp://127.0.0.1:1" if role == "server" else "",
+                                  rank=rank))
+
+
+def probe(s, peer, rank, a, c, **memory):
+    s._on_probe(peer, Probe(rank=rank, batches=[2, 4], seconds=[a + 2 * c, a + 4 * c], **memory))
+
+
+def refused(s, peer, msg) -> bool:
+    before = (set(s._probing), dict(s._probes), s.registry.plan)
+    s._on_probe(peer, msg)
+    return (set(s._probing), dict(s._probes), s.registry.plan) == before
+
+
+def test_the_start_plan_waits_for_every_probe_and_refuses_the_others(make):
+    s = make(num_workers=2, global_batch=60)
+    for r in range(2):
+        register(s, b"W%d" % r, "worker", r)
+    assert s._probing == {0, 1} and s.registry.plan.gen == 0
+    assert refused(s, b"X", Probe(rank=0, batches=[2, 4], seconds=[0.1, 0.2]))  # not a registered peer
+    assert refused(s, b"W1", Probe(rank=0, batches=[2, 4], seconds=[0.1, 0.2]))  # another worker's rank
+    probe(s, b"W0", 0, 0.005, 0.001)
+    assert s.registry.plan.gen == 0 and s._probing == {1}
+    assert refused(s, b"W0", Probe(rank=0, batches=[2, 4], seconds=[0.1, 0.2]))  # twice
+    probe(s, b"W1", 1, 0.005, 0.002)
+    assert not s._probing and s.registry.plan.gen == 1 and s.registry.plan.batches == (40, 20)
+    assert refused(s, b"W1", Probe(rank=1, batches=[2, 4], seconds=[0.1, 0.2]))  # after the start
+
+
+def test_a_probe_of_a_worker_gone_does_not_stand_for_whoever_takes_its_rank(make):
+    s = make(num_workers=3, global_batch=60, min_workers=2)
+    for r in range(2):
+        register(s, b"W%d" % r, "worker", r)
+    probe(s, b"W1", 1, 0.005, 0.010, mem_free=200_000, sample_bytes=10_000)  # slow, short of memory
+    s._depart(1, "silent")
+    register(s, b"NEW", "worker", 1)  # takes rank 1 while worker 0 still probes: it does not probe
+    probe(s, b"W0", 0, 0.005, 0.001)
+    plan = s.registry.plan
+    assert s.control.max_batch[1] == 60 and not s.control.models.measured([1])[0]
+    # the newcomer is taken as fast as the typical worker at its batch, not as the one gone
+    assert abs(plan.batches[1] - 30) <= 3 and sum(plan.batches) == 60, plan
+
+
+def test_workers_that_joined_during_the_probe_go_on_when_every_prober_left(make):
+    s = make(num_workers=2, global_batch=32, min_workers=1, mode="asp")
+    register(s, b"W0", "worker", 0)
+    assert s._probing == {0}
+    register(s, b"W1", "worker")  # joins while worker 0 probes
+    s._depart(0, "silent")  # before its probe: nothing to plan from
+    assert not s._probing and s.registry.plan.batches == (0, 32)
+
+
+def test_a_memory_bound_from_a_probe_holds_inside_the_deadband(make):
+    s = make(num_workers=3, global_batch=120, deadband=0.2)
+    for r in range(3):
+        register(s, b"W%d" % r, "worker", r)
+    # equal speeds: the plan stays 40/40/40 by the deadband, but worker 0's memory holds 39
+    # 0.8 x 296,250 B free / 3 workers on the host / (2 x 1000 B a sample) -> 39 samples
+    probe(s, b"W0", 0, 0.005, 0.001, mem_free=296_250, sample_bytes=1000)
+    for r in (1, 2):
+        probe(s, b"W%d" % r, r, 0.005, 0.001)
+    assert s.control.max_batch[0] == 39
+    assert s.registry.plan.batches[0] <= 39 and sum(s.registry.plan.batches) == 120
