@@ -44,7 +44,8 @@ def parse(argv) -> WorkerOptions:
     p.add_argument("--emulate-ms-per-step", type=float, default=0.0, help="virtual device: fixed ms per step (A)")
     p.add_argument("--emulate-ms-per-sample", type=float, default=0.0, help="virtual device: ms per sample (C)")
     p.add_argument("--ack-timeout", type=seconds, default=10.0, help="seconds to wait for the scheduler to answer")
-    p.add_argument("--welcome-timeout", type=seconds, default=300.0, help="seconds to wait for the cluster to form, and for the start plan after the probe")
+    p.add_argument("--welcome-timeout", type=seconds, default=300.0,
+                   help="seconds to wait for the cluster to form, and for the start plan after the probe")
     p.add_argument("--server-timeout", type=seconds, default=120.0, help="seconds to wait for a server's reply")
     add_security(p, listens=False)
     add_transport(p)
