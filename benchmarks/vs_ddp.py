@@ -164,6 +164,9 @@ def ddp_rank(rank: int, spec: dict, port: int, out_dir: str) -> None:
         emulation = Emulation(((0, spec["slowdowns"][rank]),), spec["ms_per_step"], spec["ms_per_sample"])
         out = [train_plan(rank, plan, spec, train, test, emulation) for plan in spec["plans"]]
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
+        # every rank done (rank 0 evaluates last) before any tears its connections down: gloo
+        # aborted a rank whose peers had gone while it still held pairs to them
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
