@@ -105,3 +105,22 @@ def test_a_worker_lost_during_the_probe_does_not_hold_the_others(tmp_path):
     assert start[0]["batches"][0] > start[0]["batches"][1]  # the faster device gets more
     first = {e["worker"]: e["batch"] for e in run.events if e["event"] == "step" and e["step"] == 0}
     assert first == {0: start[0]["batches"][0], 1: start[0]["batches"][1]}
+
+
+def test_a_worker_started_later_joins_an_asp_job(tmp_path):
+    run_dir = tmp_path / "run"
+    job = ["--mode", "asp", "--max-steps", "400", "--global-batch", "48", "--min-workers", "2", "--lr", "0.02",
+           "--seed", "4", *LIVENESS]
+    with start_cluster(run_dir, job, [WorkerSpec(ms_per_step=15.0)] * 2, ranks=3) as cluster:
+        _wait_for_steps(run_dir, 2 * 20)
+        cluster.add_worker(WorkerSpec(ms_per_step=15.0), rank=2)
+        run = finish(cluster)
+    s = run.summary
+    assert s["status"] == "completed" and s["workers_joined"] == 1 and s["workers_lost"] == 0
+    assert s["final_batches"] == [16, 16, 16] and s["samples"] >= 400 * 48
+    joined = [e for e in run.events if e["event"] == "step" and e["worker"] == 2]
+    assert joined and s["worker_steps"][2] == len(joined)
+    # ASP: the joiner starts at the slowest present worker's step and pushes from there, each step once
+    steps = [e["step"] for e in joined]
+    assert steps == list(range(steps[0], steps[0] + len(steps))) and steps[0] >= 20
+    assert s["final_test_accuracy"] >= 0.85
