@@ -288,14 +288,21 @@ class Scheduler:
             log.warning("refused a message: %s", exc)
             transport.reply(self.router, peer, protocol.Error(code=exc.code, text=exc.text))
             return
+        self._on_message(peer, msg)
+
+    def _on_message(self, peer: bytes, msg: protocol.Message) -> None:
+        server = getattr(self.registry.by_peer.get(peer), "role", "") == "server"
         if isinstance(msg, Register):
             self._on_register(peer, msg)
         elif isinstance(msg, Report):
             self._on_report(peer, msg)
         elif isinstance(msg, Probe):
             self._on_probe(peer, msg)
-        elif isinstance(msg, Ack) and getattr(self.registry.by_peer.get(peer), "role", "") == "server":
+        elif isinstance(msg, Ack) and server:
             self._on_restored(self.registry.by_peer[peer].rank)
+        elif isinstance(msg, protocol.Error) and server:
+            # a server that cannot take its shard back from a checkpoint: nothing to go on from
+            raise JobFailed(f"{msg.code}: {msg.text}")
         elif not isinstance(msg, Heartbeat):
             self._refuse(peer, "bad_op", f"the scheduler does not take {msg.OP!r}")
         if peer in self.registry.by_peer:  # registered (now): any word proves it alive

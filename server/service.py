@@ -14,7 +14,7 @@ import zmq
 from omnips import protocol, security, transport
 from omnips.job import JobSpec
 from omnips.link import SchedulerLink
-from omnips.protocol import Ack, Init, Params, Plan, ProtocolError, Push, Register, Restore, Shutdown
+from omnips.protocol import Ack, Error, Init, Params, Plan, ProtocolError, Push, Register, Restore, Shutdown
 
 from . import checkpointer
 from .shard import Outgoing, ShardCore, Snapshot
@@ -74,8 +74,13 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
 
 
 def _restore(core: ShardCore, rank: int, lo: int, hi: int, link: SchedulerLink, path: str) -> None:
-    """Go back to the checkpoint in `path` and tell the scheduler (ack)."""
-    version = checkpointer.load(core, path, rank, lo, hi)
+    """Go back to the checkpoint in `path` and tell the scheduler (ack); when the shard cannot
+    be restored, tell it why (the job cannot go on without it) and end (ValueError)."""
+    try:
+        version = checkpointer.load(core, path, rank, lo, hi)
+    except ValueError as exc:
+        link.send(Error(code="restore_failed", text=f"server {rank} cannot restore its shard: {exc}"))
+        raise
     log.info("server %d restored version %d from %s", rank, version, path)
     link.send(Ack())
 

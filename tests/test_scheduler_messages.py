@@ -1,5 +1,6 @@
-"""The start plan from the workers' probes, at the scheduler: its message handlers driven
-in-process (no server or worker runs; replies go to a socket without peers)."""
+"""The scheduler's message handlers driven in-process (no server or worker runs; replies
+go to a socket without peers): the start plan from the workers' probes, and a server
+that cannot restore its shard."""
 
 import pytest
 
@@ -91,3 +92,21 @@ def test_a_memory_bound_from_a_probe_holds_inside_the_deadband(make):
         probe(s, b"W%d" % r, r, 0.005, 0.001)
     assert s.control.max_batch[0] == 39
     assert s.registry.plan.batches[0] <= 39 and sum(s.registry.plan.batches) == 120
+
+
+def test_a_server_that_cannot_restore_its_shard_fails_the_job_at_once(make, tmp_path):
+    from omnips.protocol import Error
+    from scheduler.service import JobFailed
+    from server.service import _restore
+    from server.shard import ShardCore
+
+    sent = []
+    link = type("Link", (), {"send": lambda self, msg: sent.append(msg)})()
+    core = ShardCore(JobSpec(), 0, 4, 4)
+    with pytest.raises(ValueError, match="no checkpoint|cannot read"):
+        _restore(core, 0, 0, 4, link, str(tmp_path / "no-such-checkpoint"))
+    assert [type(m) for m in sent] == [Error] and sent[0].code == "restore_failed" and not core.initialized
+    s = make(num_workers=1)
+    s._on_message(b"X", sent[0])  # from a peer that is no server: refused, nothing more
+    with pytest.raises(JobFailed, match="server 0 cannot restore its shard"):
+        s._on_message(b"S", sent[0])
