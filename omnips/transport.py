@@ -10,6 +10,7 @@ import ctypes.util
 import logging
 import os
 import shutil
+import socket as pysocket
 import tempfile
 
 import zmq
@@ -71,13 +72,18 @@ def bind(sock: zmq.Socket, host: str, port: int, keys: security.Keys | None = No
     return endpoint
 
 
+IPC_PREFIX = "omnips-"
+
+
 def bind_ipc(sock: zmq.Socket) -> tuple[str, str]:
     """Also bind `sock` to a unix socket, in a new directory only this user may enter
     (mkdtemp: mode 0700), for clients on this host: 44 MB moves ~30 % faster than over
     tcp loopback (ZMQ_NOTES.md). Returns the endpoint and the directory, which the
-    caller removes at exit. A socket that `bind` made a CURVE server is one here too:
-    its options hold for every endpoint it binds."""
-    directory = tempfile.mkdtemp(prefix="omnips-")
+    caller removes at exit (a killed server cannot: the next one sweeps it away). A
+    socket that `bind` made a CURVE server is one here too: its options hold for every
+    endpoint it binds."""
+    sweep_stale_ipc(tempfile.gettempdir())
+    directory = tempfile.mkdtemp(prefix=IPC_PREFIX)
     path = os.path.join(directory, "sock")
     try:
         if len(os.fsencode(path)) > zmq.IPC_PATH_MAX_LEN:
@@ -91,6 +97,37 @@ def bind_ipc(sock: zmq.Socket) -> tuple[str, str]:
         shutil.rmtree(directory, ignore_errors=True)
         raise
     return f"ipc://{path}", directory
+
+
+def sweep_stale_ipc(root: str) -> list[str]:
+    """Remove this user's socket directories under `root` left by servers that were killed:
+    those holding nothing but a socket that refuses connections (nobody listens). An
+    empty one may be a server's between mkdtemp and bind, and is left alone. Returns the
+    directories removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        try:
+            if not (entry.name.startswith(IPC_PREFIX) and entry.is_dir(follow_symlinks=False)
+                    and entry.stat(follow_symlinks=False).st_uid == os.getuid()
+                    and os.listdir(entry.path) == ["sock"]):
+                continue
+        except OSError:
+            continue
+        probe = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
+        try:
+            probe.connect(os.path.join(entry.path, "sock"))
+        except ConnectionRefusedError:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+        except OSError:
+            pass  # not a socket, or not ours to judge
+        finally:
+            probe.close()
+    return removed
 
 
 def connect(sock: zmq.Socket, endpoint: str, keys: security.Keys | None = None) -> None:

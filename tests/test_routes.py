@@ -78,6 +78,32 @@ def test_a_bound_ipc_socket_lives_in_a_private_directory(tmp_path):
         shutil.rmtree(directory)
 
 
+def test_a_killed_servers_socket_directory_is_swept_and_a_live_ones_is_kept(tmp_path):
+    def directory(name, listening):
+        d = tmp_path / f"{transport.IPC_PREFIX}{name}"
+        d.mkdir(mode=0o700)
+        s = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
+        s.bind(str(d / "sock"))
+        if listening:
+            s.listen()
+            return d, s
+        s.close()  # the socket file stays, as after a SIGKILL: nobody listens on it
+        return d, None
+
+    stale, _ = directory("dead", listening=False)
+    live, listener = directory("live", listening=True)
+    (tmp_path / f"{transport.IPC_PREFIX}starting").mkdir()  # between mkdtemp and bind
+    other, _ = directory("other", listening=False)
+    (other / "notes").write_text("not a server's directory")
+    (tmp_path / "unrelated").mkdir()
+    try:
+        assert transport.sweep_stale_ipc(str(tmp_path)) == [str(stale)]
+    finally:
+        listener.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [live.name, f"{transport.IPC_PREFIX}starting", other.name, "unrelated"])
+
+
 def test_a_socket_path_too_long_for_unix_sockets_is_refused_and_leaves_nothing(tmp_path, monkeypatch):
     deep = tmp_path / ("d" * 100)
     deep.mkdir()
