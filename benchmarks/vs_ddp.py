@@ -336,7 +336,8 @@ def render(rows: list[dict], workloads: list[Workload], levels: list[str], args,
                      f"({params[w.name]:,} parameters), B = {w.global_batch}, "
                      f"{w.epochs:g} epochs; A = {w.ms_per_step:g} ms, C = {w.ms_per_sample:g} ms; "
                      f"omnips with {w.servers} server(s)")
-    lines += ["", "Definitions: wall = time to the epochs, the first step's start to the last step's end; "
+    lines += ["", "Definitions: wall = time to the epochs, the first step's start (omnips: its first probe "
+              "pass's) to the last step's end; "
               "samples/s = steps*B/wall; step ms = wall/steps; compute ms = the slowest worker's compute phase "
               "per step (mean over steps); overhead ms = step ms - compute ms (communication, barrier, "
               "the optimizer step, host noise); test acc and loss on the held-out split after the last step (the three "
