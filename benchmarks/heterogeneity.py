@@ -136,10 +136,10 @@ def run_one(root: Path, scenario: Scenario, variant: str, args) -> dict:
     summary, events = run_job(run_dir, scheduler_args(variant, scenario, args), 1,
                               worker_specs(variant, scenario, args), f"{scenario.name} {variant}", JOB_TIMEOUT_S)
     return {"scenario": scenario.name, "variant": variant, "summary": summary, "run_dir": str(run_dir),
-            "elapsed_s": time.monotonic() - t0, **analyse(events, summary, scenario, args)}
+            "elapsed_s": time.monotonic() - t0, **analyse(events, summary, scenario)}
 
 
-def analyse(events: list[dict], summary: dict, scenario: Scenario, args) -> dict:
+def analyse(events: list[dict], summary: dict, scenario: Scenario) -> dict:
     """Efficiency and diagnostics from the step and assign events."""
     steps = defaultdict(dict)  # step -> worker -> event
     for e in events:

@@ -31,15 +31,20 @@ from report import machine_lines, publish  # noqa: E402
 
 from omnips.flags import size  # noqa: E402
 from jobs import run_job  # noqa: E402
+from pushpull import model_size  # noqa: E402
 
 from omnips.launch import WorkerSpec  # noqa: E402
 
 JOB_TIMEOUT_S = 600.0
 
 
+def dataset_args(args) -> dict:
+    return {"n": 4096, "features": args.features}
+
+
 def scheduler_args(args) -> list[str]:
     return ["--mode", "bsp", "--dataset", "synthetic",
-            "--dataset-args", json.dumps({"n": 4096, "features": args.features}),
+            "--dataset-args", json.dumps(dataset_args(args)),
             "--model", "mlp", "--model-args", json.dumps({"hidden": args.hidden}),
             "--global-batch", str(args.batch), "--max-steps", str(args.steps), "--lr", "0.01", "--seed", "0"]
 
@@ -52,11 +57,12 @@ def run_one(root: Path, bucket: str, round_: int, args) -> dict:
     times = [e["t"] for e in steps]
     gaps = [b - a for a, b in zip(times, times[1:])][args.skip:]
     server_log = (run_dir / "logs" / "server0.log").read_text()
+    if " pushes came in parts" not in server_log:
+        raise RuntimeError(f"bucket {bucket}: the server's log has no count of pushes in parts ({run_dir / 'logs'})")
     return {"bucket": bucket, "step_s": statistics.median(gaps),
             "compute_s": statistics.median(e["compute_s"] for e in steps[args.skip:]),
             "network_s": statistics.median(e["network_s"] + e["wait_s"] for e in steps[args.skip:]),
-            "parts": "pushes came in parts" in server_log and server_log.split(" pushes came in parts")[0]
-            .rsplit(" ", 1)[-1]}
+            "parts": server_log.split(" pushes came in parts")[0].rsplit(" ", 1)[-1]}
 
 
 def main(argv=None) -> int:
@@ -86,8 +92,7 @@ def main(argv=None) -> int:
                 results[s].append(res)
                 print(f"round {r} bucket {s}: step {res['step_s'] * 1000:.1f} ms, parts joined {res['parts']}",
                       flush=True)
-    values = args.features * args.hidden[0] + sum(a * b for a, b in zip(args.hidden, args.hidden[1:])) \
-        + args.hidden[-1] * 10 + sum(args.hidden) + 10
+    values = model_size({"hidden": args.hidden}, dataset_args(args))
     base = [r["step_s"] for r in results["0"]]
     lines = ["# Gradient buckets sent during backward vs the whole gradient after it", "", *machine_lines(),
              f"- job: BSP, 1 worker ({args.threads} torch thread), 1 server, mlp {args.hidden} on synthetic "

@@ -357,11 +357,10 @@ def job_args(n_target: int, steps: int) -> tuple[dict, dict]:
 
 def model_size(model_args: dict, dataset_args: dict) -> int:
     from omnips import data, models
+    from omnips.flat import FlatModel
 
     train, _ = data.load("synthetic", dataset_args)
-    module = models.build("mlp", model_args, train, 0)
-    return sum(p.numel() for p in module.parameters()) + sum(
-        b.numel() for b in module.buffers() if b.is_floating_point())
+    return FlatModel(models.build("mlp", model_args, train, 0)).size
 
 
 def exchange(group, step: int, grads: np.ndarray, params: np.ndarray, part_values: int):
@@ -403,30 +402,25 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
         transport="auto" if kind == "ipc" else "tcp")
     plain = f"omnips {mode.upper()}, {num_servers} server{'s' if num_servers > 1 else ''}, {kind}"
     result = {"config": plain + (", CURVE" if key_dir else ""), "plain": plain, "kind": kind,
-              "curve": key_dir is not None, "mode": mode, "servers": num_servers, "logs": str(run_dir / "logs")}
+              "curve": key_dir is not None}
     try:
         group = job.start(params.size)
         if not all(e.startswith(f"{kind}://") for e in group.endpoints):
             raise RuntimeError(f"asked for {kind}, the servers are reached at {group.endpoints}")
 
-        copy_s = [0.0]  # time copying replies into `params`: ServerGroup.accept (whole), _accept_part (parts)
-        accept, accept_part = group.accept, group._accept_part
+        copy_s = [0.0]  # time copying replies into `params`: ServerGroup._take, for whole replies and parts
+        take = group._take
 
-        def timed_accept(*args):
+        def timed_take(*args):
             t = time.perf_counter()
-            accept(*args)
+            take(*args)
             copy_s[0] += time.perf_counter() - t
 
-        def timed_accept_part(*args):
-            t = time.perf_counter()
-            accept_part(*args)
-            copy_s[0] += time.perf_counter() - t
-
-        group.accept, group._accept_part = timed_accept, timed_accept_part
+        group._take = timed_take
 
         group.init(params)
         group.pull(params)
-        omni, raw_t, copies, elapsed = [], [], [], []
+        omni, raw_t, copies = [], [], []
         for step in range(steps):
             if step % 2:
                 raw_dt = raw.round_trip(kind)
@@ -441,11 +435,10 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
                 omni.append(dt)
                 raw_t.append(raw_dt)
                 copies.append(copy_s[0])
-                elapsed.append(ex.elapsed_s)
         if not np.isfinite(params[:1000]).all():
             raise RuntimeError("parameters went non-finite")
         job.finish()
-        result.update(omni=omni, raw=raw_t, copy=copies, elapsed=elapsed)
+        result.update(omni=omni, raw=raw_t, copy=copies)
         return result
     except BaseException:
         print(f"{name} failed; logs in {run_dir / 'logs'}", file=sys.stderr)

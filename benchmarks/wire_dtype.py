@@ -108,7 +108,7 @@ def time_round_trips(n_target: int, warmup: int, repeats: int, root: Path) -> tu
             job.connect(params0, grads)
         times = {w: [] for w in WIRE_DTYPES}
         for step in range(steps):
-            for job in jobs[step % 3:] + jobs[:step % 3]:  # rotate who goes first
+            for job in jobs[step % len(jobs):] + jobs[:step % len(jobs)]:  # rotate who goes first
                 took = job.round_trip()
                 if step >= warmup:
                     times[job.wire.name].append(took)

@@ -126,10 +126,17 @@ class FlatModel:
             self._host_g.copy_(self._dev_g)
 
 
-def all_finite(data: np.ndarray) -> bool:
-    """True when every value is finite and the sum of squares does not overflow float32.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
-    One BLAS dot (4 ms for 44 MB here) instead of isfinite's temporary mask (65 ms).
-    """
+
+def square_sum(data: np.ndarray) -> float:
+    """The sum of squares, in data's dtype: inf or nan when a value is not finite or it
+    overflows. One BLAS dot (4 ms for 44 MB here) instead of isfinite's temporary mask (65 ms)."""
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the answer, not an error
-        return bool(np.isfinite(np.dot(data, data))) if data.size else True
+        return float(np.dot(data, data)) if data.size else 0.0
+
+
+def all_finite(data: np.ndarray) -> bool:
+    """True when every value is finite and the sum of squares does not overflow float32
+    (sums of parts' square_sum are judged alike: finite and at most FLOAT32_MAX)."""
+    return square_sum(data) <= FLOAT32_MAX

@@ -176,17 +176,13 @@ class ServerGroup:
                 got[s] = msg
 
     def _accept_part(self, s: int, msg: Params) -> None:
-        into = self._rest_into
         lo, hi = self.ranges[s]
         upto = self._upto[s]
         if msg.whole != hi - lo or msg.offset != upto:
             raise ServerError(f"server {self.endpoints[s]} sent values at {msg.offset} of {msg.whole} where "
                               f"{upto} of {hi - lo} were due", "bad_length")
-        _check_dtype(self.endpoints[s], msg, self._rest_wire)
+        self._take(s, msg, upto, self._rest_into, self._rest_wire)
         end = upto + msg.data.size
-        if into is not None:
-            self._rest_wire.widen(msg.data, into[lo + upto:lo + end])
-        self.versions[s] = msg.version
         if end == hi - lo:
             del self._upto[s]
         else:
@@ -220,15 +216,17 @@ class ServerGroup:
         if msg.whole or msg.data.size != hi - lo:
             raise ServerError(f"server {self.endpoints[s]} sent {msg.data.size} values for a shard of {hi - lo}",
                               "bad_length")
-        _check_dtype(self.endpoints[s], msg, wire)
+        self._take(s, msg, 0, into, wire)
+
+    def _take(self, s: int, msg: Params, at: int, into: np.ndarray | None, wire: WireDtype) -> None:
+        """Shard s's values from `at` on (a whole reply, or a part of one), expected in `wire`."""
+        if msg.data.dtype != wire.dtype:
+            raise ServerError(f"server {self.endpoints[s]} sent {name_of(msg.data)} values, expected {wire.name}",
+                              "bad_dtype")
         if into is not None:
-            wire.widen(msg.data, into[lo:hi])
+            lo = self.ranges[s][0] + at
+            wire.widen(msg.data, into[lo:lo + msg.data.size])
         self.versions[s] = msg.version
-
-
-def _check_dtype(endpoint: str, msg: Params, wire: WireDtype) -> None:
-    if msg.data.dtype != wire.dtype:
-        raise ServerError(f"server {endpoint} sent {name_of(msg.data)} values, expected {wire.name}", "bad_dtype")
 
 
 def _newer(plan: dict | None, than: dict | None) -> bool:

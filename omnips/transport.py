@@ -118,6 +118,7 @@ def sweep_stale_ipc(root: str) -> list[str]:
         except OSError:
             continue
         probe = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
+        probe.settimeout(1.0)  # a listener with a full backlog would block the connect
         try:
             probe.connect(os.path.join(entry.path, "sock"))
         except ConnectionRefusedError:

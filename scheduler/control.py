@@ -231,21 +231,10 @@ class BatchControl:
         plan is taken as balanced), or for an equal share of the global batch when it has none."""
         measured = self.models.measured(ranks)
         lines = np.zeros((len(ranks), 2))
-        lines[measured] = self.models.lines(ranks[measured])
-        if measured.all():
-            return lines
         if measured.any():
+            lines[measured] = self.models.lines(ranks[measured])
             lines[~measured] = np.median(lines[measured], axis=0)
             return lines
         batches = self._batches[ranks]
         lines[:, 1] = 1.0 / np.where(batches > 0, batches, self.job.global_batch / len(ranks))
-        return lines
-        planned = self._batches[ranks]
-        on_plan = measured & (planned > 0)
-        # the step time the plan gives the measured workers (at their planned batches: their newest
-        # measurement may be a probe pass of a few samples)
-        typical = float(np.median(lines[on_plan, 0] + lines[on_plan, 1] * planned[on_plan])) if on_plan.any() else 1.0
-        share = self.job.global_batch / len(ranks)
-        batches = self._batches[ranks[~measured]]
-        lines[~measured, 1] = typical / np.where(batches > 0, batches, share)
         return lines

@@ -19,15 +19,11 @@ test of the whole push, up to rounding (float32 parts only: a narrow dtype is ch
 once widened).
 """
 
-import math
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-import numpy as np
-
+from omnips.flat import FLOAT32_MAX, square_sum
 from omnips.protocol import Push
-
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class PartRefused(Exception):
@@ -86,13 +82,12 @@ class Assembler:
         entry.segments.append((lo, part.data))
         entry.filled += hi - lo
         if self.check:
-            with np.errstate(over="ignore", invalid="ignore"):  # inf or nan is the answer
-                entry.squares += float(np.dot(part.data, part.data))
+            entry.squares += square_sum(part.data)
         if entry.filled < self.size:
             return None
         del self._open[peer]
         self.joined += 1
-        finite = self.check and math.isfinite(entry.squares) and entry.squares <= FLOAT32_MAX
+        finite = self.check and entry.squares <= FLOAT32_MAX  # (nan and inf are not)
         # the values travel in the segments; the push keeps their dtype
         return Joined(replace(entry.first, data=entry.first.data[:0], offset=0, whole=0), entry.segments, finite)
 
