@@ -7,9 +7,11 @@ import sys
 import time
 
 import msgpack
+import pytest
 import torch
 import zmq
 
+from omnips import transport
 from omnips.launch import WorkerSpec
 
 from helpers import finish, server_endpoint, start_cluster
@@ -90,6 +92,29 @@ def test_garbage_during_a_run_changes_nothing(tmp_path):
     for k in want:
         assert torch.equal(want[k], got[k]), k  # BSP is bit-for-bit repeatable
     assert attacked.summary["final_test_accuracy"] == quiet.summary["final_test_accuracy"]
+
+
+def test_a_listener_hangs_up_on_a_pre_zmtp3_greeting():
+    """Garbage whose first byte is not 0xff reads as a ZMTP 1.0 greeting, a path on which
+    libzmq 4.3.5 can abort the process while the socket closes; listeners refuse it."""
+    ctx = zmq.Context()
+    try:
+        router = transport.socket(ctx, zmq.ROUTER)
+        host, port = transport.bind(router, "127.0.0.1", 0).removeprefix("tcp://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            raw.sendall(b"\x01\x00")  # a ZMTP 1.0 identity frame: length 1, flags 0
+            try:
+                while raw.recv(64):  # until the listener hangs up
+                    pass
+            except TimeoutError:
+                pytest.fail("the listener kept a peer that greeted in ZMTP 1.0")
+        dealer = transport.socket(ctx, zmq.DEALER)
+        dealer.connect(f"tcp://{host}:{port}")
+        dealer.send(b"still served")
+        assert router.poll(10_000)
+        assert router.recv_multipart()[1] == b"still served"
+    finally:
+        ctx.destroy(linger=0)
 
 
 def _free_port_in_use():
