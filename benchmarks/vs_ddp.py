@@ -6,8 +6,8 @@ Each workload trains, for each cluster of relative speeds (4:2:1 on 3 workers; H
 
 * (a) ddp-equal: DDP (gloo, 127.0.0.1) with equal per-rank batches;
 * (b) ddp-ideal: DDP with the ideal hand-set per-rank batches, the equal-time plan
-  from the known emulated speeds (omnips.batching.equal_time, then integerize: the
-  plan the omnips controller would compute from exact time models);
+  from the known emulated speeds (omnips.batching.equal_time, then integerize given
+  the same lines: the plan the omnips controller would compute from exact time models);
 * (c) omnips: BSP, --batching dynamic (affine controller), every worker declaring
   the same --capacity: no knowledge of the speeds. 1 server for digits, 2 for the
   large model (through one server process its 25 MB per worker and direction cost
@@ -116,7 +116,7 @@ def slowdowns(speeds) -> list[float]:
 def ideal_batches(w: Workload, speeds) -> list[int]:
     """The equal-time plan from the exact virtual devices (b's hand-set batches)."""
     lines = [(f * w.ms_per_step, f * w.ms_per_sample) for f in slowdowns(speeds)]
-    return integerize(equal_time(lines, w.global_batch, 1, w.global_batch), w.global_batch, 1, w.global_batch)
+    return integerize(equal_time(lines, w.global_batch, 1, w.global_batch), w.global_batch, 1, w.global_batch, lines)
 
 
 def emulated_ms(w: Workload, speeds, batches) -> float:
