@@ -20,8 +20,10 @@ scale compute time as a whole, so the older points are rescaled by the same
 ratio rather than thrown away: the fit stays usable at once, and the next
 adjustment lands on the new equal-time plan.
 
-All workers' points live in arrays (a row each), so that one decision for
-thousands of workers is a few numpy operations rather than a fit per worker.
+All workers' points live in arrays, a column each (a row per slot), so that one
+decision for thousands of workers is a few numpy operations rather than a fit per
+worker; reducing over a worker's few slots is then an elementwise operation on
+rows (about 7x faster at 4096 workers than reducing each short row of the other layout).
 """
 
 import math
@@ -36,20 +38,20 @@ SLOTS = 1 + math.floor(math.log(MIN_WEIGHT) / math.log(FORGET))  # points a work
 
 
 class TimeModels:
-    """The time models of `n` workers: each row holds up to SLOTS points (batch, time,
-    weight), weight 0 marking an empty slot; the batches in a row are distinct."""
+    """The time models of `n` workers: each column holds up to SLOTS points (batch, time,
+    weight), weight 0 marking an empty slot; the batches in a column are distinct."""
 
     def __init__(self, n: int, affine: bool = True):
         self.affine = affine
-        self.batch = np.zeros((n, SLOTS), dtype=np.float64)
-        self.time = np.zeros((n, SLOTS), dtype=np.float64)
-        self.weight = np.zeros((n, SLOTS), dtype=np.float64)
+        self.batch = np.zeros((SLOTS, n), dtype=np.float64)
+        self.time = np.zeros((SLOTS, n), dtype=np.float64)
+        self.weight = np.zeros((SLOTS, n), dtype=np.float64)
         self.newest = np.zeros((n, 2), dtype=np.float64)  # (batch, time) of the newest point; batch 0: none
         self._lines = np.zeros((n, 2), dtype=np.float64)  # each row's (a, c), fitted when it changes
 
     def reset(self, ranks) -> None:
         """Forget everything measured of `ranks` (a new worker took them)."""
-        self.weight[ranks] = 0.0
+        self.weight[:, ranks] = 0.0
         self.newest[ranks] = 0.0
 
     def measured(self, ranks) -> np.ndarray:
@@ -67,34 +69,35 @@ class TimeModels:
             raise ValueError(f"a measurement needs batch >= 1 and time > 0, got ({b[i]:g}, {t[i]:g})")
         if not len(ranks):
             return
-        w, bs, ts = self.weight[ranks], self.batch[ranks], self.time[ranks]
+        # (take, not [:, ranks]: that returns the columns in the other memory order, slow to reduce)
+        w, bs, ts = (np.take(x, ranks, axis=1) for x in (self.weight, self.batch, self.time))
         held = w > 0
         line = self._lines[ranks]
         predicted = line[:, 0] + line[:, 1] * b
         change = _near(b, bs, held) & (np.abs(t - predicted) > CHANGE * predicted)
         scale = np.ones(len(ranks))
         scale[change] = t[change] / predicted[change]
-        ts *= scale[:, None]
-        rows = np.arange(len(ranks))
-        distance = np.where(held, np.abs(bs - b[:, None]), np.inf)
-        nearest = np.argmin(distance, axis=1)
+        ts *= scale
+        cols = np.arange(len(ranks))
+        distance = np.where(held, np.abs(bs - b), np.inf)
+        nearest = np.argmin(distance, axis=0)
         # with a fitted line, a size within half MIN_SPREAD of a point is that point measured
         # again, moved along the line: a plan that moves by a few samples each window keeps
         # averaging over windows and keeps the far points its slope comes from (at least twice
         # as far apart); without a fit only the same size is, so that the sizes can spread out
-        reach = np.where(_spread(w, bs), 0.5 * MIN_SPREAD * bs[rows, nearest], 0.0) if self.affine else 0.0
-        again = distance[rows, nearest] <= reach
-        ts[rows, nearest] += np.where(again, scale * line[:, 1] * (b - bs[rows, nearest]), 0.0)
+        reach = np.where(_spread(w, bs), 0.5 * MIN_SPREAD * bs[nearest, cols], 0.0) if self.affine else 0.0
+        again = distance[nearest, cols] <= reach
+        ts[nearest, cols] += np.where(again, scale * line[:, 1] * (b - bs[nearest, cols]), 0.0)
         # a new size ages the other points; a size measured again only its own point, so that a
         # steady plan neither forgets its slope nor loses its average over windows
-        w[~again] *= FORGET
+        w[:, ~again] *= FORGET
         w[w < MIN_WEIGHT] = 0.0
         # the slot of the point measured again, else an empty one (forgetting left at least one)
-        slot = np.where(again, nearest, np.argmax(w == 0, axis=1))
-        kept = np.where(again, FORGET * w[rows, slot], 0.0)
-        merged = (kept * ts[rows, slot] + t) / (kept + 1.0)
-        w[rows, slot], bs[rows, slot], ts[rows, slot] = kept + 1.0, b, merged
-        self.weight[ranks], self.batch[ranks], self.time[ranks] = w, bs, ts
+        slot = np.where(again, nearest, np.argmax(w == 0, axis=0))
+        kept = np.where(again, FORGET * w[slot, cols], 0.0)
+        merged = (kept * ts[slot, cols] + t) / (kept + 1.0)
+        w[slot, cols], bs[slot, cols], ts[slot, cols] = kept + 1.0, b, merged
+        self.weight[:, ranks], self.batch[:, ranks], self.time[:, ranks] = w, bs, ts
         self.newest[ranks] = np.stack([b, merged], axis=1)
         self._lines[ranks] = _fit(w, bs, ts, b, merged) if self.affine else _through_origin(b, merged)
 
@@ -102,7 +105,8 @@ class TimeModels:
         """Whether a miss at each batch is a speed change rather than the batch change
         itself (or a poor fit): only near a size already measured. Elsewhere a new
         point simply joins the fit."""
-        return _near(np.asarray(batches, dtype=np.float64), self.batch[ranks], self.weight[ranks] > 0)
+        return _near(np.asarray(batches, dtype=np.float64), np.take(self.batch, ranks, axis=1),
+                     np.take(self.weight, ranks, axis=1) > 0)
 
     def lines(self, ranks) -> np.ndarray:
         """(a, c) of each rank's current model, an (n, 2) array; every rank needs an observation."""
@@ -116,16 +120,16 @@ class TimeModels:
 
 
 def _near(b: np.ndarray, bs: np.ndarray, held: np.ndarray) -> np.ndarray:
-    """Whether each row holds a point within MIN_SPREAD of its batch in `b`."""
-    return np.any(held & (np.abs(b[:, None] - bs) <= MIN_SPREAD * bs), axis=1)
+    """Whether each column holds a point within MIN_SPREAD of its batch in `b`."""
+    return np.any(held & (np.abs(b - bs) <= MIN_SPREAD * bs), axis=0)
 
 
 def _spread(w: np.ndarray, bs: np.ndarray) -> np.ndarray:
-    """Whether each row holds two or more points spanning MIN_SPREAD of its largest batch: enough for a fit."""
+    """Whether each column holds two or more points spanning MIN_SPREAD of its largest batch: enough for a fit."""
     held = w > 0
-    top = np.where(held, bs, 0.0).max(axis=1)
-    bottom = np.where(held, bs, np.inf).min(axis=1)
-    return (np.count_nonzero(held, axis=1) >= 2) & (top - bottom >= MIN_SPREAD * top)
+    top = np.where(held, bs, 0.0).max(axis=0)
+    bottom = np.where(held, bs, np.inf).min(axis=0)
+    return (np.count_nonzero(held, axis=0) >= 2) & (top - bottom >= MIN_SPREAD * top)
 
 
 def _through_origin(nb: np.ndarray, nt: np.ndarray) -> np.ndarray:
@@ -133,30 +137,32 @@ def _through_origin(nb: np.ndarray, nt: np.ndarray) -> np.ndarray:
 
 
 def _fit(w: np.ndarray, bs: np.ndarray, ts: np.ndarray, nb: np.ndarray, nt: np.ndarray) -> np.ndarray:
-    """Each row's (a, c) from its points (weights `w`, batches `bs`, times `ts`) and its
+    """Each column's (a, c) from its points (weights `w`, batches `bs`, times `ts`) and its
     newest point (`nb`, `nt`)."""
     out = _through_origin(nb, nt)
     fit = _spread(w, bs)
     # too close together for a slope: through the origin and the points' weighted mean, every
     # recent window counting rather than the newest alone (the sizes differ by under MIN_SPREAD,
     # so a fixed cost bends it little)
-    out[~fit, 1] = np.einsum("ij,ij->i", w[~fit], ts[~fit]) / np.einsum("ij,ij->i", w[~fit], bs[~fit])
+    few = ~fit
+    wf = np.compress(few, w, axis=1)  # (compress, not [:, few]: see observe)
+    out[few, 1] = (wf * np.compress(few, ts, axis=1)).sum(axis=0) / (wf * np.compress(few, bs, axis=1)).sum(axis=0)
     if not fit.any():
         return out
     if not fit.all():
-        w, bs, ts = w[fit], bs[fit], ts[fit]
-    total = w.sum(axis=1)
-    mb = np.einsum("ij,ij->i", w, bs) / total
-    mt = np.einsum("ij,ij->i", w, ts) / total
-    db = bs - mb[:, None]
+        w, bs, ts = (np.compress(fit, x, axis=1) for x in (w, bs, ts))
+    total = w.sum(axis=0)
+    mb = (w * bs).sum(axis=0) / total
+    mt = (w * ts).sum(axis=0) / total
+    db = bs - mb
     wdb = w * db
-    c = np.einsum("ij,ij->i", wdb, ts - mt[:, None]) / np.einsum("ij,ij->i", wdb, db)
+    c = (wdb * (ts - mt)).sum(axis=0) / (wdb * db).sum(axis=0)
     line = np.stack([mt - c * mb, c], axis=1)
     low = line[:, 0] < 0  # a negative intercept: the weighted mean throughput through the origin
     if low.any():
-        wl = w[low]
-        line[low] = np.stack([np.zeros(len(wl)), np.einsum("ij,ij->i", wl, ts[low] / np.where(wl > 0, bs[low], 1.0))
-                              / total[low]], axis=1)
+        wl, tl, bl = (np.compress(low, x, axis=1) for x in (w, ts, bs))
+        line[low, 0] = 0.0
+        line[low, 1] = (wl * tl / np.where(wl > 0, bl, 1.0)).sum(axis=0) / total[low]
     flat = c <= 0  # time not growing with batch: no usable slope, the line through the newest point
     line[flat] = _through_origin(nb[fit][flat], nt[fit][flat])
     out[fit] = line
