@@ -29,11 +29,9 @@ Prints a table and writes it to benchmarks/results/failures.md.
 """
 
 import argparse
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from report import machine_lines, publish  # noqa: E402
+from report import machine_lines, publish, runs_dir  # noqa: E402
 
 from omnips.launch import LocalCluster, WorkerSpec  # noqa: E402
 from omnips.metrics import read_events  # noqa: E402
@@ -124,10 +122,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=HERE / "results" / "failures.md")
     args = p.parse_args(argv)
     values = [float(v) for v in args.dead_after.split(",")]
-    root = Path(tempfile.mkdtemp(prefix="omnips-failures-"))
     start = time.monotonic()
     rows = []
-    try:
+    with runs_dir("omnips-failures-") as root:
         for d in values:
             runs = [run_one(root, d, k) for k in range(args.repeats)]
             for r in runs:
@@ -141,8 +138,6 @@ def main(argv=None) -> int:
                 print(f"K {every}: back to step {r['step']}, {r['lost']} steps lost, rewound "
                       f"{r['recover_s']:.2f} s after the kill", flush=True)
             restarts.append((every, runs))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     lines = [
         "# Dead workers and lost servers: detection and cost (BSP)", "",
         *machine_lines(),

@@ -40,14 +40,10 @@ Prints a line per run and the tables; writes benchmarks/results/heterogeneity.md
 """
 
 import argparse
-import datetime
 import os
-import platform
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -58,6 +54,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from jobs import run_job  # noqa: E402
+from report import machine_lines, runs_dir  # noqa: E402
 
 from omnips.batching import initial_batches  # noqa: E402
 from omnips.launch import WorkerSpec  # noqa: E402
@@ -399,10 +396,9 @@ def render(results, args, total_s, scenarios, revisions) -> str:
     lines = [
         "# Dynamic batching on emulated heterogeneous clusters",
         "",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
-        f"- nproc: {len(os.sched_getaffinity(0))} (cpu_count {os.cpu_count()}), {platform.machine()}, "
-        f"Python {platform.python_version()}, torch {torch_v}",
-        f"- load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} (other work on these cores adds noise)",
+        *machine_lines(),
+        f"- torch {torch_v}; load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} "
+        "(other work on these cores adds noise)",
         f"- code: git {revisions[0]}" + ("" if revisions[0] == revisions[1] else
                                          f" at the start, {revisions[1]} at the end (the code changed during the run)"),
         f"- command: `python benchmarks/heterogeneity.py {' '.join(sys.argv[1:])}` ({total_s:.0f} s in all)",
@@ -502,11 +498,9 @@ def main(argv=None) -> int:
                  for n in names]
 
     revision = git_revision()
-    root = Path(tempfile.mkdtemp(prefix="omnips-heterogeneity-"))
     results = []
     t0 = time.monotonic()
-    failed = True
-    try:
+    with runs_dir("omnips-heterogeneity-", args.keep_runs) as root:
         total = len(scenarios) * len(variants)
         for scenario in scenarios:
             for variant in variants:
@@ -517,12 +511,6 @@ def main(argv=None) -> int:
                       f"{s['samples_per_s']:6.0f} samples/s  acc {s['final_test_accuracy']:.3f}  "
                       f"adj {s['adjustments']:2d}  batches {s['final_batches']}  eff {r['efficiency']:.3f}  "
                       f"({r['elapsed_s']:.0f} s with start-up)", flush=True)
-        failed = False
-    finally:
-        if args.keep_runs or failed:
-            print(f"run directories kept in {root}", file=sys.stderr if failed else sys.stdout)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
     text = render(results, args, time.monotonic() - t0, scenarios, (revision, git_revision()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

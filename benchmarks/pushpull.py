@@ -41,6 +41,7 @@ from omnips import transport
 transport.tune_malloc()  # before the first large allocation (and before torch starts threads)
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -678,7 +679,7 @@ def main(argv=None) -> int:
     if args.repeats < 1 or args.curve_repeats < 1 or args.warmup < 0 or args.params < 1000:
         p.error("need --repeats >= 1, --curve-repeats >= 1, --warmup >= 0, --params >= 1000")
 
-    from report import publish
+    from report import publish, runs_dir
 
     from omnips import security
     from omnips.flat import aligned_zeros
@@ -693,17 +694,14 @@ def main(argv=None) -> int:
     grads = aligned_zeros(n)
     grads.fill(1e-4)
 
-    run_root = Path(tempfile.mkdtemp(prefix="omnips-pushpull-"))
-    key_dir = run_root / "keys"
-    security.keygen(key_dir)
     shapes = [("asp", 1), ("asp", 2)] + ([] if args.no_bsp else [("bsp", 1)])
-    configs = [(mode, servers, "tcp", k) for mode, servers in shapes
-               for k in [None] + ([] if args.no_curve else [key_dir])]
-    configs += [(mode, servers, "ipc", None) for mode, servers in shapes]
     results = []
-    raw = RawPeer(n, args.host)
-    ok = False
-    try:
+    with runs_dir("omnips-pushpull-", args.keep_runs) as run_root, contextlib.closing(RawPeer(n, args.host)) as raw:
+        key_dir = run_root / "keys"
+        security.keygen(key_dir)
+        configs = [(mode, servers, "tcp", k) for mode, servers in shapes
+                   for k in [None] + ([] if args.no_curve else [key_dir])]
+        configs += [(mode, servers, "ipc", None) for mode, servers in shapes]
         for kind in TRANSPORTS:
             for _ in range(args.warmup):
                 raw.round_trip(kind)
@@ -721,13 +719,6 @@ def main(argv=None) -> int:
         gl = gloo(n, raw, args.warmup, args.repeats)
         print(f"  gloo all_reduce: median {ms(statistics.median(gl['times']))} ms, raw alongside "
               + ", ".join(f"{kind} {ms(statistics.median(gl[kind]))} ms" for kind in TRANSPORTS), flush=True)
-        ok = True
-    finally:
-        raw.close()
-        if ok and not args.keep_runs:
-            shutil.rmtree(run_root, ignore_errors=True)
-        else:
-            print(f"run directories kept in {run_root}", file=sys.stderr)
 
     piece_times = pieces(params, grads, max(5, min(args.repeats, 11)), args.server_threads)
     rows = summarize(results, gl)

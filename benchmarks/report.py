@@ -1,8 +1,13 @@
-"""What every benchmark's results file starts and ends with."""
+"""What every benchmark shares: the head of its results file, publishing it, and a
+directory for its runs."""
 
+import contextlib
 import datetime
 import os
 import platform
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 
@@ -18,3 +23,19 @@ def publish(lines: list[str], out: Path) -> None:
     print(text)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
+
+
+@contextlib.contextmanager
+def runs_dir(prefix: str, keep: bool = False):
+    """A fresh directory for a benchmark's runs: removed once it succeeds (unless `keep`),
+    kept and named on stderr when it fails, since the runs' logs then say why."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield root
+    except BaseException:
+        print(f"run directories kept in {root}", file=sys.stderr)
+        raise
+    if keep:
+        print(f"run directories kept in {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)

@@ -50,10 +50,8 @@ import datetime
 import json
 import math
 import os
-import shutil
 import socket
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -67,7 +65,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from jobs import run_job  # noqa: E402
-from report import machine_lines, publish  # noqa: E402
+from report import machine_lines, publish, runs_dir  # noqa: E402
 
 from omnips import data, models  # noqa: E402
 from omnips.batching import equal_time, initial_batches, integerize  # noqa: E402
@@ -428,18 +426,11 @@ def main(argv=None) -> int:
         params[w.name] = sum(t.numel() for t in models.build("mlp", w.model_args, train, SEED).parameters())
         print(f"{w.name}: {params[w.name]:,} parameters, {len(train)} training samples, "
               f"{w.job().total_steps(len(train))} steps", flush=True)
-    root = Path(tempfile.mkdtemp(prefix="omnips-vs-ddp-"))
-    start, rows, failed = time.monotonic(), [], True
-    try:
+    start, rows = time.monotonic(), []
+    with runs_dir("omnips-vs-ddp-") as root:
         for w in workloads:
             for level in levels:
                 rows += compare(w, level, root, args)
-        failed = False
-    finally:
-        if failed:
-            print(f"run directories kept in {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
     publish(render(rows, workloads, levels, args, time.monotonic() - start, params), args.out)
     return 0
 

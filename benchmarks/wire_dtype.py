@@ -33,9 +33,7 @@ transport.tune_malloc()  # before the first large allocation
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import shutil  # noqa: E402
 import statistics  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -50,7 +48,7 @@ from omnips.protocol import Params, Push  # noqa: E402
 from omnips.wire import WireDtype  # noqa: E402
 from pushpull import job_args, median_time, model_size  # noqa: E402
 from jobs import run_job  # noqa: E402
-from report import machine_lines, publish  # noqa: E402
+from report import machine_lines, publish, runs_dir  # noqa: E402
 from solo import SoloWorker  # noqa: E402
 
 JOB_TIMEOUT_S = 300.0
@@ -207,21 +205,13 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)  # as a launched worker (--threads 1): conversions are torch copies
     start = time.monotonic()
-    root = Path(tempfile.mkdtemp(prefix="omnips-wire-"))
-    ok = False
-    try:
+    with runs_dir("omnips-wire-", args.keep_runs) as root:
         acc_rows = []
         for seed in seeds:
             for w in WIRE_DTYPES:
                 acc_rows.append(accuracy_run(w, seed, args.epochs, root))
                 print(f"  digits {w} seed {seed}: accuracy {acc_rows[-1]['acc']:.4f}", flush=True)
         n, times = time_round_trips(args.params, args.warmup, args.repeats, root)
-        ok = True
-    finally:
-        if ok and not args.keep_runs:
-            shutil.rmtree(root, ignore_errors=True)
-        else:
-            print(f"run directories kept in {root}", file=sys.stderr)
     lines = render(acc_rows, n, times, wire_bytes(n), conversion_times(n, 7), args, time.monotonic() - start)
     publish(lines, Path(args.out))
     return 0
