@@ -1,12 +1,15 @@
-"""Helpers for end-to-end tests: real processes over ZeroMQ on loopback."""
+"""Helpers for end-to-end tests (real processes over ZeroMQ on loopback) and for checkpoint files."""
 
 import json
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from omnips import data, models
+from omnips import checkpoint, data, models
+from omnips.checkpoint import FileInfo
+from omnips.job import JobSpec
 from omnips.launch import LocalCluster
 from omnips.metrics import read_events
 
@@ -57,6 +60,17 @@ def wait_for_event(run_dir, match, timeout_s: float = 60.0) -> dict:
     raise AssertionError(f"no matching event in {run_dir} within {timeout_s:g} s")
 
 
+def wait_for_steps(run_dir, n, timeout_s=60):
+    """Return once a running job's metrics.jsonl holds n step events."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and \
+                sum(e["event"] == "step" for e in read_events(run_dir)) >= n:
+            return
+        time.sleep(0.1)  # polling a file another process writes; bounded by the deadline
+    raise AssertionError("training never started")
+
+
 def server_endpoint(run_dir, timeout_s: float = 60.0) -> str:
     """Server 0's address, once it has registered with the scheduler."""
     joined = wait_for_event(run_dir, lambda e: e["event"] == "membership" and e["role"] == "server", timeout_s)
@@ -77,3 +91,30 @@ def single_process_model(steps: int, global_batch: int, lr: float, momentum: flo
         models.loss_fn(model(x), y).backward()
         opt.step()
     return model.state_dict()
+
+
+# -- checkpoint files, written without processes ---------------------------------------
+
+
+def written(tmp, meta=None, arrs=None, name="shard-0.ckpt") -> tuple[Path, FileInfo]:
+    """A shard file under tmp/step-5 (ten float32 values and rank 0 unless told): its path and FileInfo."""
+    path = Path(tmp) / "step-5" / name
+    arrs = {"values": np.arange(10, dtype=np.float32)} if arrs is None else arrs
+    return path, checkpoint.write_shard(path, {"rank": 0} if meta is None else meta, arrs)
+
+
+CHECKPOINT_JOB = JobSpec(num_workers=2, num_servers=2)
+
+
+def make_checkpoint(root, step, complete=True, servers=2):
+    """Checkpoint `step` under root: a shard file per server and, if complete, a manifest for CHECKPOINT_JOB."""
+    directory = checkpoint.step_dir(root, step)
+    shards = []
+    for s in range(servers):
+        info = checkpoint.write_shard(directory / checkpoint.shard_name(s), {"rank": s},
+                                      {"values": np.full(4, step + s, np.float32)})
+        shards.append({"range": [4 * s, 4 * s + 4], "version": step, "size": info.size, "sha256": info.sha256})
+    if complete:
+        checkpoint.write_manifest(directory, step, CHECKPOINT_JOB.to_dict(), shards, [step, step],
+                                  [64 * step, 64 * step])
+    return directory

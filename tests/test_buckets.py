@@ -14,10 +14,11 @@ from omnips.protocol import Params, Push
 from omnips.servers import ServerError, ServerGroup
 from omnips.sharding import shard_ranges
 from server.assembly import Assembler, PartRefused
-from test_shard_core import PEERS, assert_refused, make_core, push
 from worker.buckets import BucketPlan
 from worker.pushing import Pusher
 from worker.trainer import Trainer
+
+from shard_helpers import PEERS, assert_refused, make_core, parts_of, push
 
 
 @st.composite
@@ -73,12 +74,6 @@ def test_a_step_computed_again_keeps_what_was_sent():
     plan.again()
     assert plan.ready(1) == [] and plan.ready(0) == [0]
     assert plan.completes_shard(0) and not plan.completes_shard(1)
-
-
-def parts_of(values: np.ndarray, cuts: list[int], **fields) -> list[Push]:
-    edges = [0, *cuts, values.size]
-    return [Push(rank=fields.get("rank", 0), step=fields.get("step", 0), ver=0, batch=fields.get("batch", 4), gen=0,
-                 data=values[lo:hi], offset=lo, whole=values.size) for lo, hi in zip(edges, edges[1:]) if hi > lo]
 
 
 def joined(segments, n):

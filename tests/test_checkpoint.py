@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from omnips import checkpoint
 from omnips.checkpoint import CheckpointError, FileInfo
-from omnips.job import JobSpec
+
+from helpers import CHECKPOINT_JOB, make_checkpoint, written
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -34,12 +35,6 @@ def arrays(draw):
         raw = draw(st.binary(min_size=0, max_size=8 * 9).map(lambda b, n=dt.itemsize: b[:len(b) // n * n]))
         out[name] = np.frombuffer(raw, dtype=dt).copy()
     return out
-
-
-def written(tmp, meta=None, arrs=None, name="shard-0.ckpt") -> tuple[Path, FileInfo]:
-    path = Path(tmp) / "step-5" / name
-    arrs = {"values": np.arange(10, dtype=np.float32)} if arrs is None else arrs
-    return path, checkpoint.write_shard(path, {"rank": 0} if meta is None else meta, arrs)
 
 
 @FAST
@@ -106,21 +101,6 @@ def test_a_failed_write_leaves_the_previous_file_whole(tmp_path, monkeypatch):
 
 # -- manifests: complete, newest, pruned ------------------------------------------------------
 
-JOB = JobSpec(num_workers=2, num_servers=2)
-
-
-def make_checkpoint(root, step, complete=True, servers=2):
-    directory = checkpoint.step_dir(root, step)
-    shards = []
-    for s in range(servers):
-        info = checkpoint.write_shard(directory / checkpoint.shard_name(s), {"rank": s},
-                                      {"values": np.full(4, step + s, np.float32)})
-        shards.append({"range": [4 * s, 4 * s + 4], "version": step, "size": info.size, "sha256": info.sha256})
-    if complete:
-        checkpoint.write_manifest(directory, step, JOB.to_dict(), shards, [step, step], [64 * step, 64 * step])
-    return directory
-
-
 def test_newest_complete_passes_over_incomplete_and_damaged_checkpoints(tmp_path):
     assert checkpoint.newest_complete(tmp_path / "none") == (None, [])
     for step in (5, 10, 15):
@@ -128,7 +108,7 @@ def test_newest_complete_passes_over_incomplete_and_damaged_checkpoints(tmp_path
     make_checkpoint(tmp_path, 20, complete=False)
     ckpt, skipped = checkpoint.newest_complete(tmp_path)
     assert ckpt.step == 15 and skipped == [f"{tmp_path / 'step-20'}: incomplete (no manifest)"]
-    assert (ckpt.worker_steps, ckpt.positions, ckpt.job) == ([15, 15], [960, 960], JOB.to_dict())
+    assert (ckpt.worker_steps, ckpt.positions, ckpt.job) == ([15, 15], [960, 960], CHECKPOINT_JOB.to_dict())
     # damage a shard of 15, remove one of 10: 5 is the newest whole one
     shard = ckpt.shard_file(1)
     data = shard.read_bytes()

@@ -3,11 +3,9 @@
 import signal
 from collections import defaultdict
 
-from helpers import finish, start_cluster, wait_for_event
-
 from omnips.launch import WorkerSpec
 
-from test_failures import _wait_for_steps
+from helpers import finish, start_cluster, wait_for_event, wait_for_steps
 
 LIVENESS = ["--heartbeat", "0.3", "--dead-after", "3"]  # short, with room for a loaded host
 
@@ -24,7 +22,7 @@ def _kill_mid_run(run_dir, job, workers, victim: str, after_reports: int):
     """Run `job`, SIGKILL worker `victim` once `after_reports` step reports are in; the
     run once the scheduler has ended it, which must be a success."""
     with start_cluster(run_dir, [*job, *LIVENESS], workers) as cluster:
-        _wait_for_steps(run_dir, after_reports)
+        wait_for_steps(run_dir, after_reports)
         cluster.procs[victim].send_signal(signal.SIGKILL)
         run = finish(cluster, expect_ok=False)
     assert run.code == 0, run.logs()
@@ -60,7 +58,7 @@ def test_a_worker_started_later_joins_at_a_step_boundary_and_gets_a_share(tmp_pa
     job = ["--mode", "bsp", "--max-steps", str(steps_in_all), "--global-batch", "48", "--min-workers", "2",
            "--seed", "4", *LIVENESS]
     with start_cluster(run_dir, job, first, ranks=3) as cluster:
-        _wait_for_steps(run_dir, 2 * 20)
+        wait_for_steps(run_dir, 2 * 20)
         cluster.add_worker(WorkerSpec(ms_per_step=15.0), rank=2)
         run = finish(cluster)
     s = run.summary
@@ -112,7 +110,7 @@ def test_a_worker_started_later_joins_an_asp_job(tmp_path):
     job = ["--mode", "asp", "--max-steps", "400", "--global-batch", "48", "--min-workers", "2", "--lr", "0.02",
            "--seed", "4", *LIVENESS]
     with start_cluster(run_dir, job, [WorkerSpec(ms_per_step=15.0)] * 2, ranks=3) as cluster:
-        _wait_for_steps(run_dir, 2 * 20)
+        wait_for_steps(run_dir, 2 * 20)
         cluster.add_worker(WorkerSpec(ms_per_step=15.0), rank=2)
         run = finish(cluster)
     s = run.summary

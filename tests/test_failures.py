@@ -8,29 +8,19 @@ import time
 import pytest
 import torch
 
-from helpers import JOB_TIMEOUT_S, finish, start_cluster
-
 from omnips.launch import WorkerSpec
 from omnips.metrics import read_events
 
+from helpers import JOB_TIMEOUT_S, finish, start_cluster, wait_for_steps
+
 SLOW = ["--max-steps", "100000", "--global-batch", "8"]
-
-
-def _wait_for_steps(run_dir, n, timeout_s=60):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if (run_dir / "metrics.jsonl").exists() and \
-                sum(e["event"] == "step" for e in read_events(run_dir)) >= n:
-            return
-        time.sleep(0.1)  # polling a file another process writes; bounded by the deadline
-    raise AssertionError("training never started")
 
 
 def test_dead_scheduler_ends_servers_and_workers(tmp_path):
     run_dir = tmp_path / "run"
     workers = [WorkerSpec(ms_per_step=50.0), WorkerSpec(ms_per_step=50.0)]
     with start_cluster(run_dir, [*SLOW, "--dead-after", "3", "--heartbeat", "0.5"], workers) as cluster:
-        _wait_for_steps(run_dir, 4)
+        wait_for_steps(run_dir, 4)
         cluster.procs["scheduler"].send_signal(signal.SIGKILL)
         start = time.monotonic()
         others = {n: p for n, p in cluster.procs.items() if n != "scheduler"}
@@ -46,7 +36,7 @@ def test_a_dead_server_without_a_checkpoint_fails_the_job_with_the_reason(tmp_pa
     workers = [WorkerSpec(ms_per_step=50.0, extra=("--server-timeout", "20"))] * 2
     job = [*SLOW, "--stall-timeout", "60", "--heartbeat", "0.5", "--dead-after", "3"]
     with start_cluster(run_dir, job, workers) as cluster:
-        _wait_for_steps(run_dir, 2 * 4)
+        wait_for_steps(run_dir, 2 * 4)
         cluster.procs["server0"].send_signal(signal.SIGKILL)
         code = cluster.procs["scheduler"].wait(timeout=JOB_TIMEOUT_S)
         worker_codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
@@ -93,7 +83,7 @@ def test_a_server_started_again_takes_the_lost_shard_and_the_job_goes_back_to_th
            "--seed", "5",
            "--heartbeat", "0.3", "--dead-after", "3", "--checkpoint-every", str(every)]
     with start_cluster(run_dir, job, workers, num_servers=2) as cluster:
-        _wait_for_steps(run_dir, 2 * 35)
+        wait_for_steps(run_dir, 2 * 35)
         cluster.procs["server1"].send_signal(signal.SIGKILL)
         if mode == "bsp":  # started again once the loss is known, or at once (as a supervisor would)
             _wait_for_event(run_dir, lambda e: e["event"] == "membership" and e["change"] == "lost")

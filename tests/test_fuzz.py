@@ -21,9 +21,6 @@ import zmq
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-import test_protocol as tp
-import test_shard_core as tsc
-from helpers import finish, start_cluster
 from omnips import protocol
 from omnips.job import JobSpec
 from omnips.launch import WorkerSpec
@@ -33,6 +30,10 @@ from omnips.protocol import (Ack, Checkpoint, Error, Heartbeat, Init, Params, Pl
 from omnips.sharding import shard_ranges
 from scheduler.registry import Registry
 from server.shard import ShardCore
+
+from helpers import finish, start_cluster
+from protocol_helpers import ANY_MESSAGE, SAMPLE, TEXT, U64, assert_same_message, mutate
+from shard_helpers import PEERS, assert_same_state, round_trip, snapshot
 
 # -- the mutation engine -------------------------------------------------------------
 #
@@ -225,9 +226,9 @@ def m_bytes(rng, d):  # last resort: bit flips and splices, header or data
     cut = [(rng.choice(["flip", "set", "truncate", "insert", "delete"]), rng.randrange(10**6), rng.randrange(8))
            for _ in range(rng.randint(1, 3))]
     if d.rest and rng.random() < 0.3:
-        d.rest[0] = tp.mutate(d.rest[0], cut)
+        d.rest[0] = mutate(d.rest[0], cut)
     else:
-        d.head = tp.mutate(d.header(), cut)
+        d.head = mutate(d.header(), cut)
     return f"bytes {cut}"
 
 
@@ -262,7 +263,7 @@ def decode_or_refuse(frames) -> protocol.Message | ProtocolError:
         else:
             assert protocol.type_ok(value, f.type), (f.name, value)
     got.check()
-    tp.assert_same_message(protocol.decode([bytes(f) for f in protocol.encode(got)]), got)
+    assert_same_message(protocol.decode([bytes(f) for f in protocol.encode(got)]), got)
     return got
 
 
@@ -270,7 +271,7 @@ def decode_or_refuse(frames) -> protocol.Message | ProtocolError:
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(msg=tp.ANY_MESSAGE, rng=st.randoms(use_true_random=False), count=st.integers(1, 4))
+@given(msg=ANY_MESSAGE, rng=st.randoms(use_true_random=False), count=st.integers(1, 4))
 def test_mutated_messages_decode_or_are_refused(msg, rng, count):
     frames, done = mutated(msg, rng, count)
     note(f"{msg.OP}: {done}")
@@ -278,13 +279,13 @@ def test_mutated_messages_decode_or_are_refused(msg, rng, count):
     event(got.code if isinstance(got, ProtocolError) else "decoded")
 
 
-@pytest.mark.parametrize("op", sorted(tp.SAMPLE))
+@pytest.mark.parametrize("op", sorted(SAMPLE))
 def test_each_mutation_alone_on_each_op(op):
     """Every mutation on every op, whatever the draws above happen to favour."""
     rng = random.Random(op)
     for mutation in STRUCTURAL + ENDINGS:
         for _ in range(20):
-            d = Draft(tp.SAMPLE[op])
+            d = Draft(SAMPLE[op])
             mutation(rng, d)
             decode_or_refuse(d.frames())
 
@@ -293,7 +294,7 @@ def test_each_mutation_alone_on_each_op(op):
 
 ATTACKER = b"attacker"
 # ops a shard does not take (checkpoint requests it takes, like pulls: from whoever reaches its port)
-OTHER_OPS = [Heartbeat(), Ack(), *(m for m in tp.SAMPLE.values() if not isinstance(m, (Push, Pull, Init, Checkpoint)))]
+OTHER_OPS = [Heartbeat(), Ack(), *(m for m in SAMPLE.values() if not isinstance(m, (Push, Pull, Init, Checkpoint)))]
 PUSH_KINDS = ["bad_rank", "rank_taken", "bad_length", "bad_version", "bad_step", "duplicate", "non_finite"]
 KINDS = [*PUSH_KINDS, "init", "pull_passed", "pull", "other_op"]
 
@@ -327,7 +328,7 @@ HOSTILE = st.lists(st.tuples(st.integers(0, 13), st.sampled_from(KINDS), st.inte
 
 
 class ShardDrive:
-    """Workers 0..N-1 (peers tsc.PEERS) run `case` against a fresh core: worker 0 sends
+    """Workers 0..N-1 (peers PEERS) run `case` against a fresh core: worker 0 sends
     the init, then each ready worker (the one `case.choices` picks) pushes its next
     step, as real workers do; the hostile messages go in before the legitimate event
     at their position. Records every reply to the workers, bit for bit."""
@@ -340,7 +341,7 @@ class ShardDrive:
         rng = np.random.default_rng(case.seed)
         self.x0 = rng.standard_normal(case.n).astype(np.float32)
         self.grads = rng.standard_normal((case.workers, case.steps, case.n)).astype(np.float32)
-        self.peers = tsc.PEERS[:case.workers]
+        self.peers = PEERS[:case.workers]
         self.ready = set(range(case.workers))
         self.next_step = [0] * case.workers
         self.ver = [0] * case.workers  # the version of each worker's last reply
@@ -376,7 +377,7 @@ class ShardDrive:
                 self.values_at[self.core.version] = self.core.values.copy()
 
     def deliver(self, out):
-        tsc.round_trip(out)
+        round_trip(out)
         for o in out:
             if o.to == ATTACKER:  # a hostile pull, answered now: the shard as it was at that version
                 np.testing.assert_array_equal(o.msg.data, self.values_at[o.msg.version])
@@ -448,13 +449,13 @@ class ShardDrive:
         return bad
 
     def refused(self, peer, msg, code):
-        before = tsc.snapshot(self.core)
+        before = snapshot(self.core)
         with np.errstate(over="ignore"):  # 3e38 squared overflows on purpose
             out = self.core.handle(peer, msg, self.now)
         assert [(o.to, type(o.msg)) for o in out] == [(peer, Error)], out
         assert out[0].msg.code == code, (out[0].msg, msg)
-        tsc.assert_same_state(before, tsc.snapshot(self.core))
-        tsc.round_trip(out)
+        assert_same_state(before, snapshot(self.core))
+        round_trip(out)
         self.refusals[code] += 1
 
     def pull(self, msg):
@@ -471,9 +472,9 @@ def test_hostile_messages_change_nothing_in_the_shard(mode, case, hostile):
     for code in fuzzed.refusals:
         event(code)
     assert fuzzed.log == clean.log  # the workers see exactly what they would have seen
-    a, b = tsc.snapshot(clean.core), tsc.snapshot(fuzzed.core)
+    a, b = snapshot(clean.core), snapshot(fuzzed.core)
     del a["pulls"], b["pulls"]  # the hostile pulls still waiting for a version
-    tsc.assert_same_state(a, b)
+    assert_same_state(a, b)
 
 
 # -- ... and the registry ------------------------------------------------------------
@@ -493,10 +494,10 @@ def registry_cases(draw):
     job = JobSpec(num_servers=servers, num_workers=workers, global_batch=draw(st.integers(workers, 64)),
                   batching=draw(st.sampled_from(["uniform", "static", "dynamic"])))
     asked = draw(st.permutations(range(workers)))
-    regs = [Register(role="server", host=draw(tp.TEXT), endpoint=f"tcp://s{s}:1", pid=s) for s in range(servers)]
+    regs = [Register(role="server", host=draw(TEXT), endpoint=f"tcp://s{s}:1", pid=s) for s in range(servers)]
     regs += [Register(role="worker", host=draw(st.sampled_from(["a", "b"])), capacity=draw(CAPACITY),
                       device=draw(st.sampled_from(["cpu", "cuda:0"])), rank=asked[i] if draw(st.booleans()) else -1,
-                      memory_limit=draw(tp.U64)) for i in range(workers)]
+                      memory_limit=draw(U64)) for i in range(workers)]
     # what the wire delivers: each one passes decode
     regs = [protocol.decode([bytes(f) for f in protocol.encode(r)]) for r in regs]
     order = draw(st.permutations(range(len(regs))))

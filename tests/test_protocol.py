@@ -11,99 +11,12 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from omnips import protocol
-from omnips.protocol import (MAX_HEADER_BYTES, Ack, Checkpoint, Error, Heartbeat, Init, Params, Plan, Probe,
-                             ProtocolError, Pull, Push, Register, Report, Restore, Rewind, Saved, Shutdown, Welcome, decode,
-                             encode)
+from omnips.protocol import (MAX_HEADER_BYTES, Ack, Heartbeat, Init, Params, ProtocolError, Pull, Push, Report, Welcome,
+                             decode, encode)
+
+from protocol_helpers import ANY_MESSAGE, SAMPLE, STRATEGIES, assert_same_message, mutate
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-# -- strategies ----------------------------------------------------------------------
-
-U64 = st.integers(0, 2**64 - 1)
-ANY_INT = st.integers(-(2**63), 2**64 - 1)
-FLOAT = st.floats(allow_nan=True, allow_infinity=True)
-NON_NEG_FLOAT = st.floats(min_value=0.0, allow_infinity=False)
-TEXT = st.text(max_size=20)
-
-# msgpack-compatible plain values (lists rather than tuples, str keys); no NaN so == works
-_leaf = st.one_of(st.none(), st.booleans(), ANY_INT, st.floats(allow_nan=False), TEXT, st.binary(max_size=8))
-PLAIN = st.recursive(_leaf, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                      st.dictionaries(TEXT, inner, max_size=4)), max_leaves=6)
-DICTS = st.dictionaries(TEXT, PLAIN, max_size=3)
-
-
-@st.composite
-def wire_data(draw, max_size=24):
-    """float32 arrays with arbitrary bit patterns (NaN payloads, -0.0, subnormals, inf)."""
-    bits = draw(st.lists(st.integers(0, 2**32 - 1), max_size=max_size))
-    return np.array(bits, dtype="<u4").view("<f4")
-
-
-STRATEGIES = {
-    "register": st.builds(
-        Register, role=st.just("worker"), host=TEXT, endpoint=TEXT,
-        capacity=st.floats(min_value=1e-300, allow_infinity=False), device=TEXT, threads=U64, pid=U64,
-        memory_limit=U64)
-    | st.builds(Register, role=st.just("server"), host=TEXT, endpoint=TEXT.filter(bool),
-                ipc=st.just("") | TEXT.map("ipc://".__add__), capacity=st.floats(min_value=1e-300, max_value=1e300), device=TEXT, threads=U64, pid=U64),
-    "welcome": st.builds(Welcome, rank=ANY_INT, job=DICTS, cluster=DICTS),
-    "report": st.builds(Report, rank=U64, step=U64, batch=U64, compute_s=NON_NEG_FLOAT, network_s=NON_NEG_FLOAT,
-                        wait_s=NON_NEG_FLOAT, loss=FLOAT, staleness=U64, mem_batch=U64, mem_free=U64,
-                        sample_bytes=U64, done=st.booleans()),
-    "probe": st.lists(st.tuples(st.integers(1, 2**32), st.floats(min_value=1e-9, max_value=1e9)), min_size=2,
-                      max_size=8, unique_by=lambda p: p[0]).map(
-        lambda points: Probe(rank=3, batches=[b for b, _ in points], seconds=[t for _, t in points])),
-    "heartbeat": st.just(Heartbeat()),
-    "shutdown": st.builds(Shutdown, ok=st.booleans(), reason=TEXT),
-    "error": st.builds(Error, code=TEXT, text=TEXT),
-    "ack": st.just(Ack()),
-    "init": st.builds(Init, rank=ANY_INT, data=wire_data()),
-    "pull": st.builds(Pull, req=ANY_INT, at=st.none() | U64, gen=st.integers(-1, 2**64 - 1)),
-    "push": st.builds(Push, rank=U64, step=U64, ver=U64, batch=st.integers(1, 2**64 - 1), gen=U64,
-                      data=wire_data())
-    | st.builds(Push, rank=U64, step=U64, ver=U64, batch=st.just(0), gen=U64, data=wire_data(max_size=0)),
-    "params": st.builds(Params, req=ANY_INT, version=ANY_INT, held_s=FLOAT, plan=st.none() | DICTS,
-                        data=wire_data()),
-    "plan": st.lists(st.integers(0, 2**32), min_size=1, max_size=6).filter(any).flatmap(
-        lambda b: st.builds(Plan, gen=U64, batches=st.just(b), stop=st.booleans(),
-                            departed=st.lists(st.lists(st.integers(0, len(b) - 1), min_size=2, max_size=2).map(
-                                lambda d: [d[0], d[1] * 7 - 1]), max_size=3))),
-    "checkpoint": st.builds(Checkpoint, req=ANY_INT, step=U64, at=st.none() | U64),
-    "saved": st.builds(Saved, req=ANY_INT, step=U64, version=U64, size=U64, sha256=TEXT, error=TEXT),
-    "restore": st.builds(Restore, path=TEXT),
-    "rewind": st.integers(1, 4).flatmap(lambda n: st.builds(
-        Rewind, steps=st.lists(U64, min_size=n, max_size=n), positions=st.lists(U64, min_size=n, max_size=n),
-        plan=DICTS, servers=st.lists(TEXT, min_size=1, max_size=3))).flatmap(lambda r: st.builds(
-            Rewind, steps=st.just(r.steps), positions=st.just(r.positions), plan=st.just(r.plan),
-            servers=st.just(r.servers), ipc=st.just([]) | st.lists(
-                st.tuples(TEXT, st.just("") | TEXT.map("ipc://".__add__)).map(list),
-                min_size=len(r.servers), max_size=len(r.servers)))),
-}
-ANY_MESSAGE = st.one_of(*STRATEGIES.values())
-
-
-def same_value(a, b) -> bool:
-    """Deep equality with matching types, where NaN equals NaN."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, float):
-        return a == b or (math.isnan(a) and math.isnan(b))
-    if isinstance(a, list):
-        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
-    return a == b
-
-
-def assert_same_message(got, want):
-    assert type(got) is type(want)
-    for f in fields(want):
-        a, b = getattr(got, f.name), getattr(want, f.name)
-        if f.name == "data":
-            assert a.dtype == b.dtype and a.dtype in protocol.DTYPES.values() and a.ndim == 1
-            assert a.tobytes() == b.tobytes()  # bit-exact, NaN payloads included
-        else:
-            assert same_value(a, b), (f.name, a, b)
 
 
 def header_of(msg) -> dict:
@@ -297,25 +210,6 @@ def test_missing_field(op, name, data):
     assert err.code == "bad_field" and name in err.text
 
 
-SAMPLE = {
-    "register": Register(role="server", host="h", endpoint="tcp://h:1", ipc="ipc:///tmp/omnips-x/sock",
-                         capacity=2.0, threads=4, pid=9),
-    "welcome": Welcome(rank=1, job={"mode": "bsp"}, cluster={"range": [0, 3]}),
-    "report": Report(rank=1, step=2, batch=3, compute_s=0.5, network_s=0.5, wait_s=0.5, loss=1.0, staleness=1),
-    "probe": Probe(rank=1, batches=[2, 4], seconds=[0.01, 0.015]),
-    "shutdown": Shutdown(ok=True, reason="done"),
-    "error": Error(code="c", text="t"),
-    "init": Init(rank=0, data=np.zeros(3, np.float32)),
-    "pull": Pull(req=1, at=3),
-    "push": Push(rank=1, step=2, ver=2, batch=8, gen=0, data=np.zeros(3, np.float32)),
-    "params": Params(req=1, version=2, held_s=0.5, plan={"gen": 1}, data=np.zeros(3, np.float32)),
-    "plan": Plan(gen=1, batches=[3, 5], stop=False),
-    "checkpoint": Checkpoint(req=1, step=10, at=10),
-    "saved": Saved(req=1, step=10, version=10, size=100, sha256="ab" * 32),
-    "restore": Restore(path="/run/checkpoints/step-10"),
-    "rewind": Rewind(steps=[10, 10], positions=[640, 640], plan={"gen": 3, "batches": [8, 8], "stop": False},
-                     servers=["tcp://h:1"], ipc=[["h", "ipc:///tmp/omnips-x/sock"]]),
-}
 WRONG = {  # field type -> values of other types
     int: [True, False, "1", 1.5, None, [1], {"a": 1}, b"1"],
     float: [True, "0.5", None, [0.5], b"x"],
@@ -469,25 +363,6 @@ MUTATION = st.one_of(
     st.tuples(st.just("insert"), st.integers(0, 10**6), st.integers(0, 255)),
     st.tuples(st.just("delete"), st.integers(0, 10**6), st.just(0)),
 )
-
-
-def mutate(raw: bytes, mutations) -> bytes:
-    b = bytearray(raw)
-    for kind, pos, arg in mutations:
-        if not b and kind != "insert":
-            continue
-        i = pos % max(1, len(b))
-        if kind == "flip":
-            b[i] ^= 1 << arg
-        elif kind == "set":
-            b[i] = arg
-        elif kind == "truncate":
-            del b[i:]
-        elif kind == "insert":
-            b.insert(pos % (len(b) + 1), arg)
-        else:
-            del b[i]
-    return bytes(b)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,10 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import finish, start_cluster
 from hypothesis import given
 from hypothesis import strategies as st
-from test_checkpoint import JOB, make_checkpoint
 
 from omnips import checkpoint, cli
 from omnips.job import JobSpec
@@ -27,6 +25,8 @@ from scheduler import __main__ as scheduler_main
 from scheduler.checkpoints import CheckpointBook, resume_point
 from scheduler.progress import Progress
 from scheduler.registry import Registry
+
+from helpers import CHECKPOINT_JOB, finish, make_checkpoint, start_cluster
 
 # -- the scheduler's side ---------------------------------------------------------------------
 
@@ -39,7 +39,7 @@ def _saved(root, step, s, req=1, error=""):
 
 
 def test_the_book_writes_the_manifest_when_every_server_answered(tmp_path):
-    book = CheckpointBook(tmp_path, JOB, [(0, 3), (3, 6)], every=5)
+    book = CheckpointBook(tmp_path, CHECKPOINT_JOB, [(0, 3), (3, 6)], every=5)
     assert book.bsp_steps(23) == [5, 10, 15, 20]
     req = book.open(5, [5, 5], [320, 320])
     assert book.add(0, _saved(tmp_path, 5, 0, req)) is None
@@ -57,7 +57,7 @@ def test_the_book_writes_the_manifest_when_every_server_answered(tmp_path):
 
 
 def test_the_book_reports_an_incomplete_checkpoint(tmp_path):
-    book = CheckpointBook(tmp_path, JOB, [(0, 3), (3, 6)], every=5)
+    book = CheckpointBook(tmp_path, CHECKPOINT_JOB, [(0, 3), (3, 6)], every=5)
     req = book.open(5, [5, 5], [0, 0])
     book.add(0, _saved(tmp_path, 5, 0, req))
     assert book.add(1, _saved(tmp_path, 5, 1, req, error="disk full")) == (5, "server 1: disk full")
@@ -72,7 +72,7 @@ def test_the_book_reports_an_incomplete_checkpoint(tmp_path):
 @given(every=st.integers(1, 20), start=st.integers(0, 100),
        jumps=st.lists(st.integers(1, 30), min_size=1, max_size=30))
 def test_asp_checkpoints_come_once_per_interval_crossed(every, start, jumps):
-    book = CheckpointBook(Path("unused"), JOB, [(0, 1)], every=every, start=start)
+    book = CheckpointBook(Path("unused"), CHECKPOINT_JOB, [(0, 1)], every=every, start=start)
     updates = start
     for jump in jumps:
         before, updates = updates, updates + jump
@@ -119,7 +119,7 @@ def test_a_resumed_run_dir_continues_its_events(tmp_path):
 
 # -- --resume refusals ----------------------------------------------------------------------------
 
-def resumable(run_dir: Path, job: JobSpec = JOB) -> Path:
+def resumable(run_dir: Path, job: JobSpec = CHECKPOINT_JOB) -> Path:
     """A run directory as a killed job leaves it: config, events, checkpoints at steps 5 and 10."""
     run_dir.mkdir()
     (run_dir / "config.json").write_text(json.dumps(job.to_dict()))
@@ -134,7 +134,7 @@ def test_resume_point_is_the_newest_complete_checkpoint(tmp_path, caplog):
     damaged = make_checkpoint(run_dir / "checkpoints", 15) / checkpoint.shard_name(1)
     damaged.write_bytes(damaged.read_bytes()[:-1])
     job, ckpt = resume_point(run_dir)
-    assert job == JOB and ckpt.step == 10 and ckpt.path.is_absolute()
+    assert job == CHECKPOINT_JOB and ckpt.step == 10 and ckpt.path.is_absolute()
     assert f"passed over a checkpoint: checkpoint file {damaged.resolve()} has 136 bytes" in caplog.text
 
 
@@ -149,10 +149,10 @@ def welcomes(registry: Registry) -> list[dict]:
 
 def test_a_resumed_jobs_welcomes_say_where_to_continue(tmp_path):
     ckpt = resume_point(resumable(tmp_path / "run"))[1]
-    resumed = welcomes(Registry(JOB, 8, 8, 100, 30.0, checkpoint_dir="/ckpt", resume=ckpt))
+    resumed = welcomes(Registry(CHECKPOINT_JOB, 8, 8, 100, 30.0, checkpoint_dir="/ckpt", resume=ckpt))
     assert [(c["checkpoint_dir"], c["restore"]) for c in resumed[:2]] == [("/ckpt", str(ckpt.path))] * 2
     assert [(c["resumed"], c["start_step"], c["start_position"]) for c in resumed[2:]] == [(True, 10, 640)] * 2
-    fresh = welcomes(Registry(JOB, 8, 8, 100, 30.0, checkpoint_dir="/ckpt"))
+    fresh = welcomes(Registry(CHECKPOINT_JOB, 8, 8, 100, 30.0, checkpoint_dir="/ckpt"))
     assert [c["restore"] for c in fresh[:2]] == ["", ""]
     assert [(c["resumed"], c["start_step"], c["start_position"]) for c in fresh[2:]] == [(False, 0, 0)] * 2
 
@@ -165,7 +165,7 @@ def test_a_resumed_jobs_welcomes_say_where_to_continue(tmp_path):
     (lambda d: (d / "summary.json").write_text('["status"]'), "summary.json is unreadable"),
     (lambda d: [checkpoint.step_dir(d / "checkpoints", s).joinpath(checkpoint.MANIFEST).unlink() for s in (5, 10)],
      "no complete checkpoint"),
-    (lambda d: (d / "config.json").write_text(json.dumps({**JOB.to_dict(), "lr": 0.5})), "another job"),
+    (lambda d: (d / "config.json").write_text(json.dumps({**CHECKPOINT_JOB.to_dict(), "lr": 0.5})), "another job"),
 ])
 def test_resume_refuses_a_run_it_cannot_continue(tmp_path, spoil, text):
     run_dir = resumable(tmp_path / "run")

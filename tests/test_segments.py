@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.segments import ALIGN, aligned
-from test_buckets import parts_of
-from test_shard_core import PEERS, make_core, push
+
+from shard_helpers import PEERS, make_core, parts_of, push
 
 
 @st.composite

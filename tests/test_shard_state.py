@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_checkpoint import written
-from test_shard_core import PEERS, SCHED, assert_same_state, push, snapshot
 
 from omnips import checkpoint
 from omnips.checkpoint import CheckpointError, FileInfo
@@ -17,6 +15,9 @@ from omnips.job import JobSpec
 from omnips.protocol import Checkpoint, Init, Params, Pull, Saved
 from server import checkpointer
 from server.shard import ShardCore, ShardState, Snapshot
+
+from helpers import written
+from shard_helpers import PEERS, SCHED, assert_same_state, push, snapshot
 
 # -- a shard's state and its restore ----------------------------------------------------------
 

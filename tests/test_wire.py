@@ -16,7 +16,7 @@ from omnips.launch import WorkerSpec
 from omnips.protocol import Init, Pull, Push
 from omnips.wire import TAGS, WireDtype
 
-from test_shard_core import PEERS, SCHED, assert_refused, make_core, round_trip
+from shard_helpers import PEERS, SCHED, assert_refused, make_core, round_trip
 
 F32, BF16, F16 = (WireDtype(name) for name in WIRE_DTYPES)
 NARROW = [BF16, F16]
