@@ -48,27 +48,28 @@ def finish(cluster: LocalCluster, expect_ok: bool = True) -> Run:
 
 
 
-def wait_for_event(run_dir, match, timeout_s: float = 60.0) -> dict:
-    """The first event of a running job's metrics.jsonl for which match(event) holds."""
+def _poll_events(run_dir, found, timeout_s: float, missing: str):
+    """found(events) of a running job's metrics.jsonl, once it is not None."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if (Path(run_dir) / "metrics.jsonl").exists():
-            for e in read_events(run_dir):
-                if match(e):
-                    return e
+            got = found(read_events(run_dir))
+            if got is not None:
+                return got
         time.sleep(0.1)  # polling a file another process writes; bounded by the deadline
-    raise AssertionError(f"no matching event in {run_dir} within {timeout_s:g} s")
+    raise AssertionError(f"{missing} in {run_dir} within {timeout_s:g} s")
 
 
-def wait_for_steps(run_dir, n, timeout_s=60):
+def wait_for_event(run_dir, match, timeout_s: float = 60.0) -> dict:
+    """The first event of a running job's metrics.jsonl for which match(event) holds."""
+    return _poll_events(run_dir, lambda events: next((e for e in events if match(e)), None), timeout_s,
+                        "no matching event")
+
+
+def wait_for_steps(run_dir, n, timeout_s: float = 60.0) -> None:
     """Return once a running job's metrics.jsonl holds n step events."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if (run_dir / "metrics.jsonl").exists() and \
-                sum(e["event"] == "step" for e in read_events(run_dir)) >= n:
-            return
-        time.sleep(0.1)  # polling a file another process writes; bounded by the deadline
-    raise AssertionError("training never started")
+    _poll_events(run_dir, lambda events: sum(e["event"] == "step" for e in events) >= n or None, timeout_s,
+                 f"fewer than {n} steps")
 
 
 def server_endpoint(run_dir, timeout_s: float = 60.0) -> str:

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from omnips.launch import WorkerSpec
-from omnips.metrics import read_events
 
-from helpers import JOB_TIMEOUT_S, finish, start_cluster, wait_for_steps
+from helpers import JOB_TIMEOUT_S, finish, start_cluster, wait_for_event, wait_for_steps
 
 SLOW = ["--max-steps", "100000", "--global-batch", "8"]
 
@@ -86,7 +85,7 @@ def test_a_server_started_again_takes_the_lost_shard_and_the_job_goes_back_to_th
         wait_for_steps(run_dir, 2 * 35)
         cluster.procs["server1"].send_signal(signal.SIGKILL)
         if mode == "bsp":  # started again once the loss is known, or at once (as a supervisor would)
-            _wait_for_event(run_dir, lambda e: e["event"] == "membership" and e["change"] == "lost")
+            wait_for_event(run_dir, lambda e: e["event"] == "membership" and e["change"] == "lost")
         cluster.start_server("server1-again")  # the same command line
         run = finish(cluster, expect_ok=False)
     assert run.code == 0, run.logs()
@@ -104,10 +103,3 @@ def test_a_server_started_again_takes_the_lost_shard_and_the_job_goes_back_to_th
     assert codes["server1"] == -signal.SIGKILL and all(c == 0 for n, c in codes.items() if n != "server1"), codes
 
 
-def _wait_for_event(run_dir, pred, timeout_s=60):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if any(pred(e) for e in read_events(run_dir)):
-            return
-        time.sleep(0.1)  # polling a file another process writes; bounded by the deadline
-    raise AssertionError("the event never came")

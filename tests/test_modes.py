@@ -5,7 +5,7 @@ from omnips.job import JobSpec
 from omnips.protocol import Init, Params, Plan, Push
 from server.shard import ShardCore
 
-PEERS = [b"w0", b"w1", b"w2"]
+from shard_helpers import PEERS
 
 
 def core_for(mode, staleness=1, staleness_lr="none", n=4, num_trained=None):
