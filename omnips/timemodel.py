@@ -105,8 +105,9 @@ class TimeModels:
         """Whether a miss at each batch is a speed change rather than the batch change
         itself (or a poor fit): only near a size already measured. Elsewhere a new
         point simply joins the fit."""
-        return _near(np.asarray(batches, dtype=np.float64), np.take(self.batch, ranks, axis=1),
-                     np.take(self.weight, ranks, axis=1) > 0)
+        cols = np.arange(self.batch.shape[1])[ranks]  # a mask or indices, as the other methods take
+        return _near(np.asarray(batches, dtype=np.float64), np.take(self.batch, cols, axis=1),
+                     np.take(self.weight, cols, axis=1) > 0)
 
     def lines(self, ranks) -> np.ndarray:
         """(a, c) of each rank's current model, an (n, 2) array; every rank needs an observation."""

@@ -396,6 +396,16 @@ def test_no_line_before_a_measurement():
         TimeModel().predict(4)
 
 
+def test_workers_are_picked_by_index_or_by_mask_alike():
+    models = TimeModels(4)
+    models.observe([1, 2], [10, 20], [1.0, 2.0])
+    mask = np.array([False, True, True, False])
+    assert models.trusted_at([1, 2], [10, 30]).tolist() == [True, False]
+    assert models.trusted_at(mask, [10, 30]).tolist() == [True, False]
+    np.testing.assert_array_equal(models.lines(mask), models.lines([1, 2]))
+    assert models.measured(mask).all() and not models.measured([0, 3]).any()
+
+
 # -- the scheduler's bookkeeping --------------------------------------------------------------
 
 def control(num_workers=3, global_batch=60, adjust_every=4, **kw):
