@@ -25,7 +25,7 @@ from omnips.protocol import (Ack, Checkpoint, Heartbeat, Params, Plan, Probe, Pr
 from omnips.servers import ServerError, ServerGroup
 
 from .checkpoints import CheckpointBook
-from .control import BatchControl
+from .control import Adjustment, BatchControl
 from .evaluation import EvalBook, PendingEval
 from .progress import EvalPoint, Progress
 from .registry import Registry
@@ -503,12 +503,7 @@ class Scheduler:
                 raise JobFailed(f"dynamic batching failed on the probes: {exc}") from None
             for rank in refused:
                 self._memory_not_applied(rank, self._probe_memory[rank])
-            plan, d = self.control.plan, adjustment.decision
-            self.run.event("assign", gen=plan.gen, batches=list(plan.batches), reason="probe", step=0,
-                           targets=list(d.targets), predicted_step_s=d.predicted_s,
-                           max_batch=list(self.control.max_batch))
-            log.info("start batches from the probes %s (predicted step %.1f ms)", list(plan.batches),
-                     1000 * d.predicted_s)
+            self._record_plan(adjustment, 0, "start batches from the probes")
         plan = self.control.plan
         self._send_plan(plan)
         for m in self.registry.workers.values():
@@ -535,14 +530,18 @@ class Scheduler:
                 raise JobFailed(f"dynamic batching failed: {exc}") from None
         if adjustment is None or self.control.plan == self.registry.plan:
             return  # inside the deadband: nothing to hand out
+        self._record_plan(adjustment, r.step, "new batches", measured_batches=list(adjustment.batches),
+                          compute_s=list(adjustment.times),
+                          throughput=[b / t if t > 0 else None for b, t in zip(adjustment.batches, adjustment.times)])
+        self._send_plan(self.control.plan)
+
+    def _record_plan(self, adjustment: Adjustment, step: int, what: str, **measured) -> None:
+        """The plan the controller just made, into the run's events and the log."""
         plan, d = self.control.plan, adjustment.decision
-        self.run.event("assign", gen=plan.gen, batches=list(plan.batches), reason=adjustment.reason, step=r.step, measured_batches=list(adjustment.batches),
-                       compute_s=list(adjustment.times),
-                       throughput=[b / t if t > 0 else None for b, t in zip(adjustment.batches, adjustment.times)],
-                       targets=list(d.targets), predicted_step_s=d.predicted_s,
+        self.run.event("assign", gen=plan.gen, batches=list(plan.batches), reason=adjustment.reason, step=step,
+                       **measured, targets=list(d.targets), predicted_step_s=d.predicted_s,
                        max_batch=list(self.control.max_batch))
-        log.info("new batches %s (predicted step %.1f ms)", list(plan.batches), 1000 * d.predicted_s)
-        self._send_plan(plan)
+        log.info("%s %s (predicted step %.1f ms)", what, list(plan.batches), 1000 * d.predicted_s)
 
     def _memory_estimate(self, rank: int, mem_free: int, sample_bytes: int) -> int | None:
         """The batch a worker's free memory holds (None: it did not measure)."""

@@ -16,7 +16,10 @@ ALIGN = 64  # values: a multiple of every x86 and Arm vector block (and of their
 
 def aligned(segments: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarray]]:
     """The values of `segments` (tiling [0, n), any order) re-cut so that every boundary
-    inside is a multiple of ALIGN; the windows around the other boundaries are copies."""
+    inside is a multiple of ALIGN; the windows around the other boundaries are copies.
+    None or one segment is returned as it is."""
+    if len(segments) < 2:
+        return segments
     segs = sorted(segments, key=lambda s: s[0])
     n = segs[-1][0] + segs[-1][1].size
     windows: list[list[int]] = []  # [start, end) around the unaligned boundaries, merged

@@ -210,7 +210,7 @@ class ShardCore:
                                                "has NaN, inf or overflowing values")]
         self._claim(peer, msg.rank)
         self._joiners.discard(msg.rank)
-        segments = aligned(segments) if len(segments) > 1 else segments
+        segments = aligned(segments)
         if self.job.mode == "bsp":
             self._pending[msg.rank] = (peer, msg, now, segments)
             self._pending_gen = msg.gen
