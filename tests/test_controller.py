@@ -489,15 +489,27 @@ def test_replan_moves_the_plan_and_the_generation_only_on_change():
     assert ctl.ready
 
 
-def test_control_loop_converges_on_affine_workers():
+@pytest.mark.parametrize("controller", ["affine", "proportional"])
+def test_control_loop_converges_on_affine_workers(controller):
+    """The job's --controller picks the time models: `affine` fits a + c*b and reaches the
+    equal-time plan; `proportional` (the paper's rule) models each worker as its newest
+    throughput, a line through the origin, and stops short of it, as the models alone do
+    (test_affine_controller_reaches_the_equal_time_plan_where_the_proportional_one_stops_short)."""
     a, c, total = [40.0, 2.0, 2.0], [0.5, 1.0, 2.0], 96
-    ctl = control(num_workers=3, global_batch=total, adjust_every=3)
+    ctl = control(num_workers=3, global_batch=total, adjust_every=3, controller=controller)
     for _ in range(6):
         run_window(ctl, [ai + ci * b for ai, ci, b in zip(a, c, ctl.plan.batches)])
         assert ctl.ready
         ctl.replan()
         assert sum(ctl.plan.batches) == total
-    assert list(ctl.plan.batches) == exact_plan(a, c, total)
+    lines = ctl.models.lines(np.arange(3))
+    if controller == "affine":
+        assert list(ctl.plan.batches) == exact_plan(a, c, total)
+        np.testing.assert_allclose(lines, np.stack([a, c], axis=1))
+    else:
+        assert list(ctl.plan.batches) == [25, 47, 24]
+        times = [ai + ci * b for ai, ci, b in zip(a, c, ctl.plan.batches)]
+        np.testing.assert_allclose(lines, [[0.0, t / b] for t, b in zip(times, ctl.plan.batches)])
     assert ctl.adjustments == 2 and ctl.plan.gen == 2
 
 
