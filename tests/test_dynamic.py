@@ -43,14 +43,16 @@ def test_a_speed_change_mid_run_is_followed(run_job):
     assert abs(b0 - 47) <= 2 and b0 + b1 == 64, (b0, b1)  # 3x slower: (T-2)/2 + (T-6)/6 = 64 -> 47.5 / 16.5
 
 
-def test_without_the_probe_the_first_steps_run_the_equal_split(run_job):
-    workers = [WorkerSpec(ms_per_step=2, ms_per_sample=1), WorkerSpec(ms_per_step=2, ms_per_sample=4)]
+def test_without_the_probe_the_first_steps_run_the_split_by_capacity(run_job):
+    # capacities 1:3 against speeds 4:1, so that neither the equal split nor the speeds give 16/48
+    workers = [WorkerSpec(ms_per_step=2, ms_per_sample=1, capacity=1),
+               WorkerSpec(ms_per_step=2, ms_per_sample=4, capacity=3)]
     run = run_job([*BASE, "--max-steps", "20", "--no-probe"], workers)
     assigns = _assigns(run)
     assert run.summary["status"] == "completed" and not any(e["event"] == "probe" for e in run.events)
     assert assigns[0]["reason"] == "start" and assigns[1]["reason"] == "window"
-    first = [e["batch"] for e in run.events if e["event"] == "step" and e["step"] == 0]
-    assert first == [32, 32] and assigns[1]["batches"][0] > 40
+    first = {e["worker"]: e["batch"] for e in run.events if e["event"] == "step" and e["step"] == 0}
+    assert first == {0: 16, 1: 48} and assigns[0]["batches"] == [16, 48] and assigns[1]["batches"][0] > 40
     assert {"compute_s", "throughput", "predicted_step_s", "measured_batches"} <= assigns[1].keys()
 
 
