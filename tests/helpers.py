@@ -79,12 +79,16 @@ def server_endpoint(run_dir, timeout_s: float = 60.0) -> str:
 
 
 def single_process_model(steps: int, global_batch: int, lr: float, momentum: float = 0.9,
-                         weight_decay: float = 0.0, seed: int = 0) -> dict:
-    """The state_dict that torch's SGD in one process reaches on the global batches of a BSP
-    job (mlp on digits): what any BSP run of that job must end with."""
+                         weight_decay: float = 0.0, seed: int = 0, optimizer: str = "sgd") -> dict:
+    """The state_dict that torch's SGD (or Adam, its default betas and eps) in one process
+    reaches on the global batches of a BSP job (mlp on digits): what any BSP run of that job
+    must end with."""
     train, _ = data.load("digits", {})
     model = models.build("mlp", {}, train, seed=seed)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     stream, batcher = data.SampleStream(len(train), seed=seed), data.Batcher(train)
     for t in range(steps):
         x, y = batcher(stream.take(t * global_batch, global_batch))

@@ -60,6 +60,20 @@ def test_bsp_equals_single_process_training(run_job):
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5)
 
 
+def test_bsp_with_adam_equals_single_process_adam(run_job):
+    """--optimizer adam: the servers step with Adam (weight decay too), as torch.optim.Adam
+    in one process does on the global batches."""
+    args = ["--mode", "bsp", "--max-steps", "15", "--global-batch", "48", "--optimizer", "adam",
+            "--lr", "0.01", "--weight-decay", "0.01", "--seed", "4"]
+    run = run_job(args, [WorkerSpec(), WorkerSpec()], num_servers=2)
+    got = torch.load(run.dir / "model.pt")
+    want = single_process_model(steps=15, global_batch=48, lr=0.01, weight_decay=0.01, seed=4, optimizer="adam")
+    sgd = single_process_model(steps=15, global_batch=48, lr=0.01, weight_decay=0.01, seed=4)
+    for k in want:
+        assert not torch.allclose(want[k], sgd[k], rtol=0, atol=1e-3)  # the two rules part ways
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5)
+
+
 USER_CODE = '''
 import torch
 from torch import nn
