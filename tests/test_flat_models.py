@@ -163,6 +163,17 @@ def test_builtin_models_for_digits(digits_train, name, count):
     assert a(x).shape == (5, 10)
 
 
+def test_the_builtin_resnet_gives_a_sample_the_same_output_in_any_batch(digits_train):
+    """GroupNorm normalises each sample on its own: in training mode a sample's output (and so
+    its gradient) does not depend on which or how many samples share its batch, whatever
+    batch size the controller gives a worker. A BatchNorm would fail this."""
+    model = models.build("resnet", {}, digits_train, seed=3).train()
+    x, _ = data.Batcher(digits_train)(np.arange(40))
+    alone = torch.cat([model(x[i:i + 1]) for i in range(3)])
+    torch.testing.assert_close(model(x[:3]), alone, rtol=0, atol=1e-5)
+    torch.testing.assert_close(model(x)[:3], alone, rtol=0, atol=1e-5)
+
+
 def test_model_args_reach_builtins(digits_train):
     m = models.build("mlp", {"hidden": [7]}, digits_train, seed=0)
     assert sum(p.numel() for p in m.parameters()) == 64 * 7 + 7 + 7 * 10 + 10
