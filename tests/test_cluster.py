@@ -1,5 +1,7 @@
 """End to end: a scheduler, servers and workers as real processes over loopback ZeroMQ."""
 
+import time
+
 import torch
 
 from omnips import data, models
@@ -13,7 +15,9 @@ HETERO = [WorkerSpec(slowdown="1"), WorkerSpec(slowdown="2"), WorkerSpec(slowdow
 
 
 def test_bsp_trains_digits_to_90_percent(run_job):
+    before = time.monotonic()
     run = run_job(["--mode", "bsp", "--epochs", "8", *DIGITS_FAST], HETERO, num_servers=2)
+    after = time.monotonic()
     s = run.summary
     assert s["status"] == "completed"
     assert s["final_test_accuracy"] >= 0.90, s
@@ -26,6 +30,9 @@ def test_bsp_trains_digits_to_90_percent(run_job):
     assert all(len(set(e["versions"])) == 1 for e in evals)
     assert evals[-1]["versions"][0] == s["steps"]
     assert (run.dir / "config.json").exists() and (run.dir / "model.pt").exists()
+    # event times count from the start event's clock_t0, a reading of the host's monotonic clock
+    t0 = run.events[0]["clock_t0"]
+    assert run.events[0]["event"] == "start" and before < t0 and t0 + run.events[-1]["t"] < after
 
 
 def test_asp_trains_digits_to_90_percent(run_job):

@@ -1,0 +1,40 @@
+"""The summary's figures from worker reports (scheduler/progress.py): what summary.json says."""
+
+import pytest
+
+from omnips.job import JobSpec
+from omnips.protocol import Report
+from scheduler.progress import Progress
+
+
+def report(rank, step, batch, compute_s, network_s=0.0, wait_s=0.0, loss=1.0, staleness=0):
+    return Report(rank=rank, step=step, batch=batch, compute_s=compute_s, network_s=network_s, wait_s=wait_s,
+                  loss=loss, staleness=staleness)
+
+
+def test_the_time_counts_from_the_earliest_probe_pass():
+    p = Progress(JobSpec(mode="bsp", num_workers=2, global_batch=64, batching="dynamic"), 1438)
+    p.on_probe(0.5, now=10.0)  # passes from 9.5 s
+    p.on_probe(2.0, now=10.5)  # from 8.5 s: the slowest device's passes started first
+    p.on_report(report(0, 0, 40, compute_s=1.0, network_s=0.25, wait_s=0.5, loss=2.0), now=12.0)
+    p.on_report(report(1, 0, 24, compute_s=1.5, network_s=0.25, loss=3.0), now=12.5)
+    s = p.summary()
+    assert s["wall_s"] == 12.5 - 8.5 and s["samples_per_s"] == 64 / 4.0
+    assert s["worker_wait_fraction"] == [0.75 / 4.0, 0.25 / 4.0]  # barrier and network, of the wall time
+    assert s["final_train_loss"] == [2.0, 3.0] and s["worker_compute_s_per_step"] == [1.0, 1.5]
+
+
+def test_without_a_probe_the_time_counts_from_the_first_steps_start():
+    p = Progress(JobSpec(mode="bsp", num_workers=2, global_batch=64), 1438)
+    p.on_report(report(0, 0, 32, compute_s=1.0, network_s=0.5, wait_s=0.5), now=20.0)  # began at 18 s
+    p.on_report(report(1, 0, 32, compute_s=1.0), now=21.0)
+    assert p.summary()["wall_s"] == 3.0
+
+
+def test_staleness_is_averaged_over_the_updates():
+    p = Progress(JobSpec(mode="asp", num_workers=2, epochs=4), 1438)
+    for step, staleness in enumerate([0, 1, 5]):
+        p.on_report(report(0, step, 16, compute_s=0.1, staleness=staleness), now=1.0 + step)
+    p.on_report(report(1, 0, 16, compute_s=0.1, staleness=2), now=5.0)
+    s = p.summary()
+    assert s["steps"] == 4 and s["staleness_mean"] == pytest.approx(8 / 4) and s["staleness_max"] == 5
