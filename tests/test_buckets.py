@@ -13,6 +13,7 @@ from omnips.flat import FlatModel
 from omnips.protocol import Params, Push
 from omnips.servers import ServerError, ServerGroup
 from omnips.sharding import shard_ranges
+from omnips.wire import WireDtype
 from server.assembly import Assembler, PartRefused
 from worker.buckets import BucketPlan
 from worker.pushing import Pusher
@@ -200,14 +201,14 @@ class _Servers:
         self.sent.append((s, lo, hi, head.batch, head.data[lo:hi].copy() if head.batch else None, self.computing))
 
 
-def _pusher(train, bucket_values, poison_param=None, max_batch=0):
+def _pusher(train, bucket_values, poison_param=None, max_batch=0, poison_value=np.nan, wire="float32"):
     flat = FlatModel(models.build("mlp", {}, train, seed=4))
     if poison_param is not None:  # runs before the pusher's hook on that parameter
         def poison(p):
-            p.grad.view(-1)[0] = np.nan
+            p.grad.view(-1)[0] = poison_value
         flat.trained[poison_param].register_post_accumulate_grad_hook(poison)
     ranges = shard_ranges(flat.size, 2)
-    pusher = Pusher(flat, ranges, bucket_values, live=True)
+    pusher = Pusher(flat, ranges, bucket_values, live=True, wire=WireDtype(wire))
     servers = _Servers(ranges)
     trainer = Trainer(flat, data.Batcher(train), max_batch=max_batch)
     trainer.on_final_pass, trainer.on_retry = pusher.final_pass, pusher.settle
@@ -245,13 +246,20 @@ def test_buckets_leave_during_backward_and_together_are_the_gradient(train, max_
     assert servers.waited[:len(want)] == want and pusher._head.reply_part == 1024
 
 
-def test_a_gradient_found_not_finite_midway_stops_the_buckets_and_is_dropped(train):
-    pusher, servers, flat = _pusher(train, bucket_values=1024, poison_param=2)
+@pytest.mark.parametrize("value, wire", [(np.nan, "float32"), (1e5, "float16")])  # float16 ends at 65504
+def test_a_gradient_found_not_finite_midway_stops_the_buckets_and_is_dropped(train, value, wire):
+    pusher, servers, flat = _pusher(train, bucket_values=1024, poison_param=2, poison_value=value, wire=wire)
     before = len(servers.sent)
     assert before > 0  # the last layers' buckets had left
     assert not pusher.finish() and len(servers.sent) == before  # nothing more
     pusher.drop()
     assert [(s, batch) for s, _, _, batch, _, _ in servers.sent[before:]] == [(0, 0), (1, 0)]
+
+
+def test_a_gradient_beyond_float16_is_finite_on_a_wider_wire(train):
+    for wire in ("float32", "bfloat16"):  # bfloat16 keeps float32's range
+        pusher, servers, _ = _pusher(train, bucket_values=1024, poison_param=2, poison_value=1e5, wire=wire)
+        assert pusher.finish() and all(batch == 40 for _, _, _, batch, _, _ in servers.sent), wire
 
 
 # -- the worker's side: a reply read in parts --------------------------------------
