@@ -1,12 +1,14 @@
 """The scheduler's message handlers driven in-process (no server or worker runs; replies
-go to a socket without peers): the start plan from the workers' probes, and a server
-that cannot restore its shard."""
+go to a socket without peers): the start plan from the workers' probes, a server that
+cannot restore its shard, and a server registering for a shard that has one."""
+
+import time
 
 import pytest
 
 from omnips.job import JobSpec
 from omnips.protocol import Probe, Register
-from scheduler.service import Scheduler, SchedulerOptions
+from scheduler.service import JobFailed, Scheduler, SchedulerOptions
 
 
 @pytest.fixture
@@ -96,7 +98,6 @@ def test_a_memory_bound_from_a_probe_holds_inside_the_deadband(make):
 
 def test_a_server_that_cannot_restore_its_shard_fails_the_job_at_once(make, tmp_path):
     from omnips.protocol import Error
-    from scheduler.service import JobFailed
     from server.service import _restore
     from server.shard import ShardCore
 
@@ -110,3 +111,16 @@ def test_a_server_that_cannot_restore_its_shard_fails_the_job_at_once(make, tmp_
     s._on_message(b"X", sent[0])  # from a peer that is no server: refused, nothing more
     with pytest.raises(JobFailed, match="server 0 cannot restore its shard"):
         s._on_message(b"S", sent[0])
+
+
+def test_a_server_registering_while_every_shard_has_one_is_refused_unless_one_missed_two_heartbeats(make):
+    s = make(num_workers=1)
+    register(s, b"W0", "worker", 0)
+    assert s.registry.complete
+    register(s, b"S2", "server")  # server 0 is alive: the newcomer is refused, nothing changes
+    assert b"S2" not in s.registry.by_peer and [m.peer for m in s.registry.servers] == [b"S"]
+    # server 0 last heard from 2.5 heartbeats ago, long before --dead-after (30 s): taken for lost
+    # at once (here without a checkpoint, so the job fails with the reason)
+    s._heard[b"S"] = s._complete_at = time.monotonic() - 2.5 * s.opts.heartbeat_s
+    with pytest.raises(JobFailed, match=r"server 0 at tcp://127.0.0.1:1 silent for 2\.\d s when a new server registered"):
+        register(s, b"S3", "server")
