@@ -1,4 +1,8 @@
-"""Timeouts on every command line must be positive and finite: NaN or inf would disable them."""
+"""Command lines: timeouts must be positive and finite (NaN or inf would disable them), sizes
+take binary suffixes, and the scheduler's defaults are the ones the README's table gives."""
+
+import re
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +41,45 @@ def test_a_size_that_is_not_a_positive_byte_count_is_refused(text, capsys):
     with pytest.raises(SystemExit) as exit_:
         worker_parse(["--scheduler", "tcp://127.0.0.1:1", f"--memory-limit={text}"])
     assert exit_.value.code == 2 and "size" in capsys.readouterr().err
+
+
+# rows whose default is prose rather than a value per flag
+PROSE_DEFAULTS = {"--no-probe": "probe on", "--run-dir": "runs/YYYYmmdd-HHMMSS", "--resume": "",
+                  "--token": "`$OMNIPS_TOKEN`, else none", "--transport": "`$OMNIPS_TRANSPORT`, else auto"}
+
+
+def _documented(text: str):
+    """A README default of a flag whose value is no string: "0 (off)" is 0, "none" and "all"
+    (workers) are None, "off" False."""
+    text = re.sub(r"\s*\(.*\)$", "", text).strip("`")
+    words = {"none": None, "all": None, "off": False, "{}": {}}
+    if text in words:
+        return words[text]
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def test_the_readme_gives_the_schedulers_defaults():
+    actions = {a.option_strings[0]: a for a in scheduler_parser()._actions if a.option_strings}
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = [re.split(r"(?<!\\)\|", line.strip())[1:3] for line in readme.splitlines() if line.startswith("| `--")]
+    checked = set()
+    for flags_cell, default_cell in rows:
+        flags = re.findall(r"`(--[a-z-]+)", flags_cell)
+        if flags[0] not in actions:
+            continue  # another table (the benchmarks')
+        if flags[0] in PROSE_DEFAULTS:
+            assert default_cell.strip() == PROSE_DEFAULTS[flags[0]]
+            checked.add(flags[0])
+            continue
+        defaults = [d.strip() for d in default_cell.split(", ")]
+        assert len(defaults) == len(flags), flags_cell
+        for flag, text in zip(flags, defaults):
+            default = actions[flag].default
+            got = text.strip("`") if isinstance(default, str) else _documented(text)
+            assert got == default, (flag, text, default)
+            checked.add(flag)
+    assert {"--staleness", "--adjust-every", "--deadband", "--heartbeat", "--dead-after", "--stall-timeout",
+            "--lr", "--momentum", "--global-batch", "--epochs"} <= checked
