@@ -218,27 +218,36 @@ def _wait_for_checkpoint(run_dir, step, timeout_s=90):
     raise AssertionError(f"no complete checkpoint at step {step} or later")
 
 
-def test_a_killed_job_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(tmp_path):
-    run_dir = tmp_path / "run"
-    reference = start_cluster(tmp_path / "reference", ARGS, [WorkerSpec(), WorkerSpec()], num_servers=2)
-    slow = [WorkerSpec(ms_per_step=40.0)] * 2  # slow enough to be killed mid-job
-    with start_cluster(run_dir, [*ARGS, "--checkpoint-every", str(EVERY), "--heartbeat", "0.25"], slow,
-                       num_servers=2) as cluster:
-        _wait_for_checkpoint(run_dir, 2 * EVERY)
+def _kill_at_checkpoint(cluster, step) -> None:
+    """SIGKILL every process of `cluster` once it has a complete checkpoint at `step` or later."""
+    with cluster:
+        _wait_for_checkpoint(cluster.run_dir, step)
         for proc in cluster.procs.values():
             proc.send_signal(signal.SIGKILL)
         for proc in cluster.procs.values():
             proc.wait(timeout=10)
+
+
+def _resume(run_dir, *flags) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-m", "omnips.cli", "launch", "--resume", str(run_dir), "--no-plots",
+                          "--no-progress", *flags], capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stderr + (run_dir / "logs" / "scheduler.log").read_text()[-3000:]
+    return out
+
+
+def test_a_killed_job_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(tmp_path):
+    run_dir = tmp_path / "run"
+    reference = start_cluster(tmp_path / "reference", ARGS, [WorkerSpec(), WorkerSpec()], num_servers=2)
+    slow = [WorkerSpec(ms_per_step=40.0)] * 2  # slow enough to be killed mid-job
+    _kill_at_checkpoint(start_cluster(run_dir, [*ARGS, "--checkpoint-every", str(EVERY), "--heartbeat", "0.25"],
+                                      slow, num_servers=2), 2 * EVERY)
     before = read_events(run_dir)
     last_before = max(e["step"] for e in before if e["event"] == "step")
     assert not (run_dir / "summary.json").exists() and last_before < 80
     blocked = checkpoint.step_dir(run_dir / "checkpoints", 85)
     blocked.write_text("a file where checkpoint 85's directory would go: its writes fail")
 
-    out = subprocess.run([sys.executable, "-m", "omnips.cli", "launch", "--resume", str(run_dir), "--no-plots",
-                          "--no-progress", "--checkpoint-every", str(EVERY)],
-                         capture_output=True, text=True, timeout=150)
-    assert out.returncode == 0, out.stderr + (run_dir / "logs" / "scheduler.log").read_text()[-3000:]
+    _resume(run_dir, "--checkpoint-every", str(EVERY))
     s = json.loads((run_dir / "summary.json").read_text())
     events = read_events(run_dir)
     (resume,) = [i for i, e in enumerate(events) if e["event"] == "resume"]
@@ -265,3 +274,34 @@ def test_a_killed_job_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(t
     for k in want:
         assert torch.equal(want[k], got[k]), k  # BSP is deterministic: the resumed run is bit-for-bit the same
     assert s["final_test_accuracy"] == ref.summary["final_test_accuracy"]
+
+
+def test_a_killed_asp_job_resumes_each_workers_stream_and_plans_afresh(tmp_path):
+    """ASP, dynamic batching: each worker goes on at its own step and stream position of the
+    checkpoint; batches start again from the job's rule and capacities, not the plan the
+    killed job had reached, and the controller measures the resumed cluster afresh (here its
+    speeds are the other way round)."""
+    run_dir = tmp_path / "run"
+    job = ["--mode", "asp", "--batching", "dynamic", "--adjust-every", "4", "--epochs", "6", "--global-batch", "32",
+           "--lr", "0.02", "--seed", "2", "--checkpoint-every", "20", "--heartbeat", "0.25"]
+    workers = [WorkerSpec(ms_per_step=2, ms_per_sample=1), WorkerSpec(ms_per_step=2, ms_per_sample=3)]
+    _kill_at_checkpoint(start_cluster(run_dir, job, workers), 40)
+    killed_plan = [e for e in read_events(run_dir) if e["event"] == "assign"][-1]["batches"]
+    assert killed_plan[0] > killed_plan[1]  # worker 0 was the fast one
+    _, ckpt = resume_point(run_dir)  # (read now: the resumed job prunes it once it has newer ones)
+    _resume(run_dir, "--checkpoint-every", "20", "--emulate-ms-per-step", "2", "--emulate-ms-per-sample", "3", "1")
+    events = read_events(run_dir)
+    (resume,) = [i for i, e in enumerate(events) if e["event"] == "resume"]
+    after = events[resume:]
+    assert after[0]["step"] == ckpt.step and ckpt.positions[0] != ckpt.positions[1]  # two streams, two places
+    assert not any(e["event"] == "probe" for e in after)  # a resumed job skips the probe
+    steps = [e for e in after if e["event"] == "step"]
+    assert [next(e["step"] for e in steps if e["worker"] == w) for w in (0, 1)] == ckpt.worker_steps
+    assigns = [e for e in after if e["event"] == "assign"]
+    assert assigns[0]["batches"] == [16, 16]  # the rule's start (equal capacities), not killed_plan
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "completed" and s["resumed_from_step"] == ckpt.step
+    b0, b1 = s["final_batches"]  # now worker 1 is the fast one: 2 + 3 b0 = 2 + b1 -> 8 / 24
+    assert abs(b0 - 8) <= 1 and b0 + b1 == 32, s["final_batches"]
+    # each worker read its own stream on from its position: the samples add up to the budget
+    assert s["samples"] >= 6 * 1438 and s["samples"] - sum(e["batch"] for e in steps) == sum(ckpt.positions)
