@@ -4,6 +4,7 @@ import json
 import math
 import signal
 import time
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -13,6 +14,17 @@ from omnips.launch import WorkerSpec
 from helpers import JOB_TIMEOUT_S, finish, start_cluster, wait_for_event, wait_for_steps
 
 SLOW = ["--max-steps", "100000", "--global-batch", "8"]
+
+
+@contextmanager
+def _stopped(proc):
+    """proc frozen by SIGSTOP (a process that is slow, not dead), and woken on the way out
+    whatever happens, so that no stopped process outlives the test."""
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGCONT)  # a no-op once it has been reaped
 
 
 def test_dead_scheduler_ends_servers_and_workers(tmp_path):
@@ -44,6 +56,28 @@ def test_a_dead_server_without_a_checkpoint_fails_the_job_with_the_reason(tmp_pa
     # found by its silence (not by the 60 s stall timeout)
     assert summary["status"].startswith("failed: server 0 at tcp://") and "silent" in summary["status"]
     assert "server 0" in (run_dir / "logs" / "worker0.log").read_text()
+
+
+def test_a_job_without_progress_for_the_stall_timeout_fails_with_the_reason(tmp_path):
+    run_dir = tmp_path / "run"
+    workers = [WorkerSpec(ms_per_step=50.0)] * 2
+    # the frozen server's silence would be found after 60 s, and the workers wait 120 s for its answer:
+    # only the stall timeout can end this job soon
+    job = [*SLOW, "--stall-timeout", "3", "--heartbeat", "0.5", "--dead-after", "60"]
+    with start_cluster(run_dir, job, workers) as cluster:
+        wait_for_steps(run_dir, 2 * 4)
+        with _stopped(cluster.procs["server0"]):
+            stopped_at = time.monotonic()
+            code = cluster.procs["scheduler"].wait(timeout=30)
+            failed_after = time.monotonic() - stopped_at
+            worker_codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
+        server_code = cluster.procs["server0"].wait(timeout=30)  # woken: it reads the failure and ends
+    assert code == 1 and worker_codes == [1, 1] and server_code == 1, (code, worker_codes, server_code)
+    assert failed_after < 3 + 10  # the stall timeout, with room for a loaded host
+    status = "failed: no progress reported for 3 s"
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == status
+    for name in ("worker0", "worker1", "server0"):
+        assert f"scheduler ended the job: {status}" in (run_dir / "logs" / f"{name}.log").read_text(), name
 
 
 def test_nan_policy_skip_drops_the_gradient_and_trains_on(run_job):
