@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import signal
 import time
 from contextlib import contextmanager
@@ -78,6 +79,26 @@ def test_a_job_without_progress_for_the_stall_timeout_fails_with_the_reason(tmp_
     assert json.loads((run_dir / "summary.json").read_text())["status"] == status
     for name in ("worker0", "worker1", "server0"):
         assert f"scheduler ended the job: {status}" in (run_dir / "logs" / f"{name}.log").read_text(), name
+
+
+def test_a_server_that_does_not_answer_ends_the_worker_after_its_server_timeout(tmp_path):
+    run_dir = tmp_path / "run"
+    workers = [WorkerSpec(ms_per_step=50.0, extra=("--server-timeout", "3"))] * 2
+    # the scheduler would take the frozen server for dead after 60 s, and fail the stalled job after 60 s
+    job = [*SLOW, "--stall-timeout", "60", "--heartbeat", "0.5", "--dead-after", "60"]
+    with start_cluster(run_dir, job, workers) as cluster:
+        wait_for_steps(run_dir, 2 * 4)
+        with _stopped(cluster.procs["server0"]):
+            stopped_at = time.monotonic()
+            codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
+            ended_after = time.monotonic() - stopped_at
+            scheduler_code = cluster.procs["scheduler"].poll()
+    assert codes == [1, 1] and scheduler_code is None, (codes, scheduler_code)  # the workers' own timeout
+    assert ended_after < 3 + 10
+    for i in range(2):
+        log = (run_dir / "logs" / f"worker{i}.log").read_text()
+        endpoint = re.search(r"server 0: connecting to (\S+)", log).group(1)  # tcp, or its unix socket
+        assert f"ERROR no answer from server(s) {endpoint} within 3 s" in log, log[-2000:]
 
 
 def test_nan_policy_skip_drops_the_gradient_and_trains_on(run_job):
