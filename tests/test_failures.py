@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from omnips.launch import WorkerSpec
+from omnips.launch import LocalCluster, WorkerSpec
 
 from helpers import JOB_TIMEOUT_S, finish, start_cluster, wait_for_event, wait_for_steps
 
@@ -99,6 +99,38 @@ def test_a_server_that_does_not_answer_ends_the_worker_after_its_server_timeout(
         log = (run_dir / "logs" / f"worker{i}.log").read_text()
         endpoint = re.search(r"server 0: connecting to (\S+)", log).group(1)  # tcp, or its unix socket
         assert f"ERROR no answer from server(s) {endpoint} within 3 s" in log, log[-2000:]
+
+
+def _wait_for_log(path, text: str, timeout_s: float = 60.0) -> None:
+    """Return once the log file at `path` holds `text`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.05)  # polling a file another process writes; bounded by the deadline
+    raise AssertionError(f"{text!r} not in {path} within {timeout_s:g} s")
+
+
+def test_a_worker_that_is_never_welcomed_gives_up_after_its_welcome_timeout(tmp_path):
+    run_dir = tmp_path / "run"
+    worker = WorkerSpec(extra=("--welcome-timeout", "3"))
+    # the job needs a server, and none is started: the scheduler acknowledges the worker and never welcomes it
+    with LocalCluster(run_dir, [*SLOW, "--register-timeout", "60"], 1, [worker]) as cluster:
+        cluster.start_scheduler()
+        cluster.add_worker(worker, 0)
+        _wait_for_log(run_dir / "logs" / "scheduler.log", "worker registered from")
+        registered_at = time.monotonic()
+        code = cluster.procs["worker0"].wait(timeout=30)
+        gave_up_after = time.monotonic() - registered_at
+        assert cluster.poll() is None  # the scheduler still waits for its cluster: the worker gave up on its own
+    assert code == 1
+    assert 2 < gave_up_after < 3 + 10  # about the timeout, with room for a loaded host
+    log = (run_dir / "logs" / "worker0.log").read_text()
+    errors = [line.split(" ERROR ", 1)[1] for line in log.splitlines() if " ERROR " in line]
+    reason = (f"scheduler at {cluster.endpoint} did not complete the cluster (are all servers and workers "
+              "started?) within 3 s")
+    assert errors == [reason], log[-2000:]
+    assert "Traceback" not in log
 
 
 def test_nan_policy_skip_drops_the_gradient_and_trains_on(run_job):
