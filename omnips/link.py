@@ -106,10 +106,15 @@ class SchedulerLink:
         return msg
 
     def check_alive(self) -> None:
-        """Judge the scheduler's silence, and break ours when a heartbeat is due."""
+        """Judge the scheduler's silence, and break ours when a heartbeat is due. Before it
+        gives up, it waits a heartbeat interval for a message: a process that was itself
+        frozen (SIGSTOP, a stalled host) wakes to a clock that has jumped while what the
+        scheduler sent meanwhile is still on its way into the socket. Judged at once, it
+        would take its own silence for the scheduler's, and miss the reason it was sent
+        (a worker taken for dead: "removed from the job"). The caller reads what came."""
         now = self.clock()
-        silent = now - self.last_heard
-        if silent > self.dead_after_s:
+        if now - self.last_heard > self.dead_after_s and not self.sock.poll(int(1000 * self.heartbeat_s)):
+            silent = self.clock() - self.last_heard
             raise LinkError(f"no word from the scheduler at {self.endpoint} for {silent:.0f} s: giving up")
         if now - self._beat_at >= self.heartbeat_s:
             self._beat_at = now

@@ -22,7 +22,6 @@ from .shard import Outgoing, ShardCore, Snapshot
 log = logging.getLogger("omnips.server")
 
 POLL_MS = 200
-TRACKER_TIMEOUT_S = 30.0
 LAST_WRITE_S = 60.0  # at shutdown, how long a checkpoint file still being written may take
 
 
@@ -90,22 +89,23 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
     poller.register(router, zmq.POLLIN)
     poller.register(link.sock, zmq.POLLIN)
     trackers: list[zmq.MessageTracker] = []
+    grace_s = link.heartbeat_s  # the longest the loop waits for queued replies to leave
     while True:
         events = dict(poller.poll(POLL_MS))
         if link.sock in events:
             msg = link.receive()
             if isinstance(msg, Shutdown):
                 log.info("shutdown: %s (%d updates applied, %d pushes came in parts, %d replies went in parts, "
-                         "staleness mean %.2f max %d)", msg.reason or "job done", core.updates, core.parts_joined,
-                         core.replies_in_parts,
-                         core.staleness_sum / max(1, core.updates), core.staleness_max)
+                         "%d shard copies for replies still queued, staleness mean %.2f max %d)",
+                         msg.reason or "job done", core.updates, core.parts_joined, core.replies_in_parts,
+                         core.detached, core.staleness_sum / max(1, core.updates), core.staleness_max)
                 writer.finished(wait_s=LAST_WRITE_S)  # let a file being written end whole
                 return 0
             if isinstance(msg, Plan):
-                _wait_for_sends(trackers)  # a plan can complete a BSP step: the values change
+                _wait_for_sends(trackers, core, grace_s)  # a plan can complete a BSP step: the values change
                 _send(router, core.set_plan(msg, time.monotonic()), trackers, writer)
             if isinstance(msg, Restore):  # another server died: the job goes back to a checkpoint
-                _wait_for_sends(trackers)
+                _wait_for_sends(trackers, core, grace_s)
                 core.rewind()
                 restore(msg.path)
         if router in events:
@@ -117,7 +117,7 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
                 transport.reply(router, peer.bytes, protocol.Error(code=exc.code, text=exc.text))
                 continue
             if isinstance(msg, (Push, Init)):
-                _wait_for_sends(trackers)  # replies still queued alias the values about to change
+                _wait_for_sends(trackers, core, grace_s)  # replies still queued alias the values about to change
             replies = core.handle(peer.bytes, msg, time.monotonic())
             for out in replies:
                 if isinstance(out, Outgoing) and isinstance(out.msg, protocol.Error):
@@ -151,10 +151,18 @@ def _parts(out: Outgoing) -> list:
             for lo in range(0, n, out.part)]
 
 
-def _wait_for_sends(trackers: list) -> None:
+def _wait_for_sends(trackers: list, core: ShardCore, grace_s: float) -> None:
+    """Before the shard changes: the replies still queued alias it (zero-copy). Those that
+    leave within `grace_s` (a heartbeat interval) are waited for; when one does not (its
+    receiver is frozen, or slow to read), the shard moves to fresh buffers instead. Waiting
+    on would hold up every other worker and the server's heartbeats with it: the scheduler
+    would take the server for dead after --dead-after, and fail the job."""
+    deadline = time.monotonic() + grace_s
     for tracker in trackers:
         try:
-            tracker.wait(TRACKER_TIMEOUT_S)
+            tracker.wait(max(0.0, deadline - time.monotonic()))
         except zmq.NotDone:
-            log.error("a reply stayed queued for %.0f s; its receiver may see a torn shard", TRACKER_TIMEOUT_S)
+            core.detach()
+            log.debug("a reply is still queued after %.1f s: the shard moves to fresh buffers", grace_s)
+            break
     trackers.clear()

@@ -104,6 +104,7 @@ class ShardCore:
         self.staleness_max = 0
         self.updates = 0
         self.replies_in_parts = 0
+        self.detached = 0  # times the shard moved to fresh buffers, its old ones left to queued replies
 
     # -- entry point -------------------------------------------------------------
     def handle(self, peer: bytes, msg: Message, now: float) -> list[Outgoing | Snapshot]:
@@ -377,6 +378,20 @@ class ShardCore:
                   "last_step": [self._last_step.get(r, -1) for r in range(self.job.num_workers)],
                   "optimizer": scalars},
             arrays={"values": self.values.copy(), **{f"opt.{k}": v for k, v in buffers.items()}})
+
+    def detach(self) -> None:
+        """Move the shard to fresh buffers with the same values, leaving the current ones to
+        the replies still queued that alias them (zero-copy): what changes the shard next
+        cannot tear them. One copy, where waiting would hold the server up for as long as
+        a receiver does not read (a worker frozen or slow)."""
+        values = aligned_empty(self.n)
+        np.copyto(values, self.values)
+        self.values = values
+        self._opt.param = torch.from_numpy(values[:self.trained])  # updated in place; nothing else holds a view
+        if self._wire_values is not None:  # replies in the wire dtype alias this one
+            self._wire_values = self.wire.buffer(self.n)
+            self._wire_version = None
+        self.detached += 1
 
     def rewind(self) -> None:
         """Forget every request, binding and plan: the job goes back to a checkpoint (a

@@ -3,6 +3,8 @@
 import signal
 from collections import defaultdict
 
+import pytest
+
 from omnips.launch import WorkerSpec
 
 from helpers import finish, start_cluster, wait_for_event, wait_for_steps
@@ -122,3 +124,36 @@ def test_a_worker_started_later_joins_an_asp_job(tmp_path):
     steps = [e["step"] for e in joined]
     assert steps == list(range(steps[0], steps[0] + len(steps))) and steps[0] >= 20
     assert s["final_test_accuracy"] >= 0.85
+
+
+@pytest.mark.parametrize("slow, others", [
+    (WorkerSpec(ms_per_step=40.0), WorkerSpec(ms_per_step=10.0)),  # mostly computing: it has not pushed
+    (WorkerSpec(), WorkerSpec(ms_per_step=30.0)),  # mostly waiting for the others: a reply to it is due
+], ids=["frozen-computing", "frozen-waiting"])
+def test_a_worker_that_was_only_slow_is_refused_when_it_wakes_and_exits_with_the_reason(tmp_path, slow, others):
+    run_dir = tmp_path / "run"
+    steps = 200
+    job = ["--mode", "bsp", "--max-steps", str(steps), "--global-batch", "48", "--seed", "3", *LIVENESS]
+    with start_cluster(run_dir, job, [others, others, slow]) as cluster:
+        wait_for_steps(run_dir, 3 * 15)
+        woken = cluster.procs["worker2"]
+        woken.send_signal(signal.SIGSTOP)  # frozen for longer than --dead-after: taken for dead
+        try:
+            lost = wait_for_event(run_dir, lambda e: e["event"] == "membership" and e["change"] == "lost", 30)
+        finally:
+            woken.send_signal(signal.SIGCONT)  # it wakes in the middle of a step of the old plan
+        woken_code = woken.wait(timeout=30)
+        run = finish(cluster, expect_ok=False)
+    assert lost["role"] == "worker" and lost["rank"] == 2 and "silent" in lost["reason"], (lost, run.logs())
+    log = (run_dir / "logs" / "worker2.log").read_text()
+    # refused by the server ("removed: worker 2 was removed from the job after step N") or told by the
+    # scheduler ("removed from the job: silent for N s"), whichever it hears first
+    assert woken_code == 1 and "removed from the job" in log.splitlines()[-1], (woken_code, log[-2000:])
+    # the others went on without it and completed the job
+    assert run.code == 0, run.logs()
+    codes = run.cluster.exit_codes()
+    assert codes["worker0"] == 0 and codes["worker1"] == 0 and codes["server0"] == 0, codes
+    s = run.summary
+    assert s["status"] == "completed" and s["steps"] == steps and s["workers_lost"] == 1
+    assert s["final_batches"][2] == 0 and sum(s["final_batches"]) == 48
+    assert s["worker_steps"][2] == lost["last_step"] + 1  # nothing it did once awake counted

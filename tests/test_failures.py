@@ -2,17 +2,30 @@
 
 import json
 import math
+import re
 import signal
 import time
+from contextlib import contextmanager
 
 import pytest
 import torch
 
-from omnips.launch import WorkerSpec
+from omnips.launch import LocalCluster, WorkerSpec
 
 from helpers import JOB_TIMEOUT_S, finish, start_cluster, wait_for_event, wait_for_steps
 
 SLOW = ["--max-steps", "100000", "--global-batch", "8"]
+
+
+@contextmanager
+def _stopped(proc):
+    """proc frozen by SIGSTOP (a process that is slow, not dead), and woken on the way out
+    whatever happens, so that no stopped process outlives the test."""
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGCONT)  # a no-op once it has been reaped
 
 
 def test_dead_scheduler_ends_servers_and_workers(tmp_path):
@@ -44,6 +57,80 @@ def test_a_dead_server_without_a_checkpoint_fails_the_job_with_the_reason(tmp_pa
     # found by its silence (not by the 60 s stall timeout)
     assert summary["status"].startswith("failed: server 0 at tcp://") and "silent" in summary["status"]
     assert "server 0" in (run_dir / "logs" / "worker0.log").read_text()
+
+
+def test_a_job_without_progress_for_the_stall_timeout_fails_with_the_reason(tmp_path):
+    run_dir = tmp_path / "run"
+    workers = [WorkerSpec(ms_per_step=50.0)] * 2
+    # the frozen server's silence would be found after 60 s, and the workers wait 120 s for its answer:
+    # only the stall timeout can end this job soon
+    job = [*SLOW, "--stall-timeout", "3", "--heartbeat", "0.5", "--dead-after", "60"]
+    with start_cluster(run_dir, job, workers) as cluster:
+        wait_for_steps(run_dir, 2 * 4)
+        with _stopped(cluster.procs["server0"]):
+            stopped_at = time.monotonic()
+            code = cluster.procs["scheduler"].wait(timeout=30)
+            failed_after = time.monotonic() - stopped_at
+            worker_codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
+        server_code = cluster.procs["server0"].wait(timeout=30)  # woken: it reads the failure and ends
+    assert code == 1 and worker_codes == [1, 1] and server_code == 1, (code, worker_codes, server_code)
+    assert failed_after < 3 + 10  # the stall timeout, with room for a loaded host
+    status = "failed: no progress reported for 3 s"
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == status
+    for name in ("worker0", "worker1", "server0"):
+        assert f"scheduler ended the job: {status}" in (run_dir / "logs" / f"{name}.log").read_text(), name
+
+
+def test_a_server_that_does_not_answer_ends_the_worker_after_its_server_timeout(tmp_path):
+    run_dir = tmp_path / "run"
+    workers = [WorkerSpec(ms_per_step=50.0, extra=("--server-timeout", "3"))] * 2
+    # the scheduler would take the frozen server for dead after 60 s, and fail the stalled job after 60 s
+    job = [*SLOW, "--stall-timeout", "60", "--heartbeat", "0.5", "--dead-after", "60"]
+    with start_cluster(run_dir, job, workers) as cluster:
+        wait_for_steps(run_dir, 2 * 4)
+        with _stopped(cluster.procs["server0"]):
+            stopped_at = time.monotonic()
+            codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
+            ended_after = time.monotonic() - stopped_at
+            scheduler_code = cluster.procs["scheduler"].poll()
+    assert codes == [1, 1] and scheduler_code is None, (codes, scheduler_code)  # the workers' own timeout
+    assert ended_after < 3 + 10
+    for i in range(2):
+        log = (run_dir / "logs" / f"worker{i}.log").read_text()
+        endpoint = re.search(r"server 0: connecting to (\S+)", log).group(1)  # tcp, or its unix socket
+        assert f"ERROR no answer from server(s) {endpoint} within 3 s" in log, log[-2000:]
+
+
+def _wait_for_log(path, text: str, timeout_s: float = 60.0) -> None:
+    """Return once the log file at `path` holds `text`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.05)  # polling a file another process writes; bounded by the deadline
+    raise AssertionError(f"{text!r} not in {path} within {timeout_s:g} s")
+
+
+def test_a_worker_that_is_never_welcomed_gives_up_after_its_welcome_timeout(tmp_path):
+    run_dir = tmp_path / "run"
+    worker = WorkerSpec(extra=("--welcome-timeout", "3"))
+    # the job needs a server, and none is started: the scheduler acknowledges the worker and never welcomes it
+    with LocalCluster(run_dir, [*SLOW, "--register-timeout", "60"], 1, [worker]) as cluster:
+        cluster.start_scheduler()
+        cluster.add_worker(worker, 0)
+        _wait_for_log(run_dir / "logs" / "scheduler.log", "worker registered from")
+        registered_at = time.monotonic()
+        code = cluster.procs["worker0"].wait(timeout=30)
+        gave_up_after = time.monotonic() - registered_at
+        assert cluster.poll() is None  # the scheduler still waits for its cluster: the worker gave up on its own
+    assert code == 1
+    assert 2 < gave_up_after < 3 + 10  # about the timeout, with room for a loaded host
+    log = (run_dir / "logs" / "worker0.log").read_text()
+    errors = [line.split(" ERROR ", 1)[1] for line in log.splitlines() if " ERROR " in line]
+    reason = (f"scheduler at {cluster.endpoint} did not complete the cluster (are all servers and workers "
+              "started?) within 3 s")
+    assert errors == [reason], log[-2000:]
+    assert "Traceback" not in log
 
 
 def test_nan_policy_skip_drops_the_gradient_and_trains_on(run_job):

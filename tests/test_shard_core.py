@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omnips import protocol
-from omnips.protocol import Ack, Heartbeat, Init, Params, Plan, Pull
+from omnips.protocol import Ack, Heartbeat, Init, Params, Plan, Pull, Push
 from server.shard import Outgoing
 
 from shard_helpers import PEERS, SCHED, assert_refused, make_core, push, round_trip, snapshot
@@ -478,3 +478,38 @@ def test_ssp_does_not_wait_for_a_departed_worker():
     core.handle(PEERS[1], push(1, 2, [1], ver=core.version), 0.0)
     out = core.set_plan(Plan(gen=1, batches=[3, 3, 0], departed=[[2, 1]]), 0.0)
     assert [o.to for o in out] == [PEERS[0]]  # the slowest present worker is at 2 now
+
+
+# -- replies still queued ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("optimizer, wire", [("sgd", "float32"), ("adam", "float16")])
+def test_detach_leaves_queued_replies_as_sent_and_the_updates_as_they_would_be(optimizer, wire):
+    """A push's reply aliases the shard (zero-copy) until it has left; a server whose receiver
+    does not read detaches the shard rather than wait: what was queued stays as it was sent,
+    and every later step, reply and optimizer state is bit for bit that of a shard never detached."""
+    dtype = np.float32 if wire == "float32" else np.float16
+    kept, detached = (make_core(n=6, num_trained=4, optimizer=optimizer, wire_dtype=wire, init=np.arange(6) / 6)
+                      for _ in range(2))
+    queued = []  # (a reply's values as queued, their bytes when it was made): the old buffers live on in them
+    first_kept = None  # the first reply of the shard never detached
+    for step in range(3):
+        grads = [np.linspace(-1, 1, 6).astype(dtype) * (r + 1) * (step + 1) for r in range(3)]
+        outs = []
+        for core in (kept, detached):
+            out = []
+            for r in range(3):
+                out += core.handle(PEERS[r], Push(rank=r, step=step, ver=step, batch=4 + r, gen=0, data=grads[r]), 0.0)
+            assert len(out) == 3 and not any(o.snapshot for o in out)
+            outs.append(out)
+        for a, b in zip(*outs):
+            assert a.msg.data.dtype == dtype and a.msg.data.tobytes() == b.msg.data.tobytes()
+        queued += [(o.msg.data, o.msg.data.tobytes()) for o in outs[1]]
+        if step == 0:
+            first_kept = outs[0][0].msg.data
+        detached.detach()
+    assert all(data.tobytes() == sent for data, sent in queued)
+    assert first_kept.tobytes() != queued[0][1]  # undetached, the first reply's buffer moved on with the shard
+    assert detached.values.tobytes() == kept.values.tobytes() and detached.detached == 3
+    for a, b in zip(kept.state().arrays.values(), detached.state().arrays.values()):
+        assert a.tobytes() == b.tobytes()

@@ -1,0 +1,50 @@
+"""omnips.link judging the scheduler's silence: a ROUTER in this process stands in for the
+scheduler, and the link's clock is the test's."""
+
+import time
+
+import pytest
+import zmq
+
+from omnips import transport
+from omnips.link import LinkError, SchedulerLink
+from omnips.protocol import Heartbeat, Shutdown
+
+
+@pytest.fixture
+def linked():
+    """(link, send, clock): a link with --dead-after 3 and heartbeats every 0.2 s, connected
+    to the stand-in scheduler; send(msg) sends it a message from there; clock[0] is its time."""
+    ctx = zmq.Context()
+    try:
+        router = transport.socket(ctx, zmq.ROUTER)
+        endpoint = transport.bind(router, "127.0.0.1", 0)
+        clock = [0.0]
+        link = SchedulerLink(ctx, endpoint, dead_after_s=3.0, clock=lambda: clock[0])
+        link.heartbeat_s = 0.2
+        link.send(Heartbeat())  # the stand-in learns whom to answer
+        assert router.poll(10_000), "the link did not connect"
+        peer = transport.recv_frames(router)[0].bytes
+        yield link, lambda msg: transport.send(router, msg, to=peer), clock
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_process_that_was_frozen_reads_what_came_meanwhile_before_it_judges_the_silence(linked):
+    link, send, clock = linked
+    send(Shutdown(ok=False, reason="removed from the job: silent for 4 s"))  # sent while this process slept
+    clock[0] = 10.0  # it wakes: the last word it read seems 10 s old, and the shutdown is not read yet
+    link.check_alive()  # no verdict while a message comes in
+    with pytest.raises(LinkError, match="^scheduler ended the job: removed from the job: silent for 4 s$"):
+        link.receive()
+
+
+def test_a_scheduler_silent_for_dead_after_is_given_up_on(linked):
+    link, _, clock = linked
+    clock[0] = 2.9
+    link.check_alive()
+    clock[0] = 3.6
+    start = time.monotonic()
+    with pytest.raises(LinkError, match=r"^no word from the scheduler at tcp://127\.0\.0\.1:\d+ for 4 s: giving up$"):
+        link.check_alive()
+    assert time.monotonic() - start < 5  # a last look of about a heartbeat interval (0.2 s), no more
