@@ -28,11 +28,19 @@ def _stopped(proc):
         proc.send_signal(signal.SIGCONT)  # a no-op once it has been reaped
 
 
-def test_dead_scheduler_ends_servers_and_workers(tmp_path):
+@contextmanager
+def _running(tmp_path, flags, worker_flags=()):
+    """(run directory, cluster) of an endless job of two workers at 50 ms a step and a
+    server, once it has run 4 steps."""
     run_dir = tmp_path / "run"
-    workers = [WorkerSpec(ms_per_step=50.0), WorkerSpec(ms_per_step=50.0)]
-    with start_cluster(run_dir, [*SLOW, "--dead-after", "3", "--heartbeat", "0.5"], workers) as cluster:
-        wait_for_steps(run_dir, 4)
+    workers = [WorkerSpec(ms_per_step=50.0, extra=tuple(worker_flags))] * 2
+    with start_cluster(run_dir, [*SLOW, *flags], workers) as cluster:
+        wait_for_steps(run_dir, 2 * 4)
+        yield run_dir, cluster
+
+
+def test_dead_scheduler_ends_servers_and_workers(tmp_path):
+    with _running(tmp_path, ["--dead-after", "3", "--heartbeat", "0.5"]) as (run_dir, cluster):
         cluster.procs["scheduler"].send_signal(signal.SIGKILL)
         start = time.monotonic()
         others = {n: p for n, p in cluster.procs.items() if n != "scheduler"}
@@ -44,11 +52,8 @@ def test_dead_scheduler_ends_servers_and_workers(tmp_path):
 
 
 def test_a_dead_server_without_a_checkpoint_fails_the_job_with_the_reason(tmp_path):
-    run_dir = tmp_path / "run"
-    workers = [WorkerSpec(ms_per_step=50.0, extra=("--server-timeout", "20"))] * 2
-    job = [*SLOW, "--stall-timeout", "60", "--heartbeat", "0.5", "--dead-after", "3"]
-    with start_cluster(run_dir, job, workers) as cluster:
-        wait_for_steps(run_dir, 2 * 4)
+    job = ["--stall-timeout", "60", "--heartbeat", "0.5", "--dead-after", "3"]
+    with _running(tmp_path, job, ["--server-timeout", "20"]) as (run_dir, cluster):
         cluster.procs["server0"].send_signal(signal.SIGKILL)
         code = cluster.procs["scheduler"].wait(timeout=JOB_TIMEOUT_S)
         worker_codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
@@ -60,13 +65,9 @@ def test_a_dead_server_without_a_checkpoint_fails_the_job_with_the_reason(tmp_pa
 
 
 def test_a_job_without_progress_for_the_stall_timeout_fails_with_the_reason(tmp_path):
-    run_dir = tmp_path / "run"
-    workers = [WorkerSpec(ms_per_step=50.0)] * 2
     # the frozen server's silence would be found after 60 s, and the workers wait 120 s for its answer:
     # only the stall timeout can end this job soon
-    job = [*SLOW, "--stall-timeout", "3", "--heartbeat", "0.5", "--dead-after", "60"]
-    with start_cluster(run_dir, job, workers) as cluster:
-        wait_for_steps(run_dir, 2 * 4)
+    with _running(tmp_path, ["--stall-timeout", "3", "--heartbeat", "0.5", "--dead-after", "60"]) as (run_dir, cluster):
         with _stopped(cluster.procs["server0"]):
             stopped_at = time.monotonic()
             code = cluster.procs["scheduler"].wait(timeout=30)
@@ -82,12 +83,9 @@ def test_a_job_without_progress_for_the_stall_timeout_fails_with_the_reason(tmp_
 
 
 def test_a_server_that_does_not_answer_ends_the_worker_after_its_server_timeout(tmp_path):
-    run_dir = tmp_path / "run"
-    workers = [WorkerSpec(ms_per_step=50.0, extra=("--server-timeout", "3"))] * 2
     # the scheduler would take the frozen server for dead after 60 s, and fail the stalled job after 60 s
-    job = [*SLOW, "--stall-timeout", "60", "--heartbeat", "0.5", "--dead-after", "60"]
-    with start_cluster(run_dir, job, workers) as cluster:
-        wait_for_steps(run_dir, 2 * 4)
+    job = ["--stall-timeout", "60", "--heartbeat", "0.5", "--dead-after", "60"]
+    with _running(tmp_path, job, ["--server-timeout", "3"]) as (run_dir, cluster):
         with _stopped(cluster.procs["server0"]):
             stopped_at = time.monotonic()
             codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
