@@ -28,6 +28,8 @@ def test_batches_converge_to_the_speed_ratios(run_job):
     assert [b for _, b in first] == assigns[1]["batches"]
     assert s["adjustments"] == 0 and len(assigns) == 2  # exact virtual devices: nothing left to adjust
     assert {"targets", "predicted_step_s", "max_batch"} <= assigns[1].keys()
+    # a virtual device's gradient exists only once its emulated time is over: sent whole, after backward
+    assert "updates applied, 0 pushes came in parts" in (run.dir / "logs" / "server0.log").read_text()
     # the workers' measured compute times end up within 15 % of each other
     times = [e["compute_s"] for e in run.events if e["event"] == "step" and e["step"] >= 50]
     assert max(times) / min(times) < 1.15 + 0.1  # emulated floor plus real-compute noise
