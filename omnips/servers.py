@@ -153,16 +153,16 @@ class ServerGroup:
                     self._on_wait()
                 continue
             if not events:
-                names = ", ".join(self.endpoints[s] for s in range(len(self.socks))
+                names = ", ".join(self.name(s) for s in range(len(self.socks))
                                   if got is not None and s not in got or s in self._upto)
-                raise ServerError(f"no answer from server(s) {names} within {self.timeout_s:g} s", "timeout")
+                raise ServerError(f"no answer from {names} within {self.timeout_s:g} s", "timeout")
             for s, sock in enumerate(self.socks):
                 if sock not in events:
                     continue
                 msg = self.decode_reply(s, transport.recv_frames(sock))
                 if s in self._upto:  # a reply in parts: nothing else can come before its end
                     if not isinstance(msg, Params) or msg.req != req or not msg.whole:
-                        raise ServerError(f"server {self.endpoints[s]} broke off a reply in parts", "protocol")
+                        raise ServerError(f"{self.name(s)} broke off a reply in parts", "protocol")
                     self._accept_part(s, msg)
                     continue
                 if got is None or s in got or not isinstance(msg, want) or (req is not None and msg.req != req):
@@ -179,7 +179,7 @@ class ServerGroup:
         lo, hi = self.ranges[s]
         upto = self._upto[s]
         if msg.whole != hi - lo or msg.offset != upto:
-            raise ServerError(f"server {self.endpoints[s]} sent values at {msg.offset} of {msg.whole} where "
+            raise ServerError(f"{self.name(s)} sent values at {msg.offset} of {msg.whole} where "
                               f"{upto} of {hi - lo} were due", "bad_length")
         self._take(s, msg, upto, self._rest_into, self._rest_wire)
         end = upto + msg.data.size
@@ -187,6 +187,11 @@ class ServerGroup:
             del self._upto[s]
         else:
             self._upto[s] = end
+
+    def name(self, s: int) -> str:
+        """Server `s` for a message: its shard's rank and the address used (a unix socket
+        on this host says little by itself)."""
+        return f"server {s} at {self.endpoints[s]}"
 
     def close(self) -> None:
         """Drop the connections and whatever they still hold (a rewind abandons them)."""
@@ -205,23 +210,23 @@ class ServerGroup:
         try:
             msg = protocol.decode(frames)
         except ProtocolError as exc:
-            raise ServerError(f"server {self.endpoints[s]} sent a bad message: {exc}", "protocol") from None
+            raise ServerError(f"{self.name(s)} sent a bad message: {exc}", "protocol") from None
         if isinstance(msg, Error):
-            raise ServerError(f"server {self.endpoints[s]} refused: {msg.code}: {msg.text}", msg.code)
+            raise ServerError(f"{self.name(s)} refused: {msg.code}: {msg.text}", msg.code)
         return msg
 
     def accept(self, s: int, msg: Params, into: np.ndarray | None, wire: WireDtype = FLOAT32) -> None:
         """Take a shard's values into `into` (float32), expecting them in `wire`."""
         lo, hi = self.ranges[s]
         if msg.whole or msg.data.size != hi - lo:
-            raise ServerError(f"server {self.endpoints[s]} sent {msg.data.size} values for a shard of {hi - lo}",
+            raise ServerError(f"{self.name(s)} sent {msg.data.size} values for a shard of {hi - lo}",
                               "bad_length")
         self._take(s, msg, 0, into, wire)
 
     def _take(self, s: int, msg: Params, at: int, into: np.ndarray | None, wire: WireDtype) -> None:
         """Shard s's values from `at` on (a whole reply, or a part of one), expected in `wire`."""
         if msg.data.dtype != wire.dtype:
-            raise ServerError(f"server {self.endpoints[s]} sent {name_of(msg.data)} values, expected {wire.name}",
+            raise ServerError(f"{self.name(s)} sent {name_of(msg.data)} values, expected {wire.name}",
                               "bad_dtype")
         if into is not None:
             lo = self.ranges[s][0] + at
