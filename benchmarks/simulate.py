@@ -132,7 +132,14 @@ def summarise(r: dict) -> dict:
     second, _ = converged_after(r, r["change_at"], r["steps"])
     steady = slice(settled, r["steps"])
     d = r["decisions_s"]
+    # settled: the plan's noise-free step time over the oracle plan's in the last fifth of each phase
+    tail = r["change_at"] // 5
+    settled_gap = np.concatenate([(r["clean"] / r["oracle_clean"])[end - tail:end]
+                                  for end in (r["change_at"], r["steps"])])
+    replanned = [c for c in r["changes"] if c >= r["change_at"]]
     return {"n": r["n"], "kind": r["kind"], "first": first, "after_change": second,
+            "settled": float(np.median(settled_gap)),
+            "old_plan_steps": replanned[0] + 2 - r["change_at"] if replanned else None,
             "vs_ideal": r["ideal"][steady].sum() / r["step"][steady].sum(),
             "vs_oracle": r["oracle"][steady].sum() / r["step"][steady].sum(),
             "oracle_vs_ideal": r["oracle_ideal"][steady].sum() / r["oracle"][steady].sum(),
@@ -173,14 +180,15 @@ def main(argv=None) -> int:
         f"±{args.noise:.0%} noise per step and worker; the global batch as below; {1000 * COMM_S:g} ms of communication per step; a quarter of the workers 3x slower from step "
         f"{args.steps // 2} of {args.steps}; --adjust-every {args.adjust_every}", "",
         "| a, ms | samples a worker | workers | noise | efficiency: of nobody-waits (i) | of the oracle plan (ii) | the oracle "
-        "plan's, of (i) | adjustments to converge: start / after the change | decision CPU ms, median (max) "
-        "| CPU a report, us |",
-        "|---|---:|---:|---|---:|---:|---:|---|---:|---:|",
+        "plan's, of (i) | adjustments to converge: start / after the change | settled plan's step time, of the "
+        "oracle's | steps on the old plan after the change | decision CPU ms, median (max) | CPU a report, us |",
+        "|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for s in rows:
         lines.append(f"| {s['fixed'][0]:g}..{s['fixed'][1]:g} | {s['per_worker']} | {s['n']} | {s['kind']} | {s['vs_ideal']:.3f} | "
                      f"{s['vs_oracle']:.3f} | "
-                     f"{s['oracle_vs_ideal']:.3f} | {s['first']} / {s['after_change']} | "
+                     f"{s['oracle_vs_ideal']:.3f} | {s['first']} / {s['after_change']} | {s['settled']:.3f} | "
+                     f"{s['old_plan_steps']} | "
                      f"{s['decision_ms']:.2f} ({s['decision_max_ms']:.2f}) | {s['report_us']:.1f} |")
     lines += ["", "Noise: jitter, the device's compute time varies (the barrier waits for the slowest draw); "
               "timer, only the measurement does (the device takes its modelled time). Efficiency: the time the "
@@ -190,8 +198,11 @@ def main(argv=None) -> int:
               "the change too), through the same noise. The oracle's column is what no plan can beat against "
               "(i): with jitter the slowest of N workers is near +noise, and a worker whose fixed cost alone "
               "exceeds the others' equal time (held at one sample) makes everyone wait. Converged: the plan's "
-              "noise-free step time within 5 % of the oracle plan's; None: not within the phase. Decision: one "
-              "`replan`; a report: `on_step` and `ready`, as the scheduler calls them for every report."]
+              "noise-free step time within 5 % of the oracle plan's; None: not within the phase. Settled: the median, "
+              "over the last fifth of each phase, of the plan's noise-free step time over the oracle plan's (what "
+              "the time models' errors cost once converged: the slowest of N workers' errors sets the step). Steps "
+              "on the old plan: from the speed change to the first step that runs a plan decided after it. "
+              "Decision: one `replan`; a report: `on_step` and `ready`, as the scheduler calls them for every report."]
     publish(lines, args.out)
     return 0
 
