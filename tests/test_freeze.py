@@ -4,6 +4,8 @@ Frozen for less than --dead-after, a process costs the job only the time it was 
 frozen for longer, it is taken for gone, and when it wakes it is told so and ends with the
 reason, as is the scheduler, which the others gave up on."""
 
+import json
+import re
 import signal
 import time
 from contextlib import contextmanager
@@ -64,3 +66,41 @@ def test_a_process_frozen_for_less_than_dead_after_costs_the_job_nothing(tmp_pat
     assert got.keys() == want.keys()
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5)
+
+
+def _errors(log: str) -> list[str]:
+    return [line.split(" ERROR ", 1)[1] for line in log.splitlines() if " ERROR " in line]
+
+
+def test_a_scheduler_frozen_for_longer_than_dead_after_is_given_up_on_and_ends_with_the_reason_when_it_wakes(
+        tmp_path):
+    run_dir = tmp_path / "run"
+    job = ["--mode", "bsp", "--max-steps", "100000", "--global-batch", "8", "--heartbeat", "0.25",
+           "--dead-after", "3"]
+    with start_cluster(run_dir, job, [WorkerSpec(ms_per_step=20.0)] * 2) as cluster:
+        wait_for_steps(run_dir, 2 * 4)
+        scheduler = cluster.procs["scheduler"]
+        others = {n: p for n, p in cluster.procs.items() if n != "scheduler"}
+        with _stopped(scheduler):
+            stopped_at = time.monotonic()
+            codes = {n: p.wait(timeout=30) for n, p in others.items()}  # each gives up on it
+            gave_up_after = time.monotonic() - stopped_at
+        woken_at = time.monotonic()
+        code = scheduler.wait(timeout=30)
+        ended_after = time.monotonic() - woken_at
+    assert codes == {n: 1 for n in others} and 3 < gave_up_after < 3 + 10, (codes, gave_up_after)
+    for name in others:
+        log = (run_dir / "logs" / f"{name}.log").read_text()
+        errors = _errors(log)  # one line, the reason
+        assert len(errors) == 1 and "Traceback" not in log, log[-2000:]
+        assert re.fullmatch(rf"no word from the scheduler at {re.escape(cluster.endpoint)} for [34] s: giving up",
+                            errors[0]), errors
+    # woken, it finds that it was silent for longer than the others wait, and ends at once (not --dead-after
+    # later, having found them silent) with that reason
+    assert code == 1 and ended_after < 3, (code, ended_after)
+    status = json.loads((run_dir / "summary.json").read_text())["status"]
+    reason = (r"the scheduler sent nothing for \d+ s \(it was stalled: frozen, or its host suspended\), longer than "
+              r"--dead-after \(3 s\), after which the servers and workers give up on it")
+    assert re.fullmatch(f"failed: {reason}", status), status
+    log = (run_dir / "logs" / "scheduler.log").read_text()
+    assert _errors(log) == [f"job {status}"] and "Traceback" not in log, log[-2000:]
