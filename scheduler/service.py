@@ -225,6 +225,8 @@ class Scheduler:
             ckpt, _ = newest_complete(self.checkpoints.root)
         if ckpt is None:
             raise JobFailed(f"server {m.rank} at {m.info.endpoint} {why}" + self._recovery_hint())
+        # a server only frozen reads this when it wakes, and ends instead of serving the workers
+        transport.reply(self.router, m.peer, Shutdown(ok=False, reason=f"removed from the job: server {m.rank} {why}"))
         self.registry.vacate_server(m.rank)
         self._heard.pop(m.peer, None)
         reached = max((w.next_step or 0 for w in self.progress.workers if w.present), default=0)
