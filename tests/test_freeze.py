@@ -16,7 +16,7 @@ import torch
 from omnips.launch import WorkerSpec
 from omnips.metrics import read_events
 
-from helpers import finish, single_process_model, start_cluster, wait_for_steps
+from helpers import finish, single_process_model, start_cluster, wait_for_event, wait_for_steps
 
 FREEZE_S = 1.5  # the freeze itself: the process is stopped, nothing is waited for
 LIVENESS = ["--heartbeat", "0.25", "--dead-after", "4"]
@@ -104,3 +104,40 @@ def test_a_scheduler_frozen_for_longer_than_dead_after_is_given_up_on_and_ends_w
     assert re.fullmatch(f"failed: {reason}", status), status
     log = (run_dir / "logs" / "scheduler.log").read_text()
     assert _errors(log) == [f"job {status}"] and "Traceback" not in log, log[-2000:]
+
+
+def test_a_server_frozen_past_dead_after_is_told_it_was_removed_when_it_wakes_and_a_server_started_again_takes_over(
+        tmp_path):
+    run_dir = tmp_path / "run"
+    steps, batch = 40, 8
+    job = ["--mode", "bsp", "--max-steps", str(steps), "--global-batch", str(batch), "--lr", "0.05", "--seed", "5",
+           "--checkpoint-every", "5", "--heartbeat", "0.25", "--dead-after", "3"]
+    with start_cluster(run_dir, job, [WorkerSpec(ms_per_step=20.0)] * 2, num_servers=2) as cluster:
+        wait_for_event(run_dir, lambda e: e["event"] == "checkpoint" and e["complete"])
+        woken = cluster.procs["server0"]
+        with _stopped(woken):  # a step in flight: the workers' pushes wait for it
+            lost = wait_for_event(run_dir, lambda e: e["event"] == "membership" and e["change"] == "lost", 30)
+        woken_code = woken.wait(timeout=15)  # it ends, having served nothing
+        # the job waits for a server to take the shard: nobody else gave up
+        running = {n: p.poll() for n, p in cluster.procs.items() if n != "server0"}
+        cluster.start_server("server0-again")
+        run = finish(cluster, expect_ok=False)
+    assert lost["role"] == "server" and lost["pid"] == woken.pid and "silent" in lost["reason"], lost
+    log = (run_dir / "logs" / "server0.log").read_text()
+    assert woken_code == 1 and "Traceback" not in log, (woken_code, log[-2000:])
+    assert re.fullmatch(rf"scheduler ended the job: removed from the job: server {lost['rank']} has been silent "
+                        rf"for \d+ s", "\n".join(_errors(log))), log[-2000:]
+    assert running == {n: None for n in running}, (running, run.logs())
+    assert run.code == 0, run.logs()
+    codes = run.cluster.exit_codes()
+    assert codes["server0"] == 1 and all(c == 0 for n, c in codes.items() if n != "server0"), codes
+    s = run.summary
+    assert s["status"] == "completed" and s["server_restores"] == 1 and s["workers_lost"] == 0, s
+    assert s["steps"] == steps and s["worker_steps"] == [steps, steps]
+    [rewind] = [e for e in run.events if e["event"] == "rewind"]
+    assert rewind["step"] >= 5 and rewind["worker_steps"] == [rewind["step"]] * 2
+    # the steps replayed from the checkpoint read the same data: the model of the same steps in one process
+    got, want = torch.load(run.dir / "model.pt"), single_process_model(steps=steps, global_batch=batch, lr=0.05,
+                                                                        seed=5)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5)
