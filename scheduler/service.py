@@ -175,10 +175,24 @@ class Scheduler:
         now = time.monotonic()
         if now < self._next_beat:
             return
+        self._check_own_silence(now)
         for member in self.registry.by_peer.values():
             transport.reply(self.router, member.peer, Heartbeat())
         self._next_beat = now + self.opts.heartbeat_s
         self.run.flush()
+
+    def _check_own_silence(self, now: float) -> None:
+        """A scheduler that sent nothing for longer than the processes wait for it (--dead-after
+        and a heartbeat's grace) was stalled (frozen, its host suspended): the servers and
+        workers have given up on it, and it ends the job saying so, rather than find them
+        silent one by one --dead-after later and blame the first for the job's end."""
+        if not self.registry.complete or not self._next_beat:  # until their welcome, processes wait 30 s
+            return
+        silent = now - (self._next_beat - self.opts.heartbeat_s)
+        if silent > self.opts.dead_after_s + self.opts.heartbeat_s:
+            raise JobFailed(f"the scheduler sent nothing for {silent:.0f} s (it was stalled: frozen, or its host "
+                            f"suspended), longer than --dead-after ({self.opts.dead_after_s:g} s), after which the "
+                            "servers and workers give up on it" + self._recovery_hint())
 
     def _check_timeouts(self, start: float, now: float) -> None:
         if not self.registry.complete:
@@ -211,6 +225,8 @@ class Scheduler:
             ckpt, _ = newest_complete(self.checkpoints.root)
         if ckpt is None:
             raise JobFailed(f"server {m.rank} at {m.info.endpoint} {why}" + self._recovery_hint())
+        # a server only frozen reads this when it wakes, and ends instead of serving the workers
+        transport.reply(self.router, m.peer, Shutdown(ok=False, reason=f"removed from the job: server {m.rank} {why}"))
         self.registry.vacate_server(m.rank)
         self._heard.pop(m.peer, None)
         reached = max((w.next_step or 0 for w in self.progress.workers if w.present), default=0)

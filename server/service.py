@@ -92,7 +92,13 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
     grace_s = link.heartbeat_s  # the longest the loop waits for queued replies to leave
     while True:
         events = dict(poller.poll(POLL_MS))
-        if link.sock in events:
+        # all that the scheduler sent, before any worker is served: a server woken from a freeze may have
+        # been taken for lost meanwhile (the others gone back to a checkpoint), and must not complete the
+        # step its workers' pushes wait for. check_alive waits a heartbeat for what is on its way after
+        # such a freeze, and judges the scheduler's silence
+        if not link.sock.poll(0):
+            link.check_alive()
+        while link.sock.poll(0):
             msg = link.receive()
             if isinstance(msg, Shutdown):
                 log.info("shutdown: %s (%d updates applied, %d pushes came in parts, %d replies went in parts, "
@@ -124,8 +130,6 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
                     log.warning("refused %s: %s: %s", msg.OP, out.msg.code, out.msg.text)
             _send(router, replies, trackers, writer)
         _send(router, writer.finished(), trackers, writer)
-        if not link.sock.poll(0):  # read what the scheduler sent before judging its silence
-            link.check_alive()
 
 
 def _send(router, replies, trackers: list, writer: checkpointer.ShardWriter) -> None:

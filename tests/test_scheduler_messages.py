@@ -124,3 +124,18 @@ def test_a_server_registering_while_every_shard_has_one_is_refused_unless_one_mi
     s._heard[b"S"] = s._complete_at = time.monotonic() - 2.5 * s.opts.heartbeat_s
     with pytest.raises(JobFailed, match=r"server 0 at tcp://127.0.0.1:1 silent for 2\.\d s when a new server registered"):
         register(s, b"S3", "server")
+
+
+def test_a_scheduler_that_sent_nothing_for_longer_than_processes_wait_fails_the_job_saying_it_stalled(make):
+    s = make(num_workers=1)  # --heartbeat 1, --dead-after 30: processes give up after 30 s and a heartbeat's grace
+    s._next_beat = time.monotonic() - 100  # still forming: processes not yet welcomed wait 30 s, whatever
+    s._heartbeat()                         # --dead-after says, and nothing here says when they registered
+    register(s, b"W0", "worker", 0)
+    assert s.registry.complete
+    s._next_beat = time.monotonic() - 29.5  # the last heartbeats left 30.5 s ago: none gave up yet
+    s._heartbeat()
+    s._next_beat = time.monotonic() - 30.5  # 31.5 s ago: all have
+    with pytest.raises(JobFailed, match=r"^the scheduler sent nothing for 32 s \(it was stalled: frozen, or its host "
+                                        r"suspended\), longer than --dead-after \(30 s\), after which the servers "
+                                        r"and workers give up on it$"):
+        s._heartbeat()
