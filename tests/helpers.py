@@ -1,7 +1,9 @@
 """Helpers for end-to-end tests (real processes over ZeroMQ on loopback) and for checkpoint files."""
 
 import json
+import signal
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,17 @@ from omnips.launch import LocalCluster
 from omnips.metrics import read_events
 
 JOB_TIMEOUT_S = 150
+
+
+@contextmanager
+def stopped(proc):
+    """proc frozen by SIGSTOP (a process that is slow, not dead: a GC, a stalled VM), and
+    woken on the way out whatever happens, so that no stopped process outlives the test."""
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGCONT)  # a no-op once it has been reaped
 
 
 class Run:

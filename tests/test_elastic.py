@@ -7,7 +7,7 @@ import pytest
 
 from omnips.launch import WorkerSpec
 
-from helpers import finish, start_cluster, wait_for_event, wait_for_steps
+from helpers import finish, start_cluster, stopped, wait_for_event, wait_for_steps
 
 LIVENESS = ["--heartbeat", "0.3", "--dead-after", "3"]  # short, with room for a loaded host
 
@@ -132,16 +132,14 @@ def test_a_worker_started_later_joins_an_asp_job(tmp_path):
 ], ids=["frozen-computing", "frozen-waiting"])
 def test_a_worker_that_was_only_slow_is_refused_when_it_wakes_and_exits_with_the_reason(tmp_path, slow, others):
     run_dir = tmp_path / "run"
-    steps = 200
+    steps = 120
     job = ["--mode", "bsp", "--max-steps", str(steps), "--global-batch", "48", "--seed", "3", *LIVENESS]
     with start_cluster(run_dir, job, [others, others, slow]) as cluster:
         wait_for_steps(run_dir, 3 * 15)
         woken = cluster.procs["worker2"]
-        woken.send_signal(signal.SIGSTOP)  # frozen for longer than --dead-after: taken for dead
-        try:
+        with stopped(woken):  # frozen for longer than --dead-after: taken for dead
             lost = wait_for_event(run_dir, lambda e: e["event"] == "membership" and e["change"] == "lost", 30)
-        finally:
-            woken.send_signal(signal.SIGCONT)  # it wakes in the middle of a step of the old plan
+        # it wakes in the middle of a step of the old plan
         woken_code = woken.wait(timeout=30)
         run = finish(cluster, expect_ok=False)
     assert lost["role"] == "worker" and lost["rank"] == 2 and "silent" in lost["reason"], (lost, run.logs())

@@ -12,20 +12,9 @@ import torch
 
 from omnips.launch import LocalCluster, WorkerSpec
 
-from helpers import JOB_TIMEOUT_S, finish, start_cluster, wait_for_event, wait_for_steps
+from helpers import JOB_TIMEOUT_S, finish, start_cluster, stopped, wait_for_event, wait_for_steps
 
 SLOW = ["--max-steps", "100000", "--global-batch", "8"]
-
-
-@contextmanager
-def _stopped(proc):
-    """proc frozen by SIGSTOP (a process that is slow, not dead), and woken on the way out
-    whatever happens, so that no stopped process outlives the test."""
-    proc.send_signal(signal.SIGSTOP)
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGCONT)  # a no-op once it has been reaped
 
 
 @contextmanager
@@ -68,7 +57,7 @@ def test_a_job_without_progress_for_the_stall_timeout_fails_with_the_reason(tmp_
     # the frozen server's silence would be found after 60 s, and the workers wait 120 s for its answer:
     # only the stall timeout can end this job soon
     with _running(tmp_path, ["--stall-timeout", "3", "--heartbeat", "0.5", "--dead-after", "60"]) as (run_dir, cluster):
-        with _stopped(cluster.procs["server0"]):
+        with stopped(cluster.procs["server0"]):
             stopped_at = time.monotonic()
             code = cluster.procs["scheduler"].wait(timeout=30)
             failed_after = time.monotonic() - stopped_at
@@ -86,7 +75,7 @@ def test_a_server_that_does_not_answer_ends_the_worker_after_its_server_timeout(
     # the scheduler would take the frozen server for dead after 60 s, and fail the stalled job after 60 s
     job = ["--stall-timeout", "60", "--heartbeat", "0.5", "--dead-after", "60"]
     with _running(tmp_path, job, ["--server-timeout", "3"]) as (run_dir, cluster):
-        with _stopped(cluster.procs["server0"]):
+        with stopped(cluster.procs["server0"]):
             stopped_at = time.monotonic()
             codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
             ended_after = time.monotonic() - stopped_at
