@@ -61,16 +61,29 @@ def finish(cluster: LocalCluster, expect_ok: bool = True) -> Run:
 
 
 
-def _poll_events(run_dir, found, timeout_s: float, missing: str):
-    """found(events) of a running job's metrics.jsonl, once it is not None."""
+def poll_until(found, timeout_s: float, missing: str):
+    """found(), once it is not None: what files other processes write say (polled, since
+    nothing signals their writes; bounded by the deadline). AssertionError with `missing`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if (Path(run_dir) / "metrics.jsonl").exists():
-            got = found(read_events(run_dir))
-            if got is not None:
-                return got
-        time.sleep(0.1)  # polling a file another process writes; bounded by the deadline
-    raise AssertionError(f"{missing} in {run_dir} within {timeout_s:g} s")
+        got = found()
+        if got is not None:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"{missing} within {timeout_s:g} s")
+
+
+def in_log(path, text: str, timeout_s: float = 60.0) -> None:
+    """Return once the log file at `path` holds `text`."""
+    poll_until(lambda: path.exists() and text in path.read_text(errors="replace") or None, timeout_s,
+               f"{text!r} not in {path}")
+
+
+def _poll_events(run_dir, found, timeout_s: float, missing: str):
+    """found(events) of a running job's metrics.jsonl, once it is not None."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return poll_until(lambda: found(read_events(run_dir)) if path.exists() else None, timeout_s,
+                      f"{missing} in {run_dir}")
 
 
 def wait_for_event(run_dir, match, timeout_s: float = 60.0) -> dict:

@@ -12,7 +12,7 @@ import torch
 
 from omnips.launch import LocalCluster, WorkerSpec
 
-from helpers import JOB_TIMEOUT_S, finish, start_cluster, stopped, wait_for_event, wait_for_steps
+from helpers import JOB_TIMEOUT_S, finish, in_log, start_cluster, stopped, wait_for_event, wait_for_steps
 
 SLOW = ["--max-steps", "100000", "--global-batch", "8"]
 
@@ -88,16 +88,6 @@ def test_a_server_that_does_not_answer_ends_the_worker_after_its_server_timeout(
         assert f"ERROR no answer from server 0 at {endpoint} within 3 s" in log, log[-2000:]
 
 
-def _wait_for_log(path, text: str, timeout_s: float = 60.0) -> None:
-    """Return once the log file at `path` holds `text`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text(errors="replace"):
-            return
-        time.sleep(0.05)  # polling a file another process writes; bounded by the deadline
-    raise AssertionError(f"{text!r} not in {path} within {timeout_s:g} s")
-
-
 def test_a_worker_that_is_never_welcomed_gives_up_after_its_welcome_timeout(tmp_path):
     run_dir = tmp_path / "run"
     worker = WorkerSpec(extra=("--welcome-timeout", "3"))
@@ -105,7 +95,7 @@ def test_a_worker_that_is_never_welcomed_gives_up_after_its_welcome_timeout(tmp_
     with LocalCluster(run_dir, [*SLOW, "--register-timeout", "60"], 1, [worker]) as cluster:
         cluster.start_scheduler()
         cluster.add_worker(worker, 0)
-        _wait_for_log(run_dir / "logs" / "scheduler.log", "worker registered from")
+        in_log(run_dir / "logs" / "scheduler.log", "worker registered from")
         registered_at = time.monotonic()
         code = cluster.procs["worker0"].wait(timeout=30)
         gave_up_after = time.monotonic() - registered_at

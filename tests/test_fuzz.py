@@ -31,7 +31,7 @@ from omnips.sharding import shard_ranges
 from scheduler.registry import Registry
 from server.shard import ShardCore
 
-from helpers import finish, start_cluster
+from helpers import finish, start_cluster, wait_for_event
 from protocol_helpers import ANY_MESSAGE, SAMPLE, TEXT, U64, assert_same_message, mutate
 from shard_helpers import PEERS, assert_same_state, round_trip, snapshot
 
@@ -580,19 +580,14 @@ ATTACKERS = 3  # DEALERs per listening socket
 ROUNDS, ROUND_S = 120, 0.03  # at most 120 messages per attacker and socket, one per 30 ms
 
 
-def _cluster_facts(run_dir, deadline) -> tuple[int, list[str]]:
+def _cluster_facts(run_dir) -> tuple[int, list[str]]:
     """The parameter count and the servers' endpoints, once training has begun:
     by then every worker has bound its rank at every server."""
-    while time.monotonic() < deadline:
-        if (run_dir / "metrics.jsonl").exists():
-            events = read_events(run_dir)
-            if any(e["event"] == "step" for e in events):
-                start = next(e for e in events if e["event"] == "start")
-                servers = sorted((e["rank"], e["endpoint"]) for e in events
-                                 if e["event"] == "membership" and e["role"] == "server")
-                return start["num_params"], [ep for _, ep in servers]
-        time.sleep(0.05)  # polling a file another process writes; bounded by the deadline
-    raise AssertionError("training never began")
+    wait_for_event(run_dir, lambda e: e["event"] == "step", 60)
+    events = read_events(run_dir)
+    start = next(e for e in events if e["event"] == "start")
+    servers = sorted((e["rank"], e["endpoint"]) for e in events if e["event"] == "membership" and e["role"] == "server")
+    return start["num_params"], [ep for _, ep in servers]
 
 
 def _bases(rng, data: np.ndarray) -> list[protocol.Message]:
@@ -621,7 +616,7 @@ def _attack(cluster, run_dir) -> tuple[Counter, Counter]:
     """Mutated and unmutated real messages from several DEALERs at the scheduler's and
     every server's ROUTER, paced over the run; returns messages sent and error replies
     received, by target."""
-    num_params, servers = _cluster_facts(run_dir, time.monotonic() + 60)
+    num_params, servers = _cluster_facts(run_dir)
     rng = random.Random(17)
     targets = {"scheduler": (cluster.endpoint, np.zeros(0, np.float32))}  # it takes headers only
     for s, (ep, (lo, hi)) in enumerate(zip(servers, shard_ranges(num_params, len(servers)))):

@@ -7,7 +7,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ from scheduler.checkpoints import CheckpointBook, resume_point
 from scheduler.progress import Progress
 from scheduler.registry import Registry
 
-from helpers import CHECKPOINT_JOB, finish, make_checkpoint, start_cluster
+from helpers import CHECKPOINT_JOB, finish, make_checkpoint, start_cluster, wait_for_event
 
 # -- the scheduler's side ---------------------------------------------------------------------
 
@@ -207,21 +206,11 @@ EVERY = 5
 ARGS = ["--mode", "bsp", "--epochs", "4", "--global-batch", "64", "--lr", "0.05", "--momentum", "0.9", "--seed", "3"]
 
 
-def _wait_for_checkpoint(run_dir, step, timeout_s=90):
-    """Until metrics.jsonl shows a complete checkpoint at `step` or later."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if (run_dir / "metrics.jsonl").exists() and any(
-                e["event"] == "checkpoint" and e["complete"] and e["step"] >= step for e in read_events(run_dir)):
-            return
-        time.sleep(0.1)  # polling a file another process writes; bounded by the deadline
-    raise AssertionError(f"no complete checkpoint at step {step} or later")
-
-
 def _kill_at_checkpoint(cluster, step) -> None:
     """SIGKILL every process of `cluster` once it has a complete checkpoint at `step` or later."""
     with cluster:
-        _wait_for_checkpoint(cluster.run_dir, step)
+        wait_for_event(cluster.run_dir, lambda e: e["event"] == "checkpoint" and e["complete"] and e["step"] >= step,
+                       90)
         for proc in cluster.procs.values():
             proc.send_signal(signal.SIGKILL)
         for proc in cluster.procs.values():
