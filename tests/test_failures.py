@@ -12,7 +12,8 @@ import torch
 
 from omnips.launch import LocalCluster, WorkerSpec
 
-from helpers import JOB_TIMEOUT_S, finish, in_log, start_cluster, stopped, wait_for_event, wait_for_steps
+from helpers import (JOB_TIMEOUT_S, finish, in_log, single_process_model, start_cluster, stopped, wait_for_event,
+                     wait_for_steps)
 
 SLOW = ["--max-steps", "100000", "--global-batch", "8"]
 
@@ -142,12 +143,8 @@ def test_a_server_started_again_takes_the_lost_shard_and_the_job_goes_back_to_th
     workers = [WorkerSpec(ms_per_step=20.0)] * 2
     every = 10
     # ASP applies every push with the server's momentum: at BSP's rate its accuracy swings by 0.1 between epochs
-    maths = ["--mode", mode, "--epochs", "6", "--global-batch", "32", "--lr", "0.05" if mode == "bsp" else "0.02",
-             "--seed", "5"]
-    job = [*maths, "--heartbeat", "0.3", "--dead-after", "3", "--checkpoint-every", str(every)]
-    # BSP is deterministic: the same job never interrupted (nor slowed, nor checkpointed) is what it must end as
-    reference = None if mode != "bsp" else start_cluster(tmp_path / "reference", maths, [WorkerSpec()] * 2,
-                                                         num_servers=2)
+    job = ["--mode", mode, "--epochs", "6", "--global-batch", "32", "--lr", "0.05" if mode == "bsp" else "0.02",
+           "--seed", "5", "--heartbeat", "0.3", "--dead-after", "3", "--checkpoint-every", str(every)]
     with start_cluster(run_dir, job, workers, num_servers=2) as cluster:
         wait_for_steps(run_dir, 2 * 35)
         cluster.procs["server1"].send_signal(signal.SIGKILL)
@@ -168,12 +165,12 @@ def test_a_server_started_again_takes_the_lost_shard_and_the_job_goes_back_to_th
         assert rewind[0]["worker_steps"] == [rewind[0]["step"]] * 2 and s["steps"] == math.ceil(6 * 1438 / 32)
     codes = run.cluster.exit_codes()
     assert codes["server1"] == -signal.SIGKILL and all(c == 0 for n, c in codes.items() if n != "server1"), codes
-    if reference is not None:  # the replayed steps read the same data in the same order, none is learned twice
-        ref = finish(reference)
-        want, got = torch.load(ref.dir / "model.pt"), torch.load(run.dir / "model.pt")
+    if mode == "bsp":  # the replayed steps read the same data in the same order, none is learned twice: the
+        # model of the same steps in one process (4e-7 apart when measured; a step applied twice moves it by 1e-3)
+        want = single_process_model(steps=s["steps"], global_batch=32, lr=0.05, seed=5)
+        got = torch.load(run.dir / "model.pt")
         assert want.keys() == got.keys()
         for k in want:
-            assert torch.equal(want[k], got[k]), (k, (want[k] - got[k]).abs().max().item())
-        assert s["final_test_accuracy"] == ref.summary["final_test_accuracy"]
+            torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5)
 
 

@@ -269,7 +269,8 @@ def test_a_killed_asp_job_resumes_each_workers_stream_and_plans_afresh(tmp_path)
     """ASP, dynamic batching: each worker goes on at its own step and stream position of the
     checkpoint; batches start again from the job's rule and capacities, not the plan the
     killed job had reached, and the controller measures the resumed cluster afresh (here its
-    speeds are the other way round)."""
+    speeds are the other way round) and re-plans as in BSP (each worker switches at its next
+    reply; reports at an older batch are not measured): equal step times, equal push rates."""
     run_dir = tmp_path / "run"
     job = ["--mode", "asp", "--batching", "dynamic", "--adjust-every", "4", "--epochs", "6", "--global-batch", "32",
            "--lr", "0.02", "--seed", "2", "--checkpoint-every", "20", "--heartbeat", "0.25"]
@@ -292,5 +293,7 @@ def test_a_killed_asp_job_resumes_each_workers_stream_and_plans_afresh(tmp_path)
     assert s["status"] == "completed" and s["resumed_from_step"] == ckpt.step
     b0, b1 = s["final_batches"]  # now worker 1 is the fast one: 2 + 3 b0 = 2 + b1 -> 8 / 24
     assert abs(b0 - 8) <= 1 and b0 + b1 == 32, s["final_batches"]
+    pushes = [sum(e["worker"] == w for e in steps) for w in (0, 1)]  # at 16/16: 50 and 18 ms a step
+    assert max(pushes) <= 1.15 * min(pushes), pushes
     # each worker read its own stream on from its position: the samples add up to the budget
     assert s["samples"] >= 6 * 1438 and s["samples"] - sum(e["batch"] for e in steps) == sum(ckpt.positions)
