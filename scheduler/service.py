@@ -183,15 +183,15 @@ class Scheduler:
 
     def _check_own_silence(self, now: float) -> None:
         """A scheduler that sent nothing for longer than the processes wait for it (--dead-after
-        and a heartbeat's grace) was stalled (frozen, its host suspended): the servers and
+        and a heartbeat's grace) was stalled (stopped, or starved of CPU): the servers and
         workers have given up on it, and it ends the job saying so, rather than find them
         silent one by one --dead-after later and blame the first for the job's end."""
         if not self.registry.complete or not self._next_beat:  # until their welcome, processes wait 30 s
             return
         silent = now - (self._next_beat - self.opts.heartbeat_s)
         if silent > self.opts.dead_after_s + self.opts.heartbeat_s:
-            raise JobFailed(f"the scheduler sent nothing for {silent:.0f} s (it was stalled: frozen, or its host "
-                            f"suspended), longer than --dead-after ({self.opts.dead_after_s:g} s), after which the "
+            raise JobFailed(f"the scheduler sent nothing for {silent:.0f} s (it was stalled: stopped, or starved of "
+                            f"CPU), longer than --dead-after ({self.opts.dead_after_s:g} s), after which the "
                             "servers and workers give up on it" + self._recovery_hint())
 
     def _check_timeouts(self, start: float, now: float) -> None:

@@ -80,7 +80,7 @@ def test_a_scheduler_frozen_for_longer_than_dead_after_is_given_up_on_and_ends_w
     # later, having found them silent) with that reason
     assert code == 1 and ended_after < 3, (code, ended_after)
     status = json.loads((run_dir / "summary.json").read_text())["status"]
-    reason = (r"the scheduler sent nothing for \d+ s \(it was stalled: frozen, or its host suspended\), longer than "
+    reason = (r"the scheduler sent nothing for \d+ s \(it was stalled: stopped, or starved of CPU\), longer than "
               r"--dead-after \(3 s\), after which the servers and workers give up on it")
     assert re.fullmatch(f"failed: {reason}", status), status
     log = (run_dir / "logs" / "scheduler.log").read_text()

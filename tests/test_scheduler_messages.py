@@ -135,7 +135,7 @@ def test_a_scheduler_that_sent_nothing_for_longer_than_processes_wait_fails_the_
     s._next_beat = time.monotonic() - 29.5  # the last heartbeats left 30.5 s ago: none gave up yet
     s._heartbeat()
     s._next_beat = time.monotonic() - 30.5  # 31.5 s ago: all have
-    with pytest.raises(JobFailed, match=r"^the scheduler sent nothing for 32 s \(it was stalled: frozen, or its host "
-                                        r"suspended\), longer than --dead-after \(30 s\), after which the servers "
+    with pytest.raises(JobFailed, match=r"^the scheduler sent nothing for 32 s \(it was stalled: stopped, or starved of "
+                                        r"CPU\), longer than --dead-after \(30 s\), after which the servers "
                                         r"and workers give up on it$"):
         s._heartbeat()
