@@ -1,4 +1,4 @@
-"""Processes that pause (a GC, a stalled VM, a closed laptop lid: here SIGSTOP) and wake.
+"""Processes that pause (a long GC, a debugger, a process starved of CPU: here SIGSTOP) and wake.
 
 Frozen for less than --dead-after, a process costs the job only the time it was frozen;
 frozen for longer, it is taken for gone, and when it wakes it is told so and ends with the
