@@ -119,12 +119,12 @@ class Keys:
         return cls(d, server_public, client_public, client_secret, server_secret, _allow_list(d / AUTHORIZED))
 
     def listen(self, sock: zmq.Socket) -> None:
-        """Make `sock` a CURVE server that admits only what the process's Gate allows."""
+        """Make `sock`, whose ZAP domain transport.bind has named, a CURVE server that admits
+        only what the process's Gate allows."""
         if self.server_secret is None:
             raise KeysError(f"{self.path} holds no server secret key: this process cannot listen with it")
         sock.curve_secretkey = self.server_secret
         sock.curve_server = True
-        sock.zap_domain = ZAP_DOMAIN.encode()
         sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)  # no ZAP handler (gate stopped or missing): refuse all
 
     def connect(self, sock: zmq.Socket) -> None:

@@ -57,11 +57,17 @@ def socket(ctx: zmq.Context, kind: int, identity: bytes | None = None) -> zmq.So
 def bind(sock: zmq.Socket, host: str, port: int, keys: security.Keys | None = None) -> str:
     """Bind to host:port (0 = any free port) and return the endpoint peers should use.
     With `keys` the socket is a CURVE server (its process must run a security.Gate);
-    without, a warning is logged when the address is reachable from other machines."""
+    without, a warning is logged when the address is reachable from other machines.
+
+    Every listener names the job's ZAP domain, so that libzmq refuses peers greeting in
+    ZMTP 1.0 or 2.0 (no omnips peer does). Without it, a peer whose first byte is not 0xff
+    (any garbage) is taken for ZMTP 1.0, and libzmq 4.3.5 aborts the whole process
+    (errno_assert in process_routing_id_msg) when such a peer's identity arrives while
+    the socket is closing. Without keys no ZAP handler runs and the domain is not
+    enforced, so ZMTP 3 peers are let in as before; with keys, `Keys.listen` enforces it."""
+    sock.zap_domain = security.ZAP_DOMAIN.encode()
     if keys is not None:
         keys.listen(sock)
-    else:
-        refuse_old_zmtp(sock)
     try:
         sock.bind(f"tcp://{host}:{port if port else '*'}")
     except zmq.ZMQError as exc:
@@ -72,17 +78,6 @@ def bind(sock: zmq.Socket, host: str, port: int, keys: security.Keys | None = No
     if keys is None and security.exposed(endpoint.removeprefix("tcp://").rsplit(":", 1)[0]):
         log.warning(security.EXPOSED_WARNING, endpoint)
     return endpoint
-
-
-def refuse_old_zmtp(sock: zmq.Socket) -> None:
-    """Make `sock` refuse peers greeting in ZMTP 1.0 or 2.0 (no omnips peer does), by
-    naming a ZAP domain: libzmq then drops them at the greeting. Without it, a peer
-    whose first byte is not 0xff (any garbage) is taken for ZMTP 1.0, and libzmq 4.3.5
-    aborts the whole process (errno_assert in process_routing_id_msg) when such a
-    peer's identity arrives while the socket is closing. No ZAP handler runs in a
-    process without keys, so ZMTP 3 peers are let in as before (ZAP_ENFORCE_DOMAIN
-    stays off); with keys, `Keys.listen` sets the domain and enforces it."""
-    sock.zap_domain = security.ZAP_DOMAIN.encode()
 
 
 IPC_PREFIX = "omnips-"

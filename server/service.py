@@ -92,31 +92,8 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
     grace_s = link.heartbeat_s  # the longest the loop waits for queued replies to leave
     while True:
         events = dict(poller.poll(POLL_MS))
-        # all that the scheduler sent, before any worker is served: a server woken from a freeze may have
-        # been taken for lost meanwhile (the others gone back to a checkpoint), and must not complete the
-        # step its workers' pushes wait for. Then, nothing unread, check_alive judges the scheduler's
-        # silence (after such a freeze it waits a heartbeat for what is on its way: read that too) and
-        # sends our heartbeat when due, every turn however busy the scheduler's socket
-        while True:
-            while link.sock.poll(0):
-                msg = link.receive()
-                if isinstance(msg, Shutdown):
-                    log.info("shutdown: %s (%d updates applied, %d pushes came in parts, %d replies went in parts, "
-                             "%d shard copies for replies still queued, staleness mean %.2f max %d)",
-                             msg.reason or "job done", core.updates, core.parts_joined, core.replies_in_parts,
-                             core.detached, core.staleness_sum / max(1, core.updates), core.staleness_max)
-                    writer.finished(wait_s=LAST_WRITE_S)  # let a file being written end whole
-                    return 0
-                if isinstance(msg, Plan):
-                    _wait_for_sends(trackers, core, grace_s)  # a plan can complete a BSP step: the values change
-                    _send(router, core.set_plan(msg, time.monotonic()), trackers, writer)
-                if isinstance(msg, Restore):  # another server died: the job goes back to a checkpoint
-                    _wait_for_sends(trackers, core, grace_s)
-                    core.rewind()
-                    restore(msg.path)
-            link.check_alive()
-            if not link.sock.poll(0):
-                break
+        if _from_scheduler(link, core, router, trackers, writer, restore, grace_s):
+            return 0
         if router in events:
             peer, *frames = transport.recv_frames(router)
             try:
@@ -133,6 +110,36 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
                     log.warning("refused %s: %s: %s", msg.OP, out.msg.code, out.msg.text)
             _send(router, replies, trackers, writer)
         _send(router, writer.finished(), trackers, writer)
+
+
+def _from_scheduler(link: SchedulerLink, core: ShardCore, router, trackers: list,
+                    writer: checkpointer.ShardWriter, restore, grace_s: float) -> bool:
+    """All that the scheduler sent, before any worker is served (True: the job is over). A
+    server woken from a freeze may have been taken for lost meanwhile (the others gone back
+    to a checkpoint), and must not complete the step its workers' pushes wait for. Then,
+    nothing unread, check_alive judges the scheduler's silence (after such a freeze it waits
+    a heartbeat for what is on its way: that is read too) and sends our heartbeat when due,
+    every turn however busy the scheduler's socket."""
+    while True:
+        while link.sock.poll(0):
+            msg = link.receive()
+            if isinstance(msg, Shutdown):
+                log.info("shutdown: %s (%d updates applied, %d pushes came in parts, %d replies went in parts, "
+                         "%d shard copies for replies still queued, staleness mean %.2f max %d)",
+                         msg.reason or "job done", core.updates, core.parts_joined, core.replies_in_parts,
+                         core.detached, core.staleness_sum / max(1, core.updates), core.staleness_max)
+                writer.finished(wait_s=LAST_WRITE_S)  # let a file being written end whole
+                return True
+            if isinstance(msg, (Plan, Restore)):  # a plan can complete a BSP step: the values change
+                _wait_for_sends(trackers, core, grace_s)
+            if isinstance(msg, Plan):
+                _send(router, core.set_plan(msg, time.monotonic()), trackers, writer)
+            if isinstance(msg, Restore):  # another server died: the job goes back to a checkpoint
+                core.rewind()
+                restore(msg.path)
+        link.check_alive()
+        if not link.sock.poll(0):
+            return False
 
 
 def _send(router, replies, trackers: list, writer: checkpointer.ShardWriter) -> None:
