@@ -124,6 +124,22 @@ def single_process_model(steps: int, global_batch: int, lr: float, momentum: flo
     return model.state_dict()
 
 
+def assert_trained_as_one_process(run_dir, steps: int, global_batch: int, lr: float, **settings) -> dict:
+    """The run's model.pt is, within 1e-5, single_process_model(steps, global_batch, lr, **settings):
+    every step learned once, none lost. Returns that one-process state_dict."""
+    want = single_process_model(steps, global_batch, lr, **settings)
+    got = torch.load(Path(run_dir) / "model.pt")
+    assert got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5)
+    return want
+
+
+def error_lines(log: str) -> list[str]:
+    """What a process logged at ERROR level, each line from the message on."""
+    return [line.split(" ERROR ", 1)[1] for line in log.splitlines() if " ERROR " in line]
+
+
 # -- checkpoint files, written without processes ---------------------------------------
 
 

@@ -7,7 +7,7 @@ import torch
 from omnips import data, models
 from omnips.launch import WorkerSpec
 
-from helpers import single_process_model
+from helpers import assert_trained_as_one_process, single_process_model
 
 DIGITS_FAST = ["--dataset", "digits", "--model", "mlp", "--global-batch", "64", "--lr", "0.05",
                "--momentum", "0.9", "--seed", "3"]
@@ -58,13 +58,10 @@ def test_bsp_equals_single_process_training(run_job):
     assert run.summary["final_batches"] == [10, 20, 34]  # the launcher asks for ranks in its order
     for s in range(2):  # every push and every reply of every step came in parts
         assert "60 pushes came in parts, 60 replies went in parts" in (run.dir / "logs" / f"server{s}.log").read_text()
-    got = torch.load(run.dir / "model.pt")
-    want = single_process_model(steps=20, global_batch=64, lr=0.1, weight_decay=0.01, seed=7)
+    want = assert_trained_as_one_process(run.dir, steps=20, global_batch=64, lr=0.1, weight_decay=0.01, seed=7)
     train, _ = data.load("digits", {})
-    assert got.keys() == want.keys()
-    for k in want:
-        assert not torch.equal(want[k], models.build("mlp", {}, train, seed=7).state_dict()[k])  # it trained
-        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5)
+    initial = models.build("mlp", {}, train, seed=7).state_dict()
+    assert not any(torch.equal(want[k], initial[k]) for k in want)  # it trained
 
 
 def test_bsp_with_adam_equals_single_process_adam(run_job):
@@ -73,12 +70,10 @@ def test_bsp_with_adam_equals_single_process_adam(run_job):
     args = ["--mode", "bsp", "--max-steps", "15", "--global-batch", "48", "--optimizer", "adam",
             "--lr", "0.01", "--weight-decay", "0.01", "--seed", "4"]
     run = run_job(args, [WorkerSpec(), WorkerSpec()], num_servers=2)
-    got = torch.load(run.dir / "model.pt")
-    want = single_process_model(steps=15, global_batch=48, lr=0.01, weight_decay=0.01, seed=4, optimizer="adam")
+    want = assert_trained_as_one_process(run.dir, steps=15, global_batch=48, lr=0.01, weight_decay=0.01, seed=4,
+                                         optimizer="adam")
     sgd = single_process_model(steps=15, global_batch=48, lr=0.01, weight_decay=0.01, seed=4)
-    for k in want:
-        assert not torch.allclose(want[k], sgd[k], rtol=0, atol=1e-3)  # the two rules part ways
-        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5)
+    assert not any(torch.allclose(want[k], sgd[k], rtol=0, atol=1e-3) for k in want)  # the two rules part ways
 
 
 USER_CODE = '''

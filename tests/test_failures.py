@@ -12,8 +12,8 @@ import torch
 
 from omnips.launch import LocalCluster, WorkerSpec
 
-from helpers import (JOB_TIMEOUT_S, finish, in_log, single_process_model, start_cluster, stopped, wait_for_event,
-                     wait_for_steps)
+from helpers import (JOB_TIMEOUT_S, assert_trained_as_one_process, error_lines, finish, in_log, start_cluster,
+                     stopped, wait_for_event, wait_for_steps)
 
 SLOW = ["--max-steps", "100000", "--global-batch", "8"]
 
@@ -104,10 +104,9 @@ def test_a_worker_that_is_never_welcomed_gives_up_after_its_welcome_timeout(tmp_
     assert code == 1
     assert 2 < gave_up_after < 3 + 10  # about the timeout, with room for a loaded host
     log = (run_dir / "logs" / "worker0.log").read_text()
-    errors = [line.split(" ERROR ", 1)[1] for line in log.splitlines() if " ERROR " in line]
     reason = (f"scheduler at {cluster.endpoint} did not complete the cluster (are all servers and workers "
               "started?) within 3 s")
-    assert errors == [reason], log[-2000:]
+    assert error_lines(log) == [reason], log[-2000:]
     assert "Traceback" not in log
 
 
@@ -167,10 +166,6 @@ def test_a_server_started_again_takes_the_lost_shard_and_the_job_goes_back_to_th
     assert codes["server1"] == -signal.SIGKILL and all(c == 0 for n, c in codes.items() if n != "server1"), codes
     if mode == "bsp":  # the replayed steps read the same data in the same order, none is learned twice: the
         # model of the same steps in one process (4e-7 apart when measured; a step applied twice moves it by 1e-3)
-        want = single_process_model(steps=s["steps"], global_batch=32, lr=0.05, seed=5)
-        got = torch.load(run.dir / "model.pt")
-        assert want.keys() == got.keys()
-        for k in want:
-            torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5)
+        assert_trained_as_one_process(run.dir, steps=s["steps"], global_batch=32, lr=0.05, seed=5)
 
 

@@ -8,12 +8,11 @@ import json
 import re
 import time
 
-import torch
-
 from omnips.launch import WorkerSpec
 from omnips.metrics import read_events
 
-from helpers import finish, single_process_model, start_cluster, stopped, wait_for_event, wait_for_steps
+from helpers import (assert_trained_as_one_process, error_lines, finish, start_cluster, stopped, wait_for_event,
+                     wait_for_steps)
 
 FREEZE_S = 1.5  # the freeze itself: the process is stopped, nothing is waited for
 LIVENESS = ["--heartbeat", "0.25", "--dead-after", "4"]
@@ -42,15 +41,7 @@ def test_a_process_frozen_for_less_than_dead_after_costs_the_job_nothing(tmp_pat
     assert sum(b - a >= 0.9 * FREEZE_S for a, b in zip(times, times[1:])) == 3  # each freeze held the job
     assert " ERROR " not in run.logs() and " WARNING " not in run.logs(), run.logs()
     # and nothing was learned twice or lost: the model of the same steps in one process
-    got, want = torch.load(run.dir / "model.pt"), single_process_model(steps=steps, global_batch=batch, lr=0.05,
-                                                                        seed=5)
-    assert got.keys() == want.keys()
-    for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5)
-
-
-def _errors(log: str) -> list[str]:
-    return [line.split(" ERROR ", 1)[1] for line in log.splitlines() if " ERROR " in line]
+    assert_trained_as_one_process(run.dir, steps=steps, global_batch=batch, lr=0.05, seed=5)
 
 
 def test_a_scheduler_frozen_for_longer_than_dead_after_is_given_up_on_and_ends_with_the_reason_when_it_wakes(
@@ -72,7 +63,7 @@ def test_a_scheduler_frozen_for_longer_than_dead_after_is_given_up_on_and_ends_w
     assert codes == {n: 1 for n in others} and 3 < gave_up_after < 3 + 10, (codes, gave_up_after)
     for name in others:
         log = (run_dir / "logs" / f"{name}.log").read_text()
-        errors = _errors(log)  # one line, the reason
+        errors = error_lines(log)  # one line, the reason
         assert len(errors) == 1 and "Traceback" not in log, log[-2000:]
         assert re.fullmatch(rf"no word from the scheduler at {re.escape(cluster.endpoint)} for [34] s: giving up",
                             errors[0]), errors
@@ -84,7 +75,7 @@ def test_a_scheduler_frozen_for_longer_than_dead_after_is_given_up_on_and_ends_w
               r"--dead-after \(3 s\), after which the servers and workers give up on it")
     assert re.fullmatch(f"failed: {reason}", status), status
     log = (run_dir / "logs" / "scheduler.log").read_text()
-    assert _errors(log) == [f"job {status}"] and "Traceback" not in log, log[-2000:]
+    assert error_lines(log) == [f"job {status}"] and "Traceback" not in log, log[-2000:]
 
 
 def test_a_server_frozen_past_dead_after_is_told_it_was_removed_when_it_wakes_and_a_server_started_again_takes_over(
@@ -107,7 +98,7 @@ def test_a_server_frozen_past_dead_after_is_told_it_was_removed_when_it_wakes_an
     log = (run_dir / "logs" / "server0.log").read_text()
     assert woken_code == 1 and "Traceback" not in log, (woken_code, log[-2000:])
     assert re.fullmatch(rf"scheduler ended the job: removed from the job: server {lost['rank']} has been silent "
-                        rf"for \d+ s", "\n".join(_errors(log))), log[-2000:]
+                        rf"for \d+ s", "\n".join(error_lines(log))), log[-2000:]
     assert running == {n: None for n in running}, (running, run.logs())
     assert run.code == 0, run.logs()
     codes = run.cluster.exit_codes()
@@ -118,7 +109,4 @@ def test_a_server_frozen_past_dead_after_is_told_it_was_removed_when_it_wakes_an
     [rewind] = [e for e in run.events if e["event"] == "rewind"]
     assert rewind["step"] >= 5 and rewind["worker_steps"] == [rewind["step"]] * 2
     # the steps replayed from the checkpoint read the same data: the model of the same steps in one process
-    got, want = torch.load(run.dir / "model.pt"), single_process_model(steps=steps, global_batch=batch, lr=0.05,
-                                                                        seed=5)
-    for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5)
+    assert_trained_as_one_process(run.dir, steps=steps, global_batch=batch, lr=0.05, seed=5)
