@@ -498,12 +498,14 @@ def pieces(params: np.ndarray, grads: np.ndarray, repeats: int, server_threads: 
         push()  # starts the momentum buffer
         out[f"server: ShardCore.handle(Push), {mode.upper()} (check + update)"] = median_time(push, repeats)
         if mode == "asp":
-            out[f"server: optimizer step alone (ShardCore._step, {job.optimizer} momentum {job.momentum}, "
-                f"{server_threads} torch thread(s) as the servers)"] = median_time(
-                lambda: core._step([(0, grads)], job.lr), repeats)
+            def step():
+                core._take_step([(1.0, [(0, grads)])], job.lr)
+                core.ready(n)
+
+            out[f"server: optimizer step alone (ShardCore._take_step and ready, {job.optimizer} momentum "
+                f"{job.momentum}, {server_threads} torch thread(s) as the servers)"] = median_time(step, repeats)
             torch.set_num_threads(other)
-            out[f"what-if: the same step with {other} torch thread(s)"] = median_time(
-                lambda: core._step([(0, grads)], job.lr), repeats)
+            out[f"what-if: the same step with {other} torch thread(s)"] = median_time(step, repeats)
             torch.set_num_threads(server_threads)
     # the floor of any update: one in-place pass reading g and read-writing p
     p, g = torch.from_numpy(dst), torch.from_numpy(grads)

@@ -192,7 +192,8 @@ def train_plan(rank: int, batches: list[int], spec: dict, train, test, emulation
         ddp.zero_grad()
         (models.loss_fn(ddp(x), y) * scale).backward()
         for opt, param in opts:
-            opt.step([(0, param.grad.view(-1))], LR)
+            opt.begin(LR)
+            opt.apply([(0, param.grad.view(-1))])
         compute.append(pad.compute_s)
     end = time.monotonic()
     acc, loss = models.evaluate(module, data.Batcher(test), len(test)) if rank == 0 else (None, None)

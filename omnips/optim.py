@@ -1,8 +1,10 @@
 """Server-side optimizers on a flat shard: torch.optim's update rules, in place.
 
-A step takes the gradient as (offset, values) segments that tile the parameter:
+A step is `begin(lr)`, once, then `apply(segments)` for (offset, values) segments of
+the gradient, in one call or several, in any order, until they tile the parameter:
 a push that came in parts is applied from the parts as they were received, without
-joining them into one buffer first. Every update rule is elementwise, so a step in
+joining them into one buffer first, and a server writes the step range by range as
+it sends the replies that carry it. Every update rule is elementwise, so a step in
 segments whose boundaries are multiples of server/segments.py's ALIGN is bit-for-bit
 the step on the joined gradient.
 
@@ -32,14 +34,17 @@ class SGD:
         self.param, self.momentum, self.nesterov, self.weight_decay = param, momentum, nesterov, weight_decay
         self.buf = torch.zeros_like(param) if momentum else None
         self._first = True
+        self._lr, self._first_now = 0.0, True  # the current step's
 
-    def step(self, grads: list[tuple[int, torch.Tensor]], lr: float) -> None:
+    def begin(self, lr: float) -> None:
+        self._lr, self._first_now, self._first = lr, self._first, False
+
+    def apply(self, grads: list[tuple[int, torch.Tensor]]) -> None:
         for lo, grad in grads:
             hi = lo + grad.numel()
             torch._fused_sgd_([self.param[lo:hi]], [grad], [self.buf[lo:hi]] if self.momentum else [],
-                              weight_decay=self.weight_decay, momentum=self.momentum, lr=lr, dampening=0.0,
-                              nesterov=self.nesterov, maximize=False, is_first_step=self._first)
-        self._first = False
+                              weight_decay=self.weight_decay, momentum=self.momentum, lr=self._lr, dampening=0.0,
+                              nesterov=self.nesterov, maximize=False, is_first_step=self._first_now)
 
     def state(self) -> tuple[dict, dict]:
         """(scalars, buffers): what the next steps depend on besides the parameter."""
@@ -63,12 +68,16 @@ class Adam:
         self._denom = torch.empty_like(param)
         self._tmp = torch.empty_like(param) if weight_decay else None
         self.steps = 0
+        self._step_size, self._bias_correction2_sqrt = 0.0, 1.0  # the current step's
 
-    def step(self, grads: list[tuple[int, torch.Tensor]], lr: float) -> None:
+    def begin(self, lr: float) -> None:
         beta1, beta2 = self.betas
         self.steps += 1
-        step_size = lr / (1 - beta1 ** self.steps)
-        bias_correction2_sqrt = (1 - beta2 ** self.steps) ** 0.5
+        self._step_size = lr / (1 - beta1 ** self.steps)
+        self._bias_correction2_sqrt = (1 - beta2 ** self.steps) ** 0.5
+
+    def apply(self, grads: list[tuple[int, torch.Tensor]]) -> None:
+        beta1, beta2 = self.betas
         for lo, grad in grads:
             hi = lo + grad.numel()
             param, exp_avg, exp_avg_sq = self.param[lo:hi], self.exp_avg[lo:hi], self.exp_avg_sq[lo:hi]
@@ -76,8 +85,8 @@ class Adam:
                 grad = torch.add(grad, param, alpha=self.weight_decay, out=self._tmp[lo:hi])
             exp_avg.lerp_(grad, 1 - beta1)
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = torch.sqrt(exp_avg_sq, out=self._denom[lo:hi]).div_(bias_correction2_sqrt).add_(self.eps)
-            param.addcdiv_(exp_avg, denom, value=-step_size)
+            denom = torch.sqrt(exp_avg_sq, out=self._denom[lo:hi]).div_(self._bias_correction2_sqrt).add_(self.eps)
+            param.addcdiv_(exp_avg, denom, value=-self._step_size)
 
     def state(self) -> tuple[dict, dict]:
         return {"steps": self.steps}, {"exp_avg": self.exp_avg.numpy().copy(),

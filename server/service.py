@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import itertools
 import logging
 import os
 import shutil
@@ -104,12 +105,12 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
                 continue
             if isinstance(msg, (Push, Init)):
                 _wait_for_sends(trackers, core, grace_s)  # replies still queued alias the values about to change
-            replies = core.handle(peer.bytes, msg, time.monotonic())
+            replies = core.handle(peer.bytes, msg, time.monotonic(), lazy=True)
             for out in replies:
                 if isinstance(out, Outgoing) and isinstance(out.msg, protocol.Error):
                     log.warning("refused %s: %s: %s", msg.OP, out.msg.code, out.msg.text)
-            _send(router, replies, trackers, writer)
-        _send(router, writer.finished(), trackers, writer)
+            _send(router, core, replies, trackers, writer)
+        _send(router, core, writer.finished(), trackers, writer)
 
 
 def _from_scheduler(link: SchedulerLink, core: ShardCore, router, trackers: list,
@@ -133,7 +134,7 @@ def _from_scheduler(link: SchedulerLink, core: ShardCore, router, trackers: list
             if isinstance(msg, (Plan, Restore)):  # a plan can complete a BSP step: the values change
                 _wait_for_sends(trackers, core, grace_s)
             if isinstance(msg, Plan):
-                _send(router, core.set_plan(msg, time.monotonic()), trackers, writer)
+                _send(router, core, core.set_plan(msg, time.monotonic(), lazy=True), trackers, writer)
             if isinstance(msg, Restore):  # another server died: the job goes back to a checkpoint
                 core.rewind()
                 restore(msg.path)
@@ -142,16 +143,25 @@ def _from_scheduler(link: SchedulerLink, core: ShardCore, router, trackers: list
             return False
 
 
-def _send(router, replies, trackers: list, writer: checkpointer.ShardWriter) -> None:
+def _send(router, core: ShardCore, replies, trackers: list, writer: checkpointer.ShardWriter) -> None:
+    """Sends `replies`; their Params go part k of every reply, then part k + 1, each once the
+    core has written the values it carries (ready): the first parts are on their way while
+    the core writes the rest of the step."""
+    queues = []
     for out in replies:
         if isinstance(out, Snapshot):
-            _send(router, writer.submit(out), trackers, writer)
-            continue
-        for msg in _parts(out):
+            _send(router, core, writer.submit(out), trackers, writer)
+        else:
+            queues.append([(out, msg) for msg in _parts(out)])
+    for turn in itertools.zip_longest(*queues):
+        for out, msg in filter(None, turn):
+            if isinstance(msg, Params):
+                core.ready(msg.offset + msg.data.size)
             tracker = transport.reply(router, out.to, msg, track=isinstance(msg, Params) and not out.snapshot,
                                       snapshot=out.snapshot)
             if tracker is not None:
                 trackers.append(tracker)
+    core.ready(core.n)  # a step whose replies wait (SSP) or were refused a send is still written now
 
 
 def _parts(out: Outgoing) -> list:

@@ -16,6 +16,10 @@ With --wire-dtype bfloat16 or float16, a push is widened into a float32 buffer o
 rank's (so the BSP sum stays in rank order) and checked for finiteness there; replies
 to pushes carry the shard narrowed into one buffer, once per version. Init, pulls and
 checkpoints stay float32: they set or save state, which must not lose precision.
+A step's bookkeeping (versions, counters, the optimizer's scalars) is done when it is
+taken; with `lazy`, its values are written range by range by `ready(hi)`, which the
+server calls before it sends each part of a reply, so the first parts leave while the
+rest of the shard is still being updated (without, before handle() returns).
 A push may come in parts (buckets a worker sends while its backward pass runs):
 server/assembly.py joins them (in the wire dtype), and the core sees one push whose
 values are the parts as received, (offset, values) segments re-cut at aligned places
@@ -38,7 +42,7 @@ from omnips.protocol import Ack, Checkpoint, Error, Init, Message, Params, Plan,
 from omnips.wire import WireDtype, name_of
 
 from .assembly import Assembler, PartRefused
-from .segments import aligned
+from .segments import ALIGN, aligned
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,15 @@ class Snapshot:
     state: ShardState
 
 
+@dataclass
+class _Due:
+    """A step taken whose values are not all written yet."""
+
+    grads: list  # (weight, segments): the step's gradient is their weighted sum, in this order
+    done: int = 0  # values [0, done) hold the step
+    narrow: bool = False  # a reply carries the step in the wire dtype: narrow each range too
+
+
 MAX_WAITING_PULLS = 1024  # the scheduler keeps a few dozen evaluation pulls waiting
 
 
@@ -83,6 +96,7 @@ class ShardCore:
         self._widened: dict[int, np.ndarray] = {}  # float32 buffers for narrow pushes, one per BSP rank
         self._wire_values = self.wire.buffer(self.n)  # the shard narrowed for push replies (None: float32)
         self._wire_version: int | None = None  # the version _wire_values holds
+        self._due: _Due | None = None  # the step taken whose values ready() still writes
         self._b_ref = job.global_batch / job.num_workers
         self.version = 0
         self.initialized = False
@@ -107,7 +121,16 @@ class ShardCore:
         self.detached = 0  # times the shard moved to fresh buffers, its old ones left to queued replies
 
     # -- entry point -------------------------------------------------------------
-    def handle(self, peer: bytes, msg: Message, now: float) -> list[Outgoing | Snapshot]:
+    def handle(self, peer: bytes, msg: Message, now: float, lazy: bool = False) -> list[Outgoing | Snapshot]:
+        """The replies to `msg`. `lazy`: the values a step it completes writes are left to
+        ready(), which must be called before anything is read from them."""
+        self.ready(self.n)
+        out = self._handle(peer, msg, now)
+        if not lazy:
+            self.ready(self.n)
+        return out
+
+    def _handle(self, peer: bytes, msg: Message, now: float) -> list[Outgoing | Snapshot]:
         if isinstance(msg, Push):
             if not msg.whole:
                 self._parts.void(peer, msg)
@@ -131,10 +154,34 @@ class ShardCore:
         """Pushes that came in parts (sent while the worker's backward ran) and were joined."""
         return self._parts.joined
 
-    def set_plan(self, plan: Plan, now: float) -> list[Outgoing]:
+    def set_plan(self, plan: Plan, now: float, lazy: bool = False) -> list[Outgoing]:
         """A new batch plan: membership changes take effect (a departed worker's later steps
         are waited for by nobody; a re-filled rank binds to its new connection), and
-        whatever waited on them is released."""
+        whatever waited on them is released (`lazy` as for handle)."""
+        self.ready(self.n)
+        out = self._set_plan(plan, now)
+        if not lazy:
+            self.ready(self.n)
+        return out
+
+    def ready(self, hi: int) -> None:
+        """Values [0, hi) hold the last step taken (and its wire-dtype copy, where a reply
+        carries that). Ranges end at multiples of ALIGN, so the step written in ranges is
+        bit-for-bit the step written whole."""
+        due = self._due
+        if due is None or hi <= due.done:
+            return
+        lo, hi = due.done, min(self.n, -(-hi // ALIGN) * ALIGN)
+        self._write(due.grads, lo, hi)
+        if due.narrow:
+            self.wire.narrow(self.values[lo:hi], self._wire_values[lo:hi])
+        due.done = hi
+        if hi == self.n:
+            self._due = None
+            if due.narrow:
+                self._wire_version = self.version
+
+    def _set_plan(self, plan: Plan, now: float) -> list[Outgoing]:
         before = self.plan.batches if self.plan is not None else [1] * len(plan.batches)
         self._plans[plan.gen] = tuple(plan.batches)
         if self.plan is None or plan.gen > self.plan.gen:
@@ -313,17 +360,9 @@ class ShardCore:
     def _apply_bsp(self, now):
         pushes = [self._pending[r] for r in sorted(self._pending)]
         grads = [(p.batch, segments) for _, p, _, segments in pushes if p.batch]  # dropped ones weigh nothing
-        if len(grads) == 1:  # weight 1: step on the pushed values, saving a pass over the shard
-            self._step(grads[0][1], self.job.lr)
-        elif grads:
+        if grads:
             total = sum(batch for batch, _ in grads)
-            for lo, values in grads[0][1]:
-                np.multiply(values, grads[0][0] / total, out=self._agg[lo:lo + values.size])
-            agg = torch.from_numpy(self._agg)
-            for batch, segments in grads[1:]:
-                for lo, values in segments:
-                    agg[lo:lo + values.size].add_(torch.from_numpy(values), alpha=batch / total)
-            self._step([(0, self._agg)], self.job.lr)
+            self._take_step([(batch / total, segments) for batch, segments in grads], self.job.lr)
         self.version += 1  # even with every gradient dropped: versions count steps in BSP
         self.updates += bool(grads)
         self._pending.clear()
@@ -338,7 +377,7 @@ class ShardCore:
             lr = self.job.lr * msg.batch / self._b_ref
             if self.job.staleness_lr == "inverse":
                 lr /= 1 + staleness
-            self._step(segments, lr)
+            self._take_step([(1.0, segments)], lr)
             self.version += 1
             self.updates += 1
             self.staleness_sum += staleness
@@ -359,18 +398,37 @@ class ShardCore:
         self._held = [h for h in self._held if h[1].step - slowest > self.job.staleness]
         return [self._reply(p_peer, p, now - t) for p_peer, p, t in ready]
 
-    def _step(self, grad: list, lr: float):
-        """One optimizer step with the gradient in (offset, values) segments; buffer slots
-        simply take its values."""
+    def _take_step(self, grads: list, lr: float) -> None:
+        """An optimizer step on the weighted sum of `grads`, (weight, segments) pairs; ready()
+        writes its values."""
+        self.ready(self.n)
+        if self.trained:
+            self._opt.begin(lr)
+        self._due = _Due(grads)
+
+    def _write(self, grads: list, lo: int, hi: int) -> None:
+        """Values [lo, hi) of the step on `grads`: the optimizer's update, while buffer slots
+        simply take the gradient's values."""
+        (weight, segments), *more = grads
+        segments = _window(segments, lo, hi)
+        if more or weight != 1:  # the BSP mean of several pushes, summed in rank order
+            for a, values in segments:
+                np.multiply(values, weight, out=self._agg[a:a + values.size])
+            agg = torch.from_numpy(self._agg)
+            for weight, others in more:
+                for a, values in _window(others, lo, hi):
+                    agg[a:a + values.size].add_(torch.from_numpy(values), alpha=weight)
+            segments = [(lo, self._agg[lo:hi])]
         t = self.trained
-        if t:
-            self._opt.step([(lo, torch.from_numpy(values[:t - lo])) for lo, values in grad if lo < t], lr)
-        for lo, values in grad:
-            if lo + values.size > t:
-                np.copyto(self.values[max(lo, t):lo + values.size], values[max(0, t - lo):])
+        if lo < t:
+            self._opt.apply([(a, torch.from_numpy(values[:t - a])) for a, values in segments if a < t])
+        for a, values in segments:
+            if a + values.size > t:
+                np.copyto(self.values[max(a, t):a + values.size], values[max(0, t - a):])
 
     # -- state -------------------------------------------------------------------
     def state(self) -> ShardState:
+        self.ready(self.n)
         scalars, buffers = self._opt.state()
         return ShardState(
             meta={"job": self.job.to_dict(), "size": self.n, "trained": self.trained, "version": self.version,
@@ -384,6 +442,7 @@ class ShardCore:
         the replies still queued that alias them (zero-copy): what changes the shard next
         cannot tear them. One copy, where waiting would hold the server up for as long as
         a receiver does not read (a worker frozen or slow)."""
+        self.ready(self.n)
         values = aligned_empty(self.n)
         np.copyto(values, self.values)
         self.values = values
@@ -396,6 +455,7 @@ class ShardCore:
     def rewind(self) -> None:
         """Forget every request, binding and plan: the job goes back to a checkpoint (a
         restore follows) and the workers come back on new connections."""
+        self.ready(self.n)
         self._pending.clear()
         self._pending_gen = None
         self._held, self._pulls, self._gen_pulls = [], [], []
@@ -412,6 +472,7 @@ class ShardCore:
         (an ASP snapshot may hold an update whose report the scheduler had not counted:
         that worker pushes its step again). Raises ValueError, changing nothing, when the
         state does not fit this shard or requests are in flight."""
+        self.ready(self.n)  # the step taken last is part of the state it replaces
         m, arrays, workers = state.meta, state.arrays, self.job.num_workers
         if self._pending or self._held or self._pulls:
             raise ValueError("a shard with requests in flight cannot be restored")
@@ -470,12 +531,18 @@ class ShardCore:
         return Outgoing(peer, Params(req=req, version=self.version, held_s=held_s, plan=plan, data=data), snapshot)
 
     def _narrowed(self) -> np.ndarray:
-        """The shard in the wire dtype, narrowed once per version. Replies alias it (zero-copy,
-        tracked), as they alias `values` in float32: the server waits for them to leave before
-        handling anything that can change the values."""
+        """The shard in the wire dtype, narrowed once per version (a step's ranges as ready()
+        writes them). Replies alias it (zero-copy, tracked), as they alias `values` in
+        float32: the server waits for them to leave before handling anything that can change
+        the values."""
         if self.wire.exact:
             return self.values
-        if self._wire_version != self.version:
+        due = self._due
+        if due is not None:
+            if not due.narrow:
+                self.wire.narrow(self.values[:due.done], self._wire_values[:due.done])
+                due.narrow = True
+        elif self._wire_version != self.version:
             self.wire.narrow(self.values, self._wire_values)
             self._wire_version = self.version
         return self._wire_values
@@ -486,6 +553,11 @@ class ShardCore:
             (ready if entry[1].at in (None, self.version) else waiting).append(entry)
         self._pulls = waiting
         return [self._serve(peer, m, now - t) for peer, m, t in ready]
+
+
+def _window(segments: list, lo: int, hi: int) -> list:
+    """The parts of (offset, values) segments inside [lo, hi)."""
+    return [(max(a, lo), values[max(0, lo - a):hi - a]) for a, values in segments if a < hi and a + values.size > lo]
 
 
 def _ints(*values, lowest: int) -> bool:

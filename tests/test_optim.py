@@ -15,13 +15,15 @@ CASES = [
 ]
 
 
-# parts at multiples of server.segments.ALIGN (the server re-cuts others there), applied last first
+# parts at multiples of server.segments.ALIGN (the server re-cuts others there), applied last first,
+# in one apply call (a push joined from parts) and in one call each (a step written range by range)
 CUTS = {"whole": [0, 1000], "parts": [0, 64, 320, 384, 1000]}
 
 
+@pytest.mark.parametrize("calls", ["one call", "a call a part"])
 @pytest.mark.parametrize("cuts", CUTS.values(), ids=CUTS.keys())
 @pytest.mark.parametrize("name,kw", CASES)
-def test_matches_torch_optim_bit_for_bit(name, kw, cuts):
+def test_matches_torch_optim_bit_for_bit(name, kw, cuts, calls):
     g = torch.Generator().manual_seed(0)
     start = torch.randn(1000, generator=g)
     ours = start.clone()
@@ -35,7 +37,10 @@ def test_matches_torch_optim_bit_for_bit(name, kw, cuts):
     for step in range(6):
         lr = 0.1 / (1 + step)  # ASP changes lr per update: both must honour it
         grad = torch.randn(1000, generator=g)
-        opt.step([(lo, grad[lo:hi]) for lo, hi in reversed(list(zip(cuts, cuts[1:])))], lr)
+        segments = [(lo, grad[lo:hi]) for lo, hi in reversed(list(zip(cuts, cuts[1:])))]
+        opt.begin(lr)
+        for call in ([segments] if calls == "one call" else [[s] for s in segments]):
+            opt.apply(call)
         for group in torch_opt.param_groups:
             group["lr"] = lr
         ref.grad = grad.clone()
