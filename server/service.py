@@ -146,13 +146,9 @@ def _from_scheduler(link: SchedulerLink, core: ShardCore, router, trackers: list
 def _send(router, core: ShardCore, replies, trackers: list, writer: checkpointer.ShardWriter) -> None:
     """Sends `replies`; their Params go part k of every reply, then part k + 1, each once the
     core has written the values it carries (ready): the first parts are on their way while
-    the core writes the rest of the step."""
-    queues = []
-    for out in replies:
-        if isinstance(out, Snapshot):
-            _send(router, core, writer.submit(out), trackers, writer)
-        else:
-            queues.append([(out, msg) for msg in _parts(out)])
+    the core writes the rest of the step. Checkpoints go to the writer after the messages:
+    it may wait for the previous file, and the workers need not wait with it."""
+    queues = [[(out, msg) for msg in _parts(out)] for out in replies if isinstance(out, Outgoing)]
     for turn in itertools.zip_longest(*queues):
         for out, msg in filter(None, turn):
             if isinstance(msg, Params):
@@ -162,6 +158,9 @@ def _send(router, core: ShardCore, replies, trackers: list, writer: checkpointer
             if tracker is not None:
                 trackers.append(tracker)
     core.ready(core.n)  # a step whose replies wait (SSP) or were refused a send is still written now
+    for out in replies:
+        if isinstance(out, Snapshot):
+            _send(router, core, writer.submit(out), trackers, writer)
 
 
 def _parts(out: Outgoing) -> list:

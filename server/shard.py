@@ -29,6 +29,7 @@ A `checkpoint` request is served like a pull (at once, or when the version reach
 state, which the server writes; `restore` takes such a state back.
 """
 
+import bisect
 import math
 from dataclasses import dataclass, replace
 
@@ -76,7 +77,8 @@ class Snapshot:
 class _Due:
     """A step taken whose values are not all written yet."""
 
-    grads: list  # (weight, segments): the step's gradient is their weighted sum, in this order
+    grads: list  # (weight, segments sorted by offset, their offsets): the step's gradient is their weighted
+    # sum, in this order
     done: int = 0  # values [0, done) hold the step
     narrow: bool = False  # a reply carries the step in the wire dtype: narrow each range too
 
@@ -404,19 +406,19 @@ class ShardCore:
         self.ready(self.n)
         if self.trained:
             self._opt.begin(lr)
-        self._due = _Due(grads)
+        self._due = _Due([(weight, segments, [a for a, _ in segments]) for weight, segments in grads])
 
     def _write(self, grads: list, lo: int, hi: int) -> None:
         """Values [lo, hi) of the step on `grads`: the optimizer's update, while buffer slots
         simply take the gradient's values."""
-        (weight, segments), *more = grads
-        segments = _window(segments, lo, hi)
+        (weight, segments, starts), *more = grads
+        segments = _window(segments, starts, lo, hi)
         if more or weight != 1:  # the BSP mean of several pushes, summed in rank order
             for a, values in segments:
                 np.multiply(values, weight, out=self._agg[a:a + values.size])
             agg = torch.from_numpy(self._agg)
-            for weight, others in more:
-                for a, values in _window(others, lo, hi):
+            for weight, others, starts in more:
+                for a, values in _window(others, starts, lo, hi):
                     agg[a:a + values.size].add_(torch.from_numpy(values), alpha=weight)
             segments = [(lo, self._agg[lo:hi])]
         t = self.trained
@@ -555,9 +557,17 @@ class ShardCore:
         return [self._serve(peer, m, now - t) for peer, m, t in ready]
 
 
-def _window(segments: list, lo: int, hi: int) -> list:
-    """The parts of (offset, values) segments inside [lo, hi)."""
-    return [(max(a, lo), values[max(0, lo - a):hi - a]) for a, values in segments if a < hi and a + values.size > lo]
+def _window(segments: list, starts: list[int], lo: int, hi: int) -> list:
+    """The parts inside [lo, hi) of (offset, values) segments sorted by offset (`starts`): found
+    by bisection, so that a step written in many ranges of a push in many parts stays linear."""
+    out = []
+    for i in range(max(0, bisect.bisect_right(starts, lo) - 1), len(segments)):
+        a, values = segments[i]
+        if a >= hi:
+            break
+        if a + values.size > lo:
+            out.append((max(a, lo), values[max(0, lo - a):hi - a]))
+    return out
 
 
 def _ints(*values, lowest: int) -> bool:

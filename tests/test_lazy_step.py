@@ -2,16 +2,20 @@
 server sends each reply part) is bit-for-bit the step written whole, in values, replies
 and optimizer state; ranges not yet asked for keep the values from before the step."""
 
+from dataclasses import replace
+
 import numpy as np
 import torch
+import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shard_helpers import PEERS, SCHED, make_core, parts_of, push
 
-from omnips.protocol import Params, Pull, Push
+from omnips import protocol
+from omnips.protocol import Checkpoint, Params, Plan, Pull, Push
+from server import service
 from server.segments import ALIGN
-from server.shard import ShardCore
-
-from shard_helpers import PEERS, make_core, parts_of, push
+from server.shard import Outgoing, ShardCore
 
 
 
@@ -111,3 +115,105 @@ def test_state_and_detach_write_the_step_first():
     lazy.detach()
     np.testing.assert_array_equal(lazy.values, eager.values)
     assert torch.equal(lazy._opt.buf, eager._opt.buf)
+
+
+def test_a_held_ssp_reply_carries_the_narrowed_shard_of_the_step_that_releases_it():
+    """SSP, bfloat16 wire: a reply held for the slowest worker is released by a later message
+    whose own step narrows nothing; it must still carry the shard as it is, narrowed."""
+    n = 3 * ALIGN + 5
+    x0 = np.linspace(-1, 1, n, dtype=np.float32)
+    core = make_core(mode="ssp", n=n, num_workers=2, staleness=0, wire_dtype="bfloat16", init=x0)
+
+    def step(rank, s, batch):
+        data = core.wire.buffer(n)
+        core.wire.narrow(np.full(n, 0.5 + rank, dtype=np.float32), data)
+        msg = Push(rank=rank, step=s, ver=core.version, batch=batch, gen=0,
+                   data=data if batch else np.zeros(0, dtype=np.float32))
+        out = core.handle(PEERS[rank], msg, 0.0, lazy=True)
+        core.ready(n)
+        return out
+
+    step(0, 0, 4)
+    step(1, 0, 4)
+    assert step(0, 1, 4) == []  # worker 0 is a step ahead: held
+    (released,) = step(1, 1, 0)[:1]  # worker 1 drops its gradient: worker 0's reply goes
+    assert released.to == PEERS[0] and released.msg.version == core.version == 3
+    want = core.wire.buffer(n)
+    core.wire.narrow(core.values, want)
+    assert released.msg.data.tobytes() == want.tobytes()
+
+
+def test_a_plan_that_completes_a_bsp_step_writes_it_lazily_too():
+    """A worker leaves: the plan completes the step the others pushed, range by range."""
+    x0 = np.linspace(-1, 1, 2 * ALIGN, dtype=np.float32)
+    eager, lazy = (make_core(n=x0.size, init=x0) for _ in range(2))
+    g = [np.full(x0.size, r + 1.0, dtype=np.float32) for r in range(3)]
+    plan = Plan(gen=1, batches=[4, 4, 0], departed=[[2, -1]])
+    for core in (eager, lazy):
+        for r in (0, 1):
+            assert core.handle(PEERS[r], push(r, 0, g[r]), 0.0, lazy=core is lazy) == []
+    want = eager.set_plan(plan, 0.0)
+    got = lazy.set_plan(plan, 0.0, lazy=True)
+    assert len(got) == len(want) == 2 and lazy.version == eager.version == 1
+    before = lazy.values.copy()
+    lazy.ready(1)
+    np.testing.assert_array_equal(lazy.values[:ALIGN], eager.values[:ALIGN])
+    np.testing.assert_array_equal(lazy.values[ALIGN:], before[ALIGN:])
+    lazy.ready(x0.size)
+    np.testing.assert_array_equal(lazy.values, eager.values)
+
+
+class _Writer:
+    """A checkpoint writer that notes how many reply parts had been sent when it was handed a snapshot."""
+
+    def __init__(self, peer):
+        self.peer, self.seen = peer, []
+
+    def submit(self, snap):
+        self.seen.append(sum(1 for _ in iter(lambda: self.peer.poll(0), 0) if self.peer.recv_multipart()))
+        return []
+
+
+def test_the_server_sends_each_part_once_written_part_by_part_across_replies_and_checkpoints_after():
+    """server.service._send over real sockets: every reply part a worker receives is the
+    eager core's, in order; BSP replies go part k of each, then part k + 1; the checkpoint
+    due at the same version goes to the writer after the replies left."""
+    n, part = 5 * ALIGN + 3, 2 * ALIGN
+    x0 = np.linspace(-1, 1, n, dtype=np.float32)
+    eager, lazy = (make_core(n=n, num_workers=2, init=x0) for _ in range(2))
+    ctx = zmq.Context()
+    try:
+        router = ctx.socket(zmq.ROUTER)
+        router.bind("inproc://shard")
+        dealers = []
+        for peer in PEERS[:2]:
+            d = ctx.socket(zmq.DEALER)
+            d.setsockopt(zmq.IDENTITY, peer)
+            d.connect("inproc://shard")
+            dealers.append(d)
+        ckpt = Checkpoint(req=7, step=1, at=1)
+        for core in (eager, lazy):
+            assert core.handle(SCHED, ckpt, 0.0) == []
+        grads = [np.full(n, r + 0.25, dtype=np.float32) for r in range(2)]
+        want = []
+        for r in range(2):
+            msg = replace(push(r, 0, grads[r]), reply_part=part)
+            want += eager.handle(PEERS[r], msg, 0.0)
+            got = lazy.handle(PEERS[r], msg, 0.0, lazy=True)
+        order = []
+        real_ready = lazy.ready
+        lazy.ready = lambda hi: order.append(hi) or real_ready(hi)
+        writer = _Writer(dealers[1])
+        service._send(router, lazy, got, [], writer)
+        assert writer.seen == [3]  # worker 1's three parts were out before the checkpoint was handed on
+        replies = [o for o in want if isinstance(o, Outgoing)]
+        for d, reply in zip(dealers[:1], replies):
+            frames = [d.recv_multipart() for _ in range(3)]
+            parts = [protocol.decode(f) for f in frames]
+            assert [p.offset for p in parts] == [0, part, 2 * part]
+            data = np.concatenate([p.data for p in parts])
+            assert data.tobytes() == reply.msg.data.tobytes()
+        assert order[:6] == [part, part, 2 * part, 2 * part, n, n]  # part k of each reply, then k + 1
+        assert set(order[6:]) == {n}  # then whatever no part asked for
+    finally:
+        ctx.destroy(linger=0)
