@@ -19,7 +19,7 @@ checkpoints stay float32: they set or save state, which must not lose precision.
 A step's bookkeeping (versions, counters, the optimizer's scalars) is done when it is
 taken; with `lazy`, its values are written range by range by `ready(hi)`, which the
 server calls before it sends each part of a reply, so the first parts leave while the
-rest of the shard is still being updated (without, before handle() returns).
+rest of the shard is still being updated (without `lazy`, before handle() returns).
 A push may come in parts (buckets a worker sends while its backward pass runs):
 server/assembly.py joins them (in the wire dtype), and the core sees one push whose
 values are the parts as received, (offset, values) segments re-cut at aligned places
