@@ -19,7 +19,8 @@ test of the whole push, up to rounding (float32 parts only: a narrow dtype is ch
 once widened).
 """
 
-from dataclasses import dataclass, replace
+import bisect
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from omnips.flat import FLOAT32_MAX, square_sum
@@ -36,6 +37,7 @@ class PartRefused(Exception):
 class _Open:
     first: Push  # its fields, as every later part must repeat them
     segments: list  # (offset, values) of the parts so far, in arrival order
+    spans: list = field(default_factory=list)  # their [start, end), sorted: an overlap is found by bisection
     filled: int = 0
     squares: float = 0.0  # the parts' sums of squares so far (inf or nan: a value is not finite)
 
@@ -73,13 +75,14 @@ class Assembler:
         elif _key(part) != _key(entry.first) or part.data.dtype != entry.first.data.dtype:
             raise PartRefused("bad_part", f"a part of worker {part.rank}'s step {part.step} while its step "
                                           f"{entry.first.step} is incomplete")
-        elif any(lo < a + v.size and a < hi for a, v in entry.segments):
+        elif _overlaps(entry.spans, lo, hi):
             raise PartRefused("bad_part", f"worker {part.rank}'s step {part.step} already has values in "
                                           f"[{lo}, {hi})")
         if entry is None:
             self._open.pop(peer, None)
             entry = self._open[peer] = _Open(part, [])
         entry.segments.append((lo, part.data))
+        bisect.insort(entry.spans, (lo, hi))
         entry.filled += hi - lo
         if self.check:
             entry.squares += square_sum(part.data)
@@ -107,3 +110,9 @@ class Assembler:
     @property
     def open(self) -> int:
         return len(self._open)
+
+
+def _overlaps(spans: list, lo: int, hi: int) -> bool:
+    """Whether [lo, hi) meets any of the sorted, disjoint `spans`: only its neighbours can."""
+    i = bisect.bisect_left(spans, (lo, hi))
+    return (i > 0 and spans[i - 1][1] > lo) or (i < len(spans) and spans[i][0] < hi)

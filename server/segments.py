@@ -33,23 +33,33 @@ def aligned(segments: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarra
     if not windows:
         return segs
     copies = np.empty(sum(end - start for start, end in windows), dtype=segs[0][1].dtype)
-    out, at = [], 0
+    # segments and windows are both sorted: each sweep below moves a cursor forward only, so
+    # a push in k parts costs O(k) here, not O(k * windows)
+    out, at, first = [], 0, 0
     for start, end in windows:
         window = copies[at:at + end - start]
         at += end - start
-        for lo, values in segs:
+        while segs[first][0] + segs[first][1].size <= start:
+            first += 1
+        j = first
+        while j < len(segs) and segs[j][0] < end:
+            lo, values = segs[j]
             a, b = max(lo, start), min(lo + values.size, end)
-            if a < b:
-                window[a - start:b - start] = values[a - lo:b - lo]
+            window[a - start:b - start] = values[a - lo:b - lo]
+            j += 1
         out.append((start, window))
+    w = 0
     for lo, values in segs:  # each segment's values outside the windows, as views
         pos, hi = lo, lo + values.size
-        for start, end in windows:
-            if end <= pos or start >= hi:
-                continue
+        while w < len(windows) and windows[w][1] <= pos:
+            w += 1
+        k = w
+        while k < len(windows) and windows[k][0] < hi:
+            start, end = windows[k]
             if start > pos:
                 out.append((pos, values[pos - lo:start - lo]))
             pos = max(pos, end)
+            k += 1
         if pos < hi:
             out.append((pos, values[pos - lo:]))
     return sorted(out, key=lambda s: s[0])

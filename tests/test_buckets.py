@@ -101,6 +101,28 @@ def test_parts_in_any_order_join_to_the_pushed_values(shape, rnd):
     assert all(np.shares_memory(v, p.data) for (_, v), p in zip(out[-1].segments, parts))  # kept, not copied
 
 
+@given(st.integers(2, 40).flatmap(lambda n: st.tuples(st.just(n), st.sets(st.integers(1, n - 1), min_size=1))),
+       st.randoms(use_true_random=False), st.integers(0, 39), st.integers(1, 40))
+def test_a_part_overlapping_any_part_held_is_refused_whatever_the_order(shape, rnd, lo, size):
+    """The overlap check (by bisection over the parts held) against every part held in turn."""
+    n, cuts = shape
+    parts = parts_of(np.arange(n, dtype=np.float32), sorted(cuts))
+    rnd.shuffle(parts)
+    asm = Assembler(n, max_open=2)
+    for p in parts[:-1]:
+        asm.feed(b"w", p)
+    held = parts[:-1]
+    lo, hi = min(lo, n - 1), min(lo + size, n)
+    probe = Push(rank=0, step=0, ver=0, batch=4, gen=0, data=np.zeros(hi - lo, dtype=np.float32), offset=lo, whole=n)
+    overlaps = any(lo < p.offset + p.data.size and p.offset < hi for p in held)
+    try:
+        asm.feed(b"w", probe)
+        refused = False
+    except PartRefused:
+        refused = True
+    assert refused == overlaps
+
+
 def test_parts_that_do_not_fit_are_refused_and_change_nothing():
     values = np.arange(8, dtype=np.float32)
     asm = Assembler(8, max_open=1)
