@@ -585,7 +585,8 @@ def render(rows, raw_by_kind, floor_rows, gl, piece_times, args, n, total_s) -> 
         "- omnips: real scheduler + server processes, this process as the only worker "
         + (f"(pushes in buckets of {args.bucket_size:,} bytes, last values first, and the reply in parts of the same "
            "size, as a worker sends while backward runs; server checks each part as it comes, joins them, takes the "
-           "SGD-momentum step; each reply part copied into params as it arrives), " if args.bucket_size else
+           "SGD-momentum step range by range, sending each reply part once its range is updated; each reply part "
+           "copied into params as it arrives), " if args.bucket_size else
            "(ServerGroup.push_pull: push gradients, server checks + SGD-momentum step, reply copied into params), ")
         + f"servers with --threads {args.server_threads}; raw ZeroMQ round trips of the same transport interleaved "
         "with omnips ones while each cluster runs",
