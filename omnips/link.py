@@ -120,6 +120,11 @@ class SchedulerLink:
             self._beat_at = now
             self.send(Heartbeat())
 
+    def silent_s(self) -> float:
+        """How long since our last heartbeat: past --dead-after, the scheduler may have taken
+        us for lost (a process frozen, or starved of CPU, sends none)."""
+        return self.clock() - self._beat_at
+
     def send(self, msg: protocol.Message) -> None:
         try:
             transport.send(self.sock, msg)

@@ -120,7 +120,12 @@ def _from_scheduler(link: SchedulerLink, core: ShardCore, router, trackers: list
     to a checkpoint), and must not complete the step its workers' pushes wait for. Then,
     nothing unread, check_alive judges the scheduler's silence (after such a freeze it waits
     a heartbeat for what is on its way: that is read too) and sends our heartbeat when due,
-    every turn however busy the scheduler's socket."""
+    every turn however busy the scheduler's socket. A server that itself sent nothing for
+    nearly --dead-after serves nobody until the scheduler has surely judged that silence
+    and a heartbeat more has passed: the scheduler's messages it finds on waking were sent
+    while it slept, and the Shutdown of a verdict taken just before its heartbeat got
+    through may still be on its way."""
+    hold_until = _hold_after_silence(link)
     while True:
         while link.sock.poll(0):
             msg = link.receive()
@@ -139,8 +144,24 @@ def _from_scheduler(link: SchedulerLink, core: ShardCore, router, trackers: list
                 core.rewind()
                 restore(msg.path)
         link.check_alive()
-        if not link.sock.poll(0):
+        if link.sock.poll(0):
+            continue
+        left = hold_until - time.monotonic()
+        if left <= 0:
             return False
+        link.sock.poll(int(1000 * min(left, link.heartbeat_s)) + 1)
+
+
+def _hold_after_silence(link: SchedulerLink) -> float:
+    """Until when this server serves nobody after a silence of its own that the scheduler
+    may have taken for its loss (0: no such silence): past the scheduler's deadline for
+    it, plus a heartbeat for the verdict to arrive."""
+    silent = link.silent_s()
+    if silent <= link.dead_after_s - link.heartbeat_s:
+        return 0.0
+    log.warning("server sent nothing for %.1f s (it was stalled: stopped, or starved of CPU): it serves no worker "
+                "until the scheduler has judged that silence", silent)
+    return time.monotonic() + max(link.heartbeat_s, link.dead_after_s + link.heartbeat_s - silent)
 
 
 def _send(router, core: ShardCore, replies, trackers: list, writer: checkpointer.ShardWriter) -> None:

@@ -1,14 +1,17 @@
 """omnips.link judging the scheduler's silence: a ROUTER in this process stands in for the
 scheduler, and the link's clock is the test's."""
 
+import threading
 import time
 
 import pytest
 import zmq
+from shard_helpers import make_core
 
 from omnips import transport
 from omnips.link import LinkError, SchedulerLink
 from omnips.protocol import Heartbeat, Shutdown
+from server import checkpointer, service
 
 
 @pytest.fixture
@@ -48,3 +51,25 @@ def test_a_scheduler_silent_for_dead_after_is_given_up_on(linked):
     with pytest.raises(LinkError, match=r"^no word from the scheduler at tcp://127\.0\.0\.1:\d+ for 4 s: giving up$"):
         link.check_alive()
     assert time.monotonic() - start < 5  # a last look of about a heartbeat interval (0.2 s), no more
+
+
+def test_a_server_silent_for_nearly_dead_after_serves_nobody_before_the_verdict_can_arrive(linked, tmp_path):
+    """A server woken after a silence the scheduler may have taken for its loss finds only
+    what was sent while it slept; the Shutdown of a verdict taken just before its own
+    heartbeat got through comes a little later. It must read that Shutdown before it serves
+    a worker: server.service._from_scheduler ends with it, rather than return to serve."""
+    link, send, clock = linked
+    link.heartbeat_s = 1.0  # the hold: at least a heartbeat
+    core = make_core(n=4, init=[0.0] * 4)
+    writer = checkpointer.ShardWriter(tmp_path, 0, 0, 4)
+    send(Heartbeat())  # sent while it slept: read on waking
+    clock[0] = 3.5  # its last heartbeat was 3.5 s ago, past --dead-after (3 s)
+    late = threading.Timer(0.1, send, [Shutdown(ok=False, reason="removed from the job: server 0 has been silent "
+                                                                  "for 3 s")])
+    late.start()
+    try:
+        with pytest.raises(LinkError, match="^scheduler ended the job: removed from the job: server 0 has been"):
+            service._from_scheduler(link, core, None, [], writer, None, 1.0)
+    finally:
+        late.join()
+    assert link.silent_s() == 0.0  # it broke its silence meanwhile
