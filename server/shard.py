@@ -77,8 +77,7 @@ class Snapshot:
 class _Due:
     """A step taken whose values are not all written yet."""
 
-    grads: list  # (weight, segments sorted by offset, their offsets): the step's gradient is their weighted
-    # sum, in this order
+    grads: list  # (weight, segments sorted by offset, their offsets): the gradient is the weighted sum, in order
     done: int = 0  # values [0, done) hold the step
     narrow: bool = False  # a reply carries the step in the wire dtype: narrow each range too
 
@@ -126,8 +125,13 @@ class ShardCore:
     def handle(self, peer: bytes, msg: Message, now: float, lazy: bool = False) -> list[Outgoing | Snapshot]:
         """The replies to `msg`. `lazy`: the values a step it completes writes are left to
         ready(), which must be called before anything is read from them."""
+        return self._settled(lazy, self._handle, peer, msg, now)
+
+    def _settled(self, lazy: bool, take, *args) -> list:
+        """take(*args) on a shard whose last step is written whole; the step it takes is
+        written before this returns, or with `lazy` left to ready()."""
         self.ready(self.n)
-        out = self._handle(peer, msg, now)
+        out = take(*args)
         if not lazy:
             self.ready(self.n)
         return out
@@ -160,11 +164,7 @@ class ShardCore:
         """A new batch plan: membership changes take effect (a departed worker's later steps
         are waited for by nobody; a re-filled rank binds to its new connection), and
         whatever waited on them is released (`lazy` as for handle)."""
-        self.ready(self.n)
-        out = self._set_plan(plan, now)
-        if not lazy:
-            self.ready(self.n)
-        return out
+        return self._settled(lazy, self._set_plan, plan, now)
 
     def ready(self, hi: int) -> None:
         """Values [0, hi) hold the last step taken (and its wire-dtype copy, where a reply

@@ -170,7 +170,11 @@ class _Writer:
         self.peer, self.seen = peer, []
 
     def submit(self, snap):
-        self.seen.append(sum(1 for _ in iter(lambda: self.peer.poll(0), 0) if self.peer.recv_multipart()))
+        sent = 0
+        while self.peer.poll(0):
+            self.peer.recv_multipart()
+            sent += 1
+        self.seen.append(sent)
         return []
 
 
