@@ -40,6 +40,8 @@ class SchedulerLink:
         self._handshakes = self.sock.get_monitor_socket(security.HANDSHAKE_FAILED)
         transport.connect(self.sock, endpoint, keys)
         self.last_heard = clock()
+        self._echo_asked = 0  # the last heartbeat we asked the scheduler to echo
+        self._echo_heard = 0  # the last echo read
 
     def register(self, reg: Register, ack_timeout_s: float, welcome_timeout_s: float) -> Welcome:
         try:
@@ -98,6 +100,7 @@ class SchedulerLink:
             return None
         self.last_heard = self.clock()
         if isinstance(msg, Heartbeat):
+            self._echo_heard = max(self._echo_heard, msg.echo)
             return None
         if isinstance(msg, Error):
             raise LinkError(f"scheduler refused us: {msg.code}: {msg.text}")
@@ -118,7 +121,19 @@ class SchedulerLink:
             raise LinkError(f"no word from the scheduler at {self.endpoint} for {silent:.0f} s: giving up")
         if now - self._beat_at >= self.heartbeat_s:
             self._beat_at = now
-            self.send(Heartbeat())
+            # an echo still awaited is asked again: one lost (a full queue) must not hold us
+            self.send(Heartbeat(echo=0 if self.echoed() else self._echo_asked))
+
+    def ask_echo(self) -> None:
+        """Send a heartbeat the scheduler echoes at once; `echoed` tells when it is back."""
+        self._echo_asked += 1
+        self._beat_at = self.clock()
+        self.send(Heartbeat(echo=self._echo_asked))
+
+    def echoed(self) -> bool:
+        """Whether the echo of the last `ask_echo` has been read (True when none was asked):
+        then so has everything the scheduler sent before it heard that heartbeat."""
+        return self._echo_heard >= self._echo_asked
 
     def silent_s(self) -> float:
         """How long since our last heartbeat: past --dead-after, the scheduler may have taken

@@ -14,7 +14,7 @@ from typing import ClassVar
 import msgpack
 import numpy as np
 
-VERSION = 1
+VERSION = 2
 MAX_HEADER_BYTES = 1 << 20
 # data frame dtype tags -> the items' numpy dtype (little-endian); bfloat16 travels as
 # its uint16 bit patterns (omnips/wire.py converts). Which tag a message may carry is
@@ -137,7 +137,14 @@ class Probe(Message):
 
 @dataclass(frozen=True)
 class Heartbeat(Message):
+    """Proof of life, both ways. A process's heartbeat with `echo` > 0 asks the scheduler to
+    send it back at once: one connection keeps the order, so a process woken from a long
+    silence that reads its echo has read every verdict the scheduler sent before it."""
     OP = "heartbeat"
+    echo: int = 0
+
+    def check(self):
+        _non_negative(self, "echo")
 
 
 @dataclass(frozen=True)

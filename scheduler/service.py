@@ -319,7 +319,10 @@ class Scheduler:
         elif isinstance(msg, protocol.Error) and server:
             # a server that cannot take its shard back from a checkpoint: nothing to go on from
             raise JobFailed(f"{msg.code}: {msg.text}")
-        elif not isinstance(msg, Heartbeat):
+        elif isinstance(msg, Heartbeat):
+            if msg.echo and peer in self.registry.by_peer:  # at once: whatever we sent it before goes first
+                transport.reply(self.router, peer, Heartbeat(echo=msg.echo))
+        else:
             self._refuse(peer, "bad_op", f"the scheduler does not take {msg.OP!r}")
         if peer in self.registry.by_peer:  # registered (now): any word proves it alive
             self._heard[peer] = time.monotonic()

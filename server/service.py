@@ -14,7 +14,7 @@ import zmq
 
 from omnips import protocol, security, transport
 from omnips.job import JobSpec
-from omnips.link import SchedulerLink
+from omnips.link import LinkError, SchedulerLink
 from omnips.protocol import Ack, Error, Init, Params, Plan, ProtocolError, Push, Register, Restore, Shutdown
 
 from . import checkpointer
@@ -121,11 +121,11 @@ def _from_scheduler(link: SchedulerLink, core: ShardCore, router, trackers: list
     nothing unread, check_alive judges the scheduler's silence (after such a freeze it waits
     a heartbeat for what is on its way: that is read too) and sends our heartbeat when due,
     every turn however busy the scheduler's socket. A server that itself sent nothing for
-    nearly --dead-after serves nobody until the scheduler has surely judged that silence
-    and a heartbeat more has passed: the scheduler's messages it finds on waking were sent
-    while it slept, and the Shutdown of a verdict taken just before its heartbeat got
-    through may still be on its way."""
-    hold_until = _hold_after_silence(link)
+    nearly --dead-after serves nobody until the scheduler has echoed a heartbeat sent after
+    the silence: the messages it finds on waking were sent while it slept, and the Shutdown
+    of a verdict taken just before its heartbeat got through may still be on its way; one
+    connection keeps the order, so that Shutdown comes before the echo."""
+    give_up_at = _ask_after_silence(link)
     while True:
         while link.sock.poll(0):
             msg = link.receive()
@@ -146,22 +146,23 @@ def _from_scheduler(link: SchedulerLink, core: ShardCore, router, trackers: list
         link.check_alive()
         if link.sock.poll(0):
             continue
-        left = hold_until - time.monotonic()
-        if left <= 0:
+        if link.echoed():
             return False
-        link.sock.poll(int(1000 * min(left, link.heartbeat_s)) + 1)
+        if time.monotonic() > give_up_at:
+            raise LinkError(f"the scheduler did not answer a heartbeat within {link.dead_after_s:g} s after this "
+                            "server's silence")
+        link.sock.poll(int(1000 * link.heartbeat_s) + 1)
 
 
-def _hold_after_silence(link: SchedulerLink) -> float:
-    """Until when this server serves nobody after a silence of its own that the scheduler
-    may have taken for its loss (0: no such silence): past the scheduler's deadline for
-    it, plus a heartbeat for the verdict to arrive."""
+def _ask_after_silence(link: SchedulerLink) -> float:
+    """After a silence of our own that the scheduler may have taken for our loss, ask it
+    to echo a heartbeat; how long to wait for that echo (--dead-after from now)."""
     silent = link.silent_s()
-    if silent <= link.dead_after_s - link.heartbeat_s:
-        return 0.0
-    log.warning("server sent nothing for %.1f s (it was stalled: stopped, or starved of CPU): it serves no worker "
-                "until the scheduler has judged that silence", silent)
-    return time.monotonic() + max(link.heartbeat_s, link.dead_after_s + link.heartbeat_s - silent)
+    if silent > link.dead_after_s - link.heartbeat_s:
+        log.warning("server sent nothing for %.1f s (it was stalled: stopped, or starved of CPU): it serves no "
+                    "worker until the scheduler has answered a heartbeat", silent)
+        link.ask_echo()
+    return time.monotonic() + link.dead_after_s
 
 
 def _send(router, core: ShardCore, replies, trackers: list, writer: checkpointer.ShardWriter) -> None:

@@ -13,6 +13,7 @@ import zmq
 
 from omnips import transport
 from omnips.launch import WorkerSpec
+from omnips.protocol import VERSION
 
 from helpers import finish, server_endpoint, start_cluster
 
@@ -21,21 +22,21 @@ WORKERS = [WorkerSpec(ms_per_step=40.0), WorkerSpec(ms_per_step=40.0)]
 
 
 def _garbage_messages(rng: random.Random) -> list[list[bytes]]:
-    valid_push = msgpack.packb({"v": 1, "op": "push", "rank": 1, "step": 0, "ver": 0, "batch": 4, "gen": 0,
+    valid_push = msgpack.packb({"v": VERSION, "op": "push", "rank": 1, "step": 0, "ver": 0, "batch": 4, "gen": 0,
                                 "dt": "f4", "len": 3})
     return [
         [rng.randbytes(rng.randint(0, 64))],
         [rng.randbytes(8), rng.randbytes(1000)],
         [msgpack.packb({"v": 99, "op": "push"})],
-        [msgpack.packb({"v": 1, "op": "nonsense"})],
+        [msgpack.packb({"v": VERSION, "op": "nonsense"})],
         [msgpack.packb([1, 2, 3])],
-        [msgpack.packb({"v": 1, "op": "register", "role": "root", "host": "x"})],
-        [msgpack.packb({"v": 1, "op": "report", "rank": 0, "step": 0, "batch": 1, "compute_s": 0.1,
+        [msgpack.packb({"v": VERSION, "op": "register", "role": "root", "host": "x"})],
+        [msgpack.packb({"v": VERSION, "op": "report", "rank": 0, "step": 0, "batch": 1, "compute_s": 0.1,
                         "network_s": 0.0, "wait_s": 0.0, "loss": 1.0})],
-        [msgpack.packb({"v": 1, "op": "probe", "rank": 0, "batches": [2, 4], "seconds": [0.1, 0.2]})],  # not ours
+        [msgpack.packb({"v": VERSION, "op": "probe", "rank": 0, "batches": [2, 4], "seconds": [0.1, 0.2]})],  # not ours
         [valid_push, b"\x00" * 7],  # length that is not 3 float32
-        [msgpack.packb({"v": 1, "op": "pull", "req": 1, "at": -5})],
-        [msgpack.packb({"v": 1, "op": "init", "rank": 0, "dt": "f4", "len": 1}), b"\x00" * 4],
+        [msgpack.packb({"v": VERSION, "op": "pull", "req": 1, "at": -5})],
+        [msgpack.packb({"v": VERSION, "op": "init", "rank": 0, "dt": "f4", "len": 1}), b"\x00" * 4],
     ]
 
 

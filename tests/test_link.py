@@ -8,7 +8,7 @@ import pytest
 import zmq
 from shard_helpers import make_core
 
-from omnips import transport
+from omnips import protocol, transport
 from omnips.link import LinkError, SchedulerLink
 from omnips.protocol import Heartbeat, Shutdown
 from server import checkpointer, service
@@ -16,8 +16,9 @@ from server import checkpointer, service
 
 @pytest.fixture
 def linked():
-    """(link, send, clock): a link with --dead-after 3 and heartbeats every 0.2 s, connected
-    to the stand-in scheduler; send(msg) sends it a message from there; clock[0] is its time."""
+    """(link, send, clock, recv): a link with --dead-after 3 and heartbeats every 0.2 s,
+    connected to the stand-in scheduler; send(msg) sends it a message from there, recv()
+    reads the next one it sent (10 s at most); clock[0] is its time."""
     ctx = zmq.Context()
     try:
         router = transport.socket(ctx, zmq.ROUTER)
@@ -28,13 +29,18 @@ def linked():
         link.send(Heartbeat())  # the stand-in learns whom to answer
         assert router.poll(10_000), "the link did not connect"
         peer = transport.recv_frames(router)[0].bytes
-        yield link, lambda msg: transport.send(router, msg, to=peer), clock
+
+        def recv():
+            assert router.poll(10_000), "nothing came from the link"
+            return protocol.decode(transport.recv_frames(router)[1:])
+
+        yield link, lambda msg: transport.send(router, msg, to=peer), clock, recv
     finally:
         ctx.destroy(linger=0)
 
 
 def test_a_process_that_was_frozen_reads_what_came_meanwhile_before_it_judges_the_silence(linked):
-    link, send, clock = linked
+    link, send, clock, _ = linked
     send(Shutdown(ok=False, reason="removed from the job: silent for 4 s"))  # sent while this process slept
     clock[0] = 10.0  # it wakes: the last word it read seems 10 s old, and the shutdown is not read yet
     link.check_alive()  # no verdict while a message comes in
@@ -43,7 +49,7 @@ def test_a_process_that_was_frozen_reads_what_came_meanwhile_before_it_judges_th
 
 
 def test_a_scheduler_silent_for_dead_after_is_given_up_on(linked):
-    link, _, clock = linked
+    link, _, clock, _ = linked
     clock[0] = 2.9
     link.check_alive()
     clock[0] = 3.6
@@ -58,8 +64,7 @@ def test_a_server_silent_for_nearly_dead_after_serves_nobody_before_the_verdict_
     what was sent while it slept; the Shutdown of a verdict taken just before its own
     heartbeat got through comes a little later. It must read that Shutdown before it serves
     a worker: server.service._from_scheduler ends with it, rather than return to serve."""
-    link, send, clock = linked
-    link.heartbeat_s = 1.0  # the hold: at least a heartbeat
+    link, send, clock, _ = linked
     core = make_core(n=4, init=[0.0] * 4)
     writer = checkpointer.ShardWriter(tmp_path, 0, 0, 4)
     send(Heartbeat())  # sent while it slept: read on waking
@@ -73,3 +78,53 @@ def test_a_server_silent_for_nearly_dead_after_serves_nobody_before_the_verdict_
     finally:
         late.join()
     assert link.silent_s() == 0.0  # it broke its silence meanwhile
+
+
+def _echo_later(recv, send, delay_s: float, sent: list):
+    """The stand-in scheduler: reads heartbeats until one asks for an echo, then answers it
+    after `delay_s` (noting in `sent` that it did, before it sends)."""
+    def run():
+        while True:
+            msg = recv()
+            if isinstance(msg, Heartbeat) and msg.echo:
+                time.sleep(delay_s)  # the scheduler busy elsewhere: the server must wait, not guess
+                sent.append(msg.echo)
+                send(Heartbeat(echo=msg.echo))
+                return
+    return threading.Thread(target=run)
+
+
+def test_a_server_woken_from_a_long_silence_serves_again_once_the_scheduler_echoes_its_heartbeat(linked, tmp_path):
+    link, send, clock, recv = linked
+    core = make_core(n=4, init=[0.0] * 4)
+    writer = checkpointer.ShardWriter(tmp_path, 0, 0, 4)
+    send(Heartbeat())  # sent while it slept
+    clock[0] = 3.5
+    sent = []
+    echo = _echo_later(recv, send, 0.3, sent)
+    echo.start()
+    try:
+        served = service._from_scheduler(link, core, None, [], writer, None, 1.0)
+        answered = list(sent)
+    finally:
+        echo.join(10)
+    assert served is False and answered == [1] and link.echoed()  # it went on once the echo was read
+
+
+def test_a_server_whose_heartbeat_is_never_echoed_gives_up_after_dead_after(linked, tmp_path):
+    link, send, clock, _ = linked
+    link.dead_after_s = 1.0  # (to keep the test short)
+    core = make_core(n=4, init=[0.0] * 4)
+    writer = checkpointer.ShardWriter(tmp_path, 0, 0, 4)
+    send(Heartbeat())
+    clock[0] = 1.5  # (the scheduler's own heartbeat, read at 1.5, keeps its silence short on this clock)
+    with pytest.raises(LinkError, match="^the scheduler did not answer a heartbeat within 1 s after this server's"):
+        service._from_scheduler(link, core, None, [], writer, None, 1.0)
+
+
+def test_an_echo_still_awaited_is_asked_again_with_the_next_heartbeat(linked):
+    link, _, clock, recv = linked
+    link.ask_echo()
+    clock[0] = 0.5  # a heartbeat later
+    link.check_alive()
+    assert [recv(), recv()] == [Heartbeat(echo=1), Heartbeat(echo=1)] and not link.echoed()

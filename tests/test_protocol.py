@@ -108,11 +108,11 @@ def test_encode_refuses_non_wire_arrays():
 
 
 def test_optional_fields_take_their_defaults():
-    got = decode(frames_with({"v": 1, "op": "report", "rank": 1, "step": 2, "batch": 3, "compute_s": 0.5,
+    got = decode(frames_with({"v": protocol.VERSION, "op": "report", "rank": 1, "step": 2, "batch": 3, "compute_s": 0.5,
                               "network_s": 0.25, "wait_s": 0, "loss": 1.5}))
     assert got == Report(rank=1, step=2, batch=3, compute_s=0.5, network_s=0.25, wait_s=0, loss=1.5,
                          staleness=0, done=False)
-    assert decode(frames_with({"v": 1, "op": "pull", "req": 7})) == Pull(req=7, at=None)
+    assert decode(frames_with({"v": protocol.VERSION, "op": "pull", "req": 7})) == Pull(req=7, at=None)
 
 
 # -- refusals ------------------------------------------------------------------------
@@ -129,7 +129,7 @@ def test_random_bytes_as_header_are_refused(raw):
         header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception:
         header = None
-    assume(not (isinstance(header, dict) and header.get("v") == 1 and isinstance(header.get("op"), str)
+    assume(not (isinstance(header, dict) and header.get("v") == protocol.VERSION and isinstance(header.get("op"), str)
                 and header["op"] in protocol.OPS))
     assert refused([raw]).code in ("bad_header", "version", "bad_op")
 
@@ -140,14 +140,15 @@ def test_header_must_be_a_map(value):
 
 
 def test_header_with_trailing_bytes_or_non_text_keys_is_refused():
-    good = msgpack.packb({"v": 1, "op": "ack"})
+    good = msgpack.packb({"v": protocol.VERSION, "op": "ack"})
     assert decode([good]) == Ack()
     assert refused([good + b"\x00"]).code == "bad_header"
     assert refused([good[:-1]]).code == "bad_header"
-    assert refused([msgpack.packb({1: 1, "v": 1, "op": "ack"})]).code == "bad_header"
+    assert refused([msgpack.packb({1: 1, "v": protocol.VERSION, "op": "ack"})]).code == "bad_header"
 
 
-@pytest.mark.parametrize("v", [0, 2, -1, "1", None, [1], 2**64 - 1])
+@pytest.mark.parametrize("v", [0, protocol.VERSION - 1, protocol.VERSION + 1, -1, str(protocol.VERSION), None,
+                               [protocol.VERSION], 2**64 - 1])
 def test_wrong_version(v):
     assert refused(frames_with({"v": v, "op": "ack"})).code == "version"
 
@@ -156,23 +157,23 @@ def test_missing_version():
     assert refused(frames_with({"op": "ack"})).code == "version"
 
 
-@pytest.mark.parametrize("v", [True, 1.0])
-def test_version_must_be_the_integer_one(v):
+@pytest.mark.parametrize("v", [True, float(protocol.VERSION)])
+def test_version_must_be_an_integer(v):
     assert refused(frames_with({"v": v, "op": "ack"})).code == "version"
 
 
 @pytest.mark.parametrize("op", ["nope", "", "ACK", 5, None, True, b"ack"])
 def test_unknown_op(op):
-    assert refused(frames_with({"v": 1, "op": op})).code == "bad_op"
+    assert refused(frames_with({"v": protocol.VERSION, "op": op})).code == "bad_op"
 
 
 def test_missing_op():
-    assert refused(frames_with({"v": 1})).code == "bad_op"
+    assert refused(frames_with({"v": protocol.VERSION})).code == "bad_op"
 
 
 @pytest.mark.parametrize("op", [["push"], {"a": 1}])
 def test_unhashable_op_is_refused(op):
-    assert refused(frames_with({"v": 1, "op": op})).code == "bad_op"
+    assert refused(frames_with({"v": protocol.VERSION, "op": op})).code == "bad_op"
 
 
 @pytest.mark.parametrize("msg, frame_count", [
@@ -236,7 +237,7 @@ def test_wrong_field_type(op, name, bad):
 
 
 def test_ints_are_accepted_for_float_fields():
-    msg = decode(frames_with({"v": 1, "op": "params", "req": 1, "version": 2, "held_s": 3, "plan": None,
+    msg = decode(frames_with({"v": protocol.VERSION, "op": "params", "req": 1, "version": 2, "held_s": 3, "plan": None,
                               "dt": "f4", "len": 0}, b""))
     assert msg.held_s == 3
 
@@ -340,7 +341,7 @@ def test_refusals_do_not_echo_what_was_sent(op, name, value):
 
 
 def test_header_size_limit():
-    base = {"v": 1, "op": "ack"}
+    base = {"v": protocol.VERSION, "op": "ack"}
 
     def header_of_size(size):  # a str32 pad: its prefix has the same length for every size used here
         overhead = len(msgpack.packb({**base, "pad": "x" * 70000})) - 70000

@@ -1,13 +1,15 @@
 """The scheduler's message handlers driven in-process (no server or worker runs; replies
 go to a socket without peers): the start plan from the workers' probes, a server that
-cannot restore its shard, and a server registering for a shard that has one."""
+cannot restore its shard, a server registering for a shard that has one, and heartbeats
+asking for an echo."""
 
 import time
 
 import pytest
 
 from omnips.job import JobSpec
-from omnips.protocol import Probe, Register
+from omnips.protocol import Heartbeat, Probe, Register
+from scheduler import service
 from scheduler.service import JobFailed, Scheduler, SchedulerOptions
 
 
@@ -139,3 +141,13 @@ def test_a_scheduler_that_sent_nothing_for_longer_than_processes_wait_fails_the_
                                         r"CPU\), longer than --dead-after \(30 s\), after which the servers "
                                         r"and workers give up on it$"):
         s._heartbeat()
+
+
+def test_a_heartbeat_asking_for_an_echo_is_echoed_to_a_member_at_once(make, monkeypatch):
+    s = make(num_workers=1, global_batch=8)
+    sent = []
+    monkeypatch.setattr(service.transport, "reply", lambda sock, peer, msg, **kw: sent.append((peer, msg)))
+    s._on_message(b"S", Heartbeat())  # a plain one is not answered
+    s._on_message(b"S", Heartbeat(echo=7))
+    s._on_message(b"X", Heartbeat(echo=8))  # not a member (a server already removed): no answer
+    assert sent == [(b"S", Heartbeat(echo=7))]
