@@ -36,7 +36,12 @@ point 1): children through their environment, this process through tune_malloc()
 Prints the tables and writes them to benchmarks/results/pushpull.md.
 """
 
-from omnips import transport
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # omnips, run from a clone without installing
+
+from omnips import transport  # noqa: E402
 
 transport.tune_malloc()  # before the first large allocation (and before torch starts threads)
 
@@ -50,10 +55,8 @@ import shutil  # noqa: E402
 import socket as pysocket  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import msgpack  # noqa: E402
 import numpy as np  # noqa: E402

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs every benchmark that has no test of its own at a toy size (about 1.5 minutes on
+# 2 cores), so that a change that breaks one fails here rather than on the next real
+# run. The figures mean nothing at these sizes; the tables go to a temporary directory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+run() {
+    local name=$1; shift
+    local start=$SECONDS
+    if ! "$PY" "benchmarks/$name.py" "$@" --out "$OUT/$name.md" > "$OUT/$name.log" 2>&1; then
+        echo "benchmarks/$name.py failed; its output:" >&2
+        cat "$OUT/$name.log" >&2
+        exit 1
+    fi
+    test -s "$OUT/$name.md" || { echo "benchmarks/$name.py wrote no table" >&2; exit 1; }
+    echo "benchmarks/$name.py ran in $((SECONDS - start)) s"
+}
+run pushpull --params 100000 --repeats 3 --curve-repeats 2 --warmup 1
+run overlap --sizes 0,64K --rounds 1 --steps 8 --skip 2 --features 256 --hidden 256 --batch 16
+run wire_dtype --epochs 1 --seeds 0 --params 100000 --repeats 3 --warmup 1
+run failures --dead-after 1 --checkpoint-every 5 --repeats 1
