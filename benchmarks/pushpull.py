@@ -39,7 +39,9 @@ Prints the tables and writes them to benchmarks/results/pushpull.md.
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # omnips, run from a clone without installing
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # omnips, run from a clone without installing
+sys.path.insert(0, str(HERE))  # benchmarks/report.py
 
 from omnips import transport  # noqa: E402
 
@@ -62,8 +64,6 @@ import msgpack  # noqa: E402
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # benchmarks/report.py
 FEATURES = 1089  # synthetic inputs; mlp with one hidden layer of H: H * (FEATURES + 11) + 10 values
 TARGET_RATIO = 1.15
 REPLY_TIMEOUT_S = 30.0

@@ -125,7 +125,8 @@ def _from_scheduler(link: SchedulerLink, core: ShardCore, router, trackers: list
     the silence: the messages it finds on waking were sent while it slept, and the Shutdown
     of a verdict taken just before its heartbeat got through may still be on its way; one
     connection keeps the order, so that Shutdown comes before the echo."""
-    give_up_at = _ask_after_silence(link)
+    _ask_after_silence(link)
+    give_up_at = time.monotonic() + link.dead_after_s  # for the echo, if one was asked
     while True:
         while link.sock.poll(0):
             msg = link.receive()
@@ -154,15 +155,14 @@ def _from_scheduler(link: SchedulerLink, core: ShardCore, router, trackers: list
         link.sock.poll(int(1000 * link.heartbeat_s) + 1)
 
 
-def _ask_after_silence(link: SchedulerLink) -> float:
+def _ask_after_silence(link: SchedulerLink) -> None:
     """After a silence of our own that the scheduler may have taken for our loss, ask it
-    to echo a heartbeat; how long to wait for that echo (--dead-after from now)."""
+    to echo a heartbeat."""
     silent = link.silent_s()
     if silent > link.dead_after_s - link.heartbeat_s:
         log.warning("server sent nothing for %.1f s (it was stalled: stopped, or starved of CPU): it serves no "
                     "worker until the scheduler has answered a heartbeat", silent)
         link.ask_echo()
-    return time.monotonic() + link.dead_after_s
 
 
 def _send(router, core: ShardCore, replies, trackers: list, writer: checkpointer.ShardWriter) -> None:
