@@ -350,6 +350,28 @@ def _reap(proc: subprocess.Popen, grace_s: float) -> None:
             proc.wait(timeout=5)
 
 
+# -- CPU accounting ----------------------------------------------------------------
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids) -> float:
+    """User + system CPU seconds these processes have used so far, every thread (Linux /proc)."""
+    ticks = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces; state is field 3
+        ticks += int(after_name[11]) + int(after_name[12])  # fields 14 and 15: utime, stime
+    return ticks / CLOCK_TICKS
+
+
+def cpu_per_call(fn, calls: int, pids) -> tuple[float, float]:
+    """(CPU seconds of `pids` together, wall seconds) per call of `fn()`, over `calls` calls."""
+    cpu, start = cpu_seconds(pids), time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (cpu_seconds(pids) - cpu) / calls, (time.perf_counter() - start) / calls
+
+
 # -- omnips cluster with this process as worker 0 ---------------------------------
 def job_args(n_target: int, steps: int) -> tuple[dict, dict]:
     hidden = max(1, round((n_target - 10) / (FEATURES + 11)))
@@ -391,7 +413,7 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
     `key_dir` every process (this one too) uses CURVE."""
     from solo import SoloWorker
 
-    steps = warmup + repeats
+    steps = warmup + 2 * repeats  # the timed round trips, then as many for the CPU accounting
     name = f"{mode}-{num_servers}s-{kind}" + ("-curve" if key_dir else "")
     run_dir = run_root / name
     # ASP: a sample budget far beyond the run, so the scheduler never asks to stop.
@@ -425,7 +447,7 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
         group.init(params)
         group.pull(params)
         omni, raw_t, copies = [], [], []
-        for step in range(steps):
+        for step in range(warmup + repeats):
             if step % 2:
                 raw_dt = raw.round_trip(kind)
             copy_s[0] = 0.0
@@ -439,6 +461,11 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
                 omni.append(dt)
                 raw_t.append(raw_dt)
                 copies.append(copy_s[0])
+        # not interleaved: each side's processes alone, all of them (the scheduler too)
+        next_step = iter(range(warmup + repeats, steps))
+        result["cpu"] = cpu_per_call(lambda: job.report(exchange(group, next(next_step), grads, params, part_values)),
+                                     repeats, [os.getpid(), *(proc.pid for proc in job.cluster.procs.values())])
+        result["raw_cpu"] = cpu_per_call(lambda: raw.round_trip(kind), repeats, [os.getpid(), raw.proc.pid])
         if not np.isfinite(params[:1000]).all():
             raise RuntimeError("parameters went non-finite")
         job.finish()
@@ -539,8 +566,31 @@ def summarize(results: list[dict], gl: dict) -> list[dict]:
             "gloo_ratio": om / gloo_med,
             # each over the raw ZeroMQ round trips of its own window: cancels load drift between the two
             "gloo_adjusted": (om / raw) / (gloo_med / statistics.median(gl[r["kind"]])),
+            "cpu": r["cpu"], "raw_cpu": r["raw_cpu"],
         })
     return rows
+
+
+def cpu_section(rows: list[dict]) -> list[str]:
+    """CPU time per round trip, omnips against raw ZeroMQ: on a machine whose cores the raw
+    round trip already keeps busy, omnips's extra work adds to the wall time instead of
+    overlapping the transfer."""
+    cores = os.cpu_count()
+    lines = ["", "## CPU per round trip (every process of each side, every thread)", "",
+             f"| configuration | omnips CPU ms | omnips cores busy | raw ZeroMQ CPU ms | raw cores busy "
+             f"| omnips CPU over raw's, ms | omnips CPU / {cores} cores, over raw's wall |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        (cpu, wall), (raw_cpu, raw_wall) = r["cpu"], r["raw_cpu"]
+        lines.append(f"| {r['config']} | {ms(cpu)} | {cpu / wall:.2f} | {ms(raw_cpu)} | {raw_cpu / raw_wall:.2f} "
+                     f"| {ms(cpu - raw_cpu)} | {cpu / cores / raw_wall:.2f}x |")
+    lines += ["", "Each configuration measured over as many round trips as it timed, right after them, first "
+              "omnips's (this process, the scheduler and the servers: utime + stime from /proc) and then raw "
+              "ZeroMQ's (this process and its peer), not interleaved. Cores busy: CPU "
+              "time over wall time. The last column is a floor: a round trip can not take less wall time than "
+              f"its CPU time spread over all {cores} cores, so it is the least omnips / raw ratio this much work "
+              "allows on this machine, however well it overlaps the transfer."]
+    return lines
 
 
 def curve_section(rows: list[dict], nbytes: int) -> list[str]:
@@ -633,6 +683,7 @@ def render(rows, raw_by_kind, floor_rows, gl, piece_times, args, n, total_s) -> 
                      f"| {r['ratio']:.2f}x | {r['pair_ratio']:.2f}x | {r['min_ratio']:.2f}x | {ms(r['copy'])} "
                      f"| {verdict} | {r['gloo_ratio']:.2f}x | {r['gloo_adjusted']:.2f}x "
                      f"| {'-' if r['curve'] else _faster(r['gloo_ratio'], r['gloo_adjusted'])} |")
+    lines += cpu_section(rows)
     lines += curve_section(rows, nbytes)
     lines += ["", "## Where the time goes (in-process pieces, medians, run after the clusters)", "",
               "| piece | ms |", "|---|---:|"]
@@ -691,7 +742,7 @@ def main(argv=None) -> int:
     from omnips.flat import aligned_zeros
 
     t_start = time.monotonic()
-    model_args, dataset_args = job_args(args.params, args.warmup + max(args.repeats, args.curve_repeats))
+    model_args, dataset_args = job_args(args.params, args.warmup + 2 * max(args.repeats, args.curve_repeats))
     n = model_size(model_args, dataset_args)
     print(f"{n:,} float32 values ({4 * n / 1e6:.1f} MB); mlp {model_args}, synthetic {dataset_args}", flush=True)
 
