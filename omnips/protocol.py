@@ -214,7 +214,8 @@ class Push(Message):
     data: np.ndarray = field(repr=False)
     offset: int = 0
     whole: int = 0
-    reply_part: int = 0  # answer in parts of at most this many values (the first ones first); 0: whole
+    reply_part: int = 0  # answer in parts of this many values, the first ones first (larger where that would
+    # make more than server/shard.py's MAX_REPLY_PARTS); 0: whole
 
     def check(self):
         _non_negative(self, "rank", "step", "ver", "gen", "batch", "offset", "whole", "reply_part")

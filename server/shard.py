@@ -83,6 +83,8 @@ class _Due:
 
 
 MAX_WAITING_PULLS = 1024  # the scheduler keeps a few dozen evaluation pulls waiting
+MAX_REPLY_PARTS = 1024  # one push's answer is at most this many messages, whatever part size it asks for:
+# a part of a few values would turn one message into millions (and a list of as many at once)
 
 
 class ShardCore:
@@ -517,12 +519,14 @@ class ShardCore:
         return _error(peer, code, text)
 
     def _reply(self, peer, push: Push, held_s) -> Outgoing:
-        """The answer to `push`: the shard after its step, in the parts the worker asked for."""
+        """The answer to `push`: the shard after its step, in the parts the worker asked for
+        (larger where it asked for more than MAX_REPLY_PARTS)."""
         out = self._params(peer, push.step, held_s, push.gen)
-        if not 0 < push.reply_part < self.n:
+        part = max(push.reply_part, -(-self.n // MAX_REPLY_PARTS)) if push.reply_part else 0
+        if not 0 < part < self.n:
             return out
         self.replies_in_parts += 1
-        return replace(out, part=push.reply_part)
+        return replace(out, part=part)
 
     def _params(self, peer, req, held_s, gen_seen, snapshot=False):
         """A reply with the shard: to a pull (snapshot) in float32, to a push in the wire dtype."""
