@@ -16,6 +16,8 @@ import numpy as np
 
 VERSION = 2
 MAX_HEADER_BYTES = 1 << 20
+MAX_PARTS = 1024  # a push in parts, and the answer to one, is at most this many messages: a part of a few
+# values would make one push (or one message asking for its answer in parts) into millions
 # data frame dtype tags -> the items' numpy dtype (little-endian); bfloat16 travels as
 # its uint16 bit patterns (omnips/wire.py converts). Which tag a message may carry is
 # the receiver's rule: the job's --wire-dtype for pushes and their replies, else float32.
@@ -215,7 +217,7 @@ class Push(Message):
     offset: int = 0
     whole: int = 0
     reply_part: int = 0  # answer in parts of this many values, the first ones first (larger where that would
-    # make more than server/shard.py's MAX_REPLY_PARTS); 0: whole
+    # make more than MAX_PARTS); 0: whole
 
     def check(self):
         _non_negative(self, "rank", "step", "ver", "gen", "batch", "offset", "whole", "reply_part")

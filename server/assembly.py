@@ -6,8 +6,8 @@ allocation per push): the joined push carries them as (offset, values) segments
 (server/segments.py).
 
 A connection has at most one push in assembly. Its parts must agree on everything
-but their place, stay inside the shard and not overlap; the push is complete when
-they cover the shard. A part of a later step replaces an unfinished push (a worker
+but their place, stay inside the shard and not overlap, and be at most
+protocol.MAX_PARTS; the push is complete when they cover the shard. A part of a later step replaces an unfinished push (a worker
 goes on only once its push was whole, so that one never will be). A refused part
 changes nothing. A whole push of batch 0 for the same step (the worker found its
 gradient not finite) voids the parts.
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from omnips.flat import FLOAT32_MAX, square_sum
-from omnips.protocol import Push
+from omnips.protocol import MAX_PARTS, Push
 
 
 class PartRefused(Exception):
@@ -78,6 +78,9 @@ class Assembler:
         elif _overlaps(entry.spans, lo, hi):
             raise PartRefused("bad_part", f"worker {part.rank}'s step {part.step} already has values in "
                                           f"[{lo}, {hi})")
+        elif len(entry.segments) >= MAX_PARTS:  # each held part costs a frame and a bisected insert
+            raise PartRefused("bad_part", f"worker {part.rank}'s step {part.step} is in more than {MAX_PARTS} "
+                                          "parts")
         if entry is None:
             self._open.pop(peer, None)
             entry = self._open[peer] = _Open(part, [])

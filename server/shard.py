@@ -39,7 +39,7 @@ import torch
 from omnips import optim
 from omnips.flat import aligned_empty, aligned_zeros, all_finite
 from omnips.job import JobSpec, same_job
-from omnips.protocol import Ack, Checkpoint, Error, Init, Message, Params, Plan, Pull, Push, Saved
+from omnips.protocol import MAX_PARTS, Ack, Checkpoint, Error, Init, Message, Params, Plan, Pull, Push, Saved
 from omnips.wire import WireDtype, name_of
 
 from .assembly import Assembler, PartRefused
@@ -83,8 +83,6 @@ class _Due:
 
 
 MAX_WAITING_PULLS = 1024  # the scheduler keeps a few dozen evaluation pulls waiting
-MAX_REPLY_PARTS = 1024  # one push's answer is at most this many messages, whatever part size it asks for:
-# a part of a few values would turn one message into millions (and a list of as many at once)
 
 
 class ShardCore:
@@ -520,9 +518,9 @@ class ShardCore:
 
     def _reply(self, peer, push: Push, held_s) -> Outgoing:
         """The answer to `push`: the shard after its step, in the parts the worker asked for
-        (larger where it asked for more than MAX_REPLY_PARTS)."""
+        (larger where it asked for more than MAX_PARTS)."""
         out = self._params(peer, push.step, held_s, push.gen)
-        part = max(push.reply_part, -(-self.n // MAX_REPLY_PARTS)) if push.reply_part else 0
+        part = max(push.reply_part, -(-self.n // MAX_PARTS)) if push.reply_part else 0
         if not 0 < part < self.n:
             return out
         self.replies_in_parts += 1

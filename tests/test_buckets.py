@@ -15,7 +15,7 @@ from omnips.servers import ServerError, ServerGroup
 from omnips.sharding import shard_ranges
 from omnips.wire import WireDtype
 from server.assembly import Assembler, PartRefused
-from worker.buckets import BucketPlan
+from worker.buckets import BucketPlan, bucket_floor
 from worker.pushing import Pusher
 from worker.trainer import Trainer
 
@@ -65,6 +65,20 @@ def test_buckets_tile_the_vector_and_each_leaves_once_its_parameters_are_done(la
             done += ready
         assert sorted(done) == [b for b, bk in enumerate(bks) if bk.lo < trained]  # each once
         assert plan.unsent() == [b for b, bk in enumerate(bks) if bk.lo >= trained]
+
+
+@pytest.mark.parametrize("spans, shards", [(1, 1), (1, 3), (3, 2), (1000, 1)])
+def test_no_shard_is_cut_into_more_than_max_parts_whatever_the_bucket_size(spans, shards):
+    # 5000 parameters of `spans` values each, buckets asked of 1 value: one per parameter without the floor
+    size = 5000 * spans + 7
+    ranges = [tuple(r) for r in shard_ranges(size, shards)]
+    plan = BucketPlan([(i * spans, (i + 1) * spans) for i in range(5000)], size, ranges, 1)
+    assert plan.bucket_values == bucket_floor(ranges) > 1
+    per_shard = [sum(bk.shard == s for bk in plan.buckets) for s in range(shards)]
+    assert max(per_shard) <= protocol.MAX_PARTS
+    assert plan.buckets[0].lo == 0 and plan.buckets[-1].hi == size  # still a tiling (the property test above)
+    # no coarser than it must (the buffers' 7 slots go apart, in one bucket)
+    assert all(bk.hi - bk.lo < plan.bucket_values + spans for bk in plan.buckets if bk.hi <= 5000 * spans)
 
 
 def test_a_step_computed_again_keeps_what_was_sent():
@@ -141,6 +155,17 @@ def test_parts_that_do_not_fit_are_refused_and_change_nothing():
         asm.feed(b"other", parts_of(values, [4])[0])
     whole = asm.feed(b"w", parts_of(values, [4])[1])  # the open push was left as it was
     np.testing.assert_array_equal(joined(whole.segments, 8), values)
+
+
+def test_a_push_in_more_than_max_parts_is_refused_and_changes_nothing():
+    n = protocol.MAX_PARTS + 1
+    values = np.arange(n, dtype=np.float32)
+    asm = Assembler(n, max_open=1)
+    parts = parts_of(values, list(range(1, n)))  # one value each
+    assert [asm.feed(b"w", p) for p in parts[:-1]] == [None] * protocol.MAX_PARTS
+    with pytest.raises(PartRefused, match=f"more than {protocol.MAX_PARTS} parts") as refused:
+        asm.feed(b"w", parts[-1])
+    assert refused.value.code == "bad_part" and asm.open == 1 and asm.joined == 0
 
 
 def test_a_dropped_gradient_or_a_departed_worker_voids_the_parts():
@@ -266,6 +291,15 @@ def test_buckets_leave_during_backward_and_together_are_the_gradient(train, max_
     layers = [(w.weight, w.bias) for w in flat.module if isinstance(w, torch.nn.Linear)]
     want = [(flat.places[id(w)][0], flat.places[id(b)][1]) for w, b in layers]
     assert servers.waited[:len(want)] == want and pusher._head.reply_part == 1024
+
+
+def test_a_bucket_size_below_the_floor_is_raised_with_a_warning(train, caplog):
+    pusher, servers, flat = _pusher(train, bucket_values=1)
+    floor = bucket_floor(servers.ranges)
+    assert floor > 1 and pusher._head.reply_part == pusher.bucket_values == floor
+    assert f"buckets of {floor} values instead of the 1 asked for" in caplog.text
+    assert pusher.finish()
+    assert max(sum(sh == s for sh, *_ in servers.sent) for s in range(2)) <= protocol.MAX_PARTS
 
 
 @pytest.mark.parametrize("value, wire", [(np.nan, "float32"), (1e5, "float16")])  # float16 ends at 65504

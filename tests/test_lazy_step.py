@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from shard_helpers import PEERS, SCHED, make_core, parts_of, push
 
 from omnips import protocol
-from omnips.protocol import Checkpoint, Params, Plan, Pull, Push
+from omnips.protocol import MAX_PARTS, Checkpoint, Params, Plan, Pull, Push
 from server import service
 from server.segments import ALIGN
-from server.shard import MAX_REPLY_PARTS, Outgoing, ShardCore
+from server.shard import Outgoing, ShardCore
 
 
 
@@ -225,14 +225,14 @@ def test_the_server_sends_each_part_once_written_part_by_part_across_replies_and
 
 
 @pytest.mark.parametrize("asked", [1, 7, 2 * ALIGN])
-def test_a_reply_is_never_cut_into_more_than_max_reply_parts(asked):
+def test_a_reply_is_never_cut_into_more_than_max_parts(asked):
     # a push asking for parts of a few values (a worker's --bucket-size of a few bytes, or a
     # hostile peer) would otherwise make one message into one per value
-    n = 3 * MAX_REPLY_PARTS + 5
+    n = 3 * MAX_PARTS + 5
     core = make_core(mode="asp", n=n, num_workers=1, init=np.zeros(n, dtype=np.float32))
     out = core.handle(PEERS[0], replace(push(0, 0, np.full(n, 0.5, dtype=np.float32)), reply_part=asked), 0.0)
     messages = service._parts(out[0])
-    part = max(asked, -(-n // MAX_REPLY_PARTS))  # 4 values when asked for fewer
-    assert len(messages) == -(-n // part) <= MAX_REPLY_PARTS and messages[0].data.size == part
+    part = max(asked, -(-n // MAX_PARTS))  # 4 values when asked for fewer
+    assert len(messages) == -(-n // part) <= MAX_PARTS and messages[0].data.size == part
     assert [m.offset for m in messages] == list(range(0, n, part))
     assert np.concatenate([m.data for m in messages]).tobytes() == core.values.tobytes()

@@ -11,6 +11,8 @@ vector leave first.
 
 from dataclasses import dataclass
 
+from omnips.protocol import MAX_PARTS
+
 
 @dataclass(frozen=True)
 class Bucket:
@@ -23,9 +25,12 @@ class BucketPlan:
     def __init__(self, spans: list[tuple[int, int]], size: int, ranges: list[tuple[int, int]], bucket_values: int):
         """`spans`: each trained parameter's [lo, hi) in the flat vector, in order; `size`:
         the flat vector's length (buffers' slots after the last span); `ranges`: the shards;
-        `bucket_values` 0: one bucket per shard, sent after backward."""
+        `bucket_values` 0: one bucket per shard, sent after backward; else at least
+        bucket_floor(ranges) (self.bucket_values: what the plan uses)."""
         trained = spans[-1][1] if spans else 0
         cuts = {0, size, *(lo for lo, _ in ranges)}
+        self.bucket_values = max(bucket_values, bucket_floor(ranges)) if bucket_values > 0 else 0
+        bucket_values = self.bucket_values
         if bucket_values > 0:
             cuts.add(trained)
             filled = 0
@@ -72,6 +77,13 @@ class BucketPlan:
         """Whether bucket b is the last one of its shard not sent yet."""
         shard = self.buckets[b].shard
         return all(self.sent[o] for o, bk in enumerate(self.buckets) if bk.shard == shard and o != b)
+
+
+def bucket_floor(ranges: list[tuple[int, int]]) -> int:
+    """The fewest values a bucket may be cut at, so that no shard's push is in more than
+    MAX_PARTS parts (a server refuses more): cuts by size lie at least that far apart,
+    and a shard adds at most two more parts (where the trained parameters end, and its own end)."""
+    return -(-max(hi - lo for lo, hi in ranges) // (MAX_PARTS - 4))
 
 
 def _shard_index(ranges: list[tuple[int, int]]):

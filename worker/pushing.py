@@ -18,12 +18,13 @@ gradients exist only once the emulated time has passed).
 """
 
 import functools
+import logging
 from dataclasses import replace
 
 import zmq
 
 from omnips.flat import FlatModel
-from omnips.protocol import Push
+from omnips.protocol import MAX_PARTS, Push
 from omnips.servers import FLOAT32, ServerError, ServerGroup
 from omnips.wire import WireDtype
 
@@ -38,8 +39,12 @@ class Pusher:
         self._wire_grads = wire.buffer(flat.size)  # what pushes carry, narrowed (None: flat.grads itself)
         self.ranges = ranges
         self.live = live and bucket_values > 0
-        self.bucket_values = bucket_values
         self.plan = BucketPlan(flat.spans, flat.size, ranges, bucket_values if self.live else 0)
+        self.bucket_values = self.plan.bucket_values
+        if self.live and self.bucket_values > bucket_values:
+            logging.getLogger("omnips.worker").warning(
+                "buckets of %d values instead of the %d asked for: a shard's push may be in %d parts at most",
+                self.bucket_values, bucket_values, MAX_PARTS)
         self.finite = True
         self._armed = False
         self._servers: ServerGroup | None = None
@@ -58,7 +63,7 @@ class Pusher:
         self._servers = servers
         wire = self.flat.grads if self._wire_grads is None else self._wire_grads
         self._head = Push(rank=rank, step=step, ver=0, batch=batch, gen=gen, data=wire,
-                          reply_part=self.bucket_values if self.live else 0)
+                          reply_part=self.bucket_values)
         self.plan.start()
         self.finite = True
         self._trackers = []
