@@ -16,8 +16,9 @@ import numpy as np
 
 VERSION = 2
 MAX_HEADER_BYTES = 1 << 20
-MAX_PARTS = 1024  # a push in parts, and the answer to one, is at most this many messages: a part of a few
-# values would make one push (or one message asking for its answer in parts) into millions
+MAX_PARTS = 256  # a push in parts, and the answer to one, is at most this many messages: a part of a few
+# values would make one push (or one message asking for its answer in parts) into millions; and one burst
+# of parts must stay well below a socket's high-water mark (1000 messages), where sends fail
 # data frame dtype tags -> the items' numpy dtype (little-endian); bfloat16 travels as
 # its uint16 bit patterns (omnips/wire.py converts). Which tag a message may carry is
 # the receiver's rule: the job's --wire-dtype for pushes and their replies, else float32.

@@ -7,10 +7,11 @@ allocation per push): the joined push carries them as (offset, values) segments
 
 A connection has at most one push in assembly. Its parts must agree on everything
 but their place, stay inside the shard and not overlap, and be at most
-protocol.MAX_PARTS; the push is complete when they cover the shard. A part of a later step replaces an unfinished push (a worker
-goes on only once its push was whole, so that one never will be). A refused part
-changes nothing. A whole push of batch 0 for the same step (the worker found its
-gradient not finite) voids the parts.
+protocol.MAX_PARTS; the push is complete when they cover the shard. A part of a
+later step replaces an unfinished push (a worker goes on only once its push was
+whole, so that one never will be). A refused part changes nothing. A whole push
+of batch 0 for the same step (the worker found its gradient not finite) voids the
+parts.
 
 With `check`, each part's sum of squares is taken as it arrives, while the later
 parts are still on the wire, so that the core need not check the joined push again

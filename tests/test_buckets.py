@@ -15,7 +15,7 @@ from omnips.servers import ServerError, ServerGroup
 from omnips.sharding import shard_ranges
 from omnips.wire import WireDtype
 from server.assembly import Assembler, PartRefused
-from worker.buckets import BucketPlan, bucket_floor
+from worker.buckets import BucketPlan, bucket_floor, bucket_values
 from worker.pushing import Pusher
 from worker.trainer import Trainer
 
@@ -79,6 +79,10 @@ def test_no_shard_is_cut_into_more_than_max_parts_whatever_the_bucket_size(spans
     assert plan.buckets[0].lo == 0 and plan.buckets[-1].hi == size  # still a tiling (the property test above)
     # no coarser than it must (the buffers' 7 slots go apart, in one bucket)
     assert all(bk.hi - bk.lo < plan.bucket_values + spans for bk in plan.buckets if bk.hi <= 5000 * spans)
+
+
+def test_a_bucket_size_in_bytes_is_values_rounded_up():
+    assert [bucket_values(b) for b in (0, 1, 3, 4, 5, 4 << 20)] == [0, 1, 1, 1, 2, 1 << 20]  # only 0 turns them off
 
 
 def test_a_step_computed_again_keeps_what_was_sent():

@@ -79,10 +79,17 @@ class BucketPlan:
         return all(self.sent[o] for o, bk in enumerate(self.buckets) if bk.shard == shard and o != b)
 
 
+def bucket_values(bucket_bytes: int) -> int:
+    """The float32 values in a bucket of `bucket_bytes`, rounded up: only 0 turns buckets off
+    (a size of 1-3 bytes is one value, which the plan raises to bucket_floor)."""
+    return -(-bucket_bytes // 4)
+
+
 def bucket_floor(ranges: list[tuple[int, int]]) -> int:
     """The fewest values a bucket may be cut at, so that no shard's push is in more than
-    MAX_PARTS parts (a server refuses more): cuts by size lie at least that far apart,
-    and a shard adds at most two more parts (where the trained parameters end, and its own end)."""
+    MAX_PARTS parts (a server refuses more). Cuts by size lie at least that far apart, so
+    at most 1 + L // floor of them fall inside a shard of L values; with its start and the
+    end of the trained parameters, each starting a part, that is at most MAX_PARTS - 1 parts."""
     return -(-max(hi - lo for lo, hi in ranges) // (MAX_PARTS - 4))
 
 

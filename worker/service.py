@@ -19,6 +19,7 @@ from omnips.servers import ServerGroup
 from omnips.wire import WireDtype
 
 from . import memory
+from .buckets import bucket_values
 from .emulation import Emulation
 from .pushing import Pusher
 from .trainer import Trainer, resolve_device
@@ -119,7 +120,7 @@ class _Session:
         self.probing = job.batching == "dynamic" and job.probe and self.join_gen < 0 and not self.resumed
         self.start_plan: BatchPlan | None = None  # the scheduler's answer to the probe
         live = device.type == "cpu" and not opts.emulation.active
-        self.pusher = Pusher(self.flat, cluster["ranges"], opts.bucket_bytes // 4, live, self.wire)
+        self.pusher = Pusher(self.flat, cluster["ranges"], bucket_values(opts.bucket_bytes), live, self.wire)
         self.trainer.on_final_pass, self.trainer.on_retry = self.pusher.final_pass, self.pusher.settle
         bsp = job.mode == "bsp"
         # ASP: a stream per worker; one that joins later draws a stream of its own, not its rank's old one
