@@ -413,7 +413,11 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
     `key_dir` every process (this one too) uses CURVE."""
     from solo import SoloWorker
 
-    steps = warmup + 2 * repeats  # the timed round trips, then as many for the CPU accounting
+    from worker.buckets import bucket_floor
+
+    # the timed round trips, as many for the CPU accounting, then one more: BSP's last step is
+    # the one the scheduler evaluates at (a snapshot and a test pass: not a round trip's work)
+    steps = warmup + 2 * repeats + 1
     name = f"{mode}-{num_servers}s-{kind}" + ("-curve" if key_dir else "")
     run_dir = run_root / name
     # ASP: a sample budget far beyond the run, so the scheduler never asks to stop.
@@ -446,6 +450,8 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
 
         group.init(params)
         group.pull(params)
+        if part_values:  # as a worker's bucket plan would: no shard in more parts than a server takes
+            part_values = max(part_values, bucket_floor(group.ranges))
         omni, raw_t, copies = [], [], []
         for step in range(warmup + repeats):
             if step % 2:
@@ -466,6 +472,7 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
         result["cpu"] = cpu_per_call(lambda: job.report(exchange(group, next(next_step), grads, params, part_values)),
                                      repeats, [os.getpid(), *(proc.pid for proc in job.cluster.procs.values())])
         result["raw_cpu"] = cpu_per_call(lambda: raw.round_trip(kind), repeats, [os.getpid(), raw.proc.pid])
+        job.report(exchange(group, next(next_step), grads, params, part_values))
         if not np.isfinite(params[:1000]).all():
             raise RuntimeError("parameters went non-finite")
         job.finish()
@@ -742,7 +749,7 @@ def main(argv=None) -> int:
     from omnips.flat import aligned_zeros
 
     t_start = time.monotonic()
-    model_args, dataset_args = job_args(args.params, args.warmup + 2 * max(args.repeats, args.curve_repeats))
+    model_args, dataset_args = job_args(args.params, args.warmup + 2 * max(args.repeats, args.curve_repeats) + 1)
     n = model_size(model_args, dataset_args)
     print(f"{n:,} float32 values ({4 * n / 1e6:.1f} MB); mlp {model_args}, synthetic {dataset_args}", flush=True)
 

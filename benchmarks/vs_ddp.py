@@ -392,7 +392,7 @@ def render(rows: list[dict], workloads: list[Workload], levels: list[str], args,
             steady = c["steady"] or (None if c["adjustments"] else (c["steps"], (c["wall_s"] - start) / c["steps"]))
             if steady:
                 n, per = steady
-                tail = f"{n}, {1000 * per:.1f}, {b['wall_s'] / b['steps'] / per:.2f}"
+                tail = f"{n}, {1000 * per:.1f}, {b['wall_s'] / b['steps'] / per:.3f}"
             lines.append(f"| {w.name} | {level} | {u:.1f} | {t:.1f} | {u / t:.2f} | {c['wall_s'] - b['wall_s']:.2f} | "
                          f"{start:.2f} | {c['compute_s'] - b['compute_s']:.2f} | {oc - ob:.2f} | "
                          f"{1000 * ob / b['steps']:.1f} / {1000 * oc / c['steps']:.1f} | {c['adjustments']} | {tail} |")
