@@ -629,6 +629,8 @@ def _faster(*ratios: float) -> str:
 def render(rows, raw_by_kind, floor_rows, gl, piece_times, args, n, total_s) -> list[str]:
     from report import machine_lines
 
+    from omnips.protocol import MAX_PARTS
+
     nbytes = 4 * n
     gloo_t = gl["times"]
     gloo_med = statistics.median(gloo_t)
@@ -643,7 +645,8 @@ def render(rows, raw_by_kind, floor_rows, gl, piece_times, args, n, total_s) -> 
         "- raw ZeroMQ: DEALER -> ROUTER in a child process, header + zero-copy vector frame each way, preallocated "
         "page-aligned buffers, MALLOC_ENV in both processes; no computation; tcp and ipc (unix socket)",
         "- omnips: real scheduler + server processes, this process as the only worker "
-        + (f"(pushes in buckets of {args.bucket_size:,} bytes, last values first, and the reply in parts of the same "
+        + (f"(pushes in buckets of {args.bucket_size:,} bytes (more where a shard would be in more than "
+           f"{MAX_PARTS} parts, as a worker's plan raises them), last values first, and the reply in parts of the same "
            "size, as a worker sends while backward runs; server checks each part as it comes, joins them, takes the "
            "SGD-momentum step range by range, sending each reply part once its range is updated; each reply part "
            "copied into params as it arrives), " if args.bucket_size else

@@ -18,7 +18,7 @@ run() {
     test -s "$OUT/$name.md" || { echo "benchmarks/$name.py wrote no table" >&2; exit 1; }
     echo "benchmarks/$name.py ran in $((SECONDS - start)) s"
 }
-run pushpull --params 100000 --repeats 3 --curve-repeats 2 --warmup 1
+run pushpull --params 100000 --repeats 3 --curve-repeats 2 --warmup 1 --bucket-size 16384  # 25 parts a push
 run overlap --sizes 0,64K --rounds 1 --steps 8 --skip 2 --features 256 --hidden 256 --batch 16
 run wire_dtype --epochs 1 --seeds 0 --params 100000 --repeats 3 --warmup 1
 run failures --dead-after 1 --checkpoint-every 5 --repeats 1
