@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every benchmark that has no test of its own at a toy size (about 1.5 minutes on
+# Runs every benchmark that has no test of its own at a toy size (about 2 minutes on
 # 2 cores), so that a change that breaks one fails here rather than on the next real
 # run. The figures mean nothing at these sizes; the tables go to a temporary directory.
 set -euo pipefail
@@ -22,3 +22,4 @@ run pushpull --params 100000 --repeats 3 --curve-repeats 2 --warmup 1 --bucket-s
 run overlap --sizes 0,64K --rounds 1 --steps 8 --skip 2 --features 256 --hidden 256 --batch 16
 run wire_dtype --epochs 1 --seeds 0 --params 100000 --repeats 3 --warmup 1
 run failures --dead-after 1 --checkpoint-every 5 --repeats 1
+run heterogeneity --only HL8 --epochs 0.5 --ms-per-step 5 --ms-per-sample 0.5
