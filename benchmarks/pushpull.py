@@ -373,6 +373,13 @@ def cpu_per_call(fn, calls: int, pids) -> tuple[float, float]:
 
 
 # -- omnips cluster with this process as worker 0 ---------------------------------
+def cluster_steps(warmup: int, repeats: int) -> int:
+    """The steps a configuration's cluster runs: the warm-ups, the timed round trips, as many for
+    the CPU accounting, then one more: BSP's last step is the one the scheduler evaluates at (a
+    snapshot and a test pass: not a round trip's work)."""
+    return warmup + 2 * repeats + 1
+
+
 def job_args(n_target: int, steps: int) -> tuple[dict, dict]:
     hidden = max(1, round((n_target - 10) / (FEATURES + 11)))
     # enough samples that the 1-sample reports of the run never cross an ASP epoch
@@ -415,9 +422,7 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
 
     from worker.buckets import bucket_floor
 
-    # the timed round trips, as many for the CPU accounting, then one more: BSP's last step is
-    # the one the scheduler evaluates at (a snapshot and a test pass: not a round trip's work)
-    steps = warmup + 2 * repeats + 1
+    steps = cluster_steps(warmup, repeats)
     name = f"{mode}-{num_servers}s-{kind}" + ("-curve" if key_dir else "")
     run_dir = run_root / name
     # ASP: a sample budget far beyond the run, so the scheduler never asks to stop.
@@ -752,7 +757,7 @@ def main(argv=None) -> int:
     from omnips.flat import aligned_zeros
 
     t_start = time.monotonic()
-    model_args, dataset_args = job_args(args.params, args.warmup + 2 * max(args.repeats, args.curve_repeats) + 1)
+    model_args, dataset_args = job_args(args.params, cluster_steps(args.warmup, max(args.repeats, args.curve_repeats)))
     n = model_size(model_args, dataset_args)
     print(f"{n:,} float32 values ({4 * n / 1e6:.1f} MB); mlp {model_args}, synthetic {dataset_args}", flush=True)
 

@@ -29,8 +29,8 @@ class BucketPlan:
         bucket_floor(ranges) (self.bucket_values: what the plan uses)."""
         trained = spans[-1][1] if spans else 0
         cuts = {0, size, *(lo for lo, _ in ranges)}
-        self.bucket_values = max(bucket_values, bucket_floor(ranges)) if bucket_values > 0 else 0
-        bucket_values = self.bucket_values
+        bucket_values = max(bucket_values, bucket_floor(ranges)) if bucket_values > 0 else 0
+        self.bucket_values = bucket_values
         if bucket_values > 0:
             cuts.add(trained)
             filled = 0
