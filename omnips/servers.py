@@ -95,7 +95,11 @@ class ServerGroup:
     def push(self, s: int, lo: int, hi: int, head: Push, track: bool = False) -> zmq.MessageTracker | None:
         """Send `head.data[lo:hi]` (flat positions inside shard `s`) with head's fields: as
         the shard's whole push, or as a part of it; batch 0 sends no values. The values go
-        zero-copy: with `track`, the tracker says when they may change again."""
+        zero-copy: with `track`, the tracker says when they may change again. A reply still
+        arriving in parts is read whole first: a server takes a push only from a worker that
+        has read its last reply (parts that no layer's forward pass waits for, such as an
+        unused parameter's, may still be on their way)."""
+        self.complete()
         slo, shi = self.ranges[s]
         whole = (lo, hi) == (slo, shi) or not head.batch
         msg = Push(rank=head.rank, step=head.step, ver=self.versions[s], batch=head.batch, gen=head.gen,

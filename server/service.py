@@ -18,6 +18,7 @@ from omnips.link import LinkError, SchedulerLink
 from omnips.protocol import Ack, Error, Init, Params, Plan, ProtocolError, Push, Register, Restore, Shutdown
 
 from . import checkpointer
+from .outbox import Outbox
 from .shard import Outgoing, ShardCore, Snapshot
 
 log = logging.getLogger("omnips.server")
@@ -89,11 +90,10 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
     poller = zmq.Poller()
     poller.register(router, zmq.POLLIN)
     poller.register(link.sock, zmq.POLLIN)
-    trackers: list[zmq.MessageTracker] = []
-    grace_s = link.heartbeat_s  # the longest the loop waits for queued replies to leave
+    outbox = Outbox(grace_s=link.heartbeat_s)  # waits for queued replies last a heartbeat interval at most
     while True:
         events = dict(poller.poll(POLL_MS))
-        if _from_scheduler(link, core, router, trackers, writer, restore, grace_s):
+        if _from_scheduler(link, core, router, outbox, writer, restore):
             return 0
         if router in events:
             peer, *frames = transport.recv_frames(router)
@@ -104,17 +104,23 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
                 transport.reply(router, peer.bytes, protocol.Error(code=exc.code, text=exc.text))
                 continue
             if isinstance(msg, (Push, Init)):
-                _wait_for_sends(trackers, core, grace_s)  # replies still queued alias the values about to change
+                if outbox.unread(peer.bytes):
+                    log.warning("refused %s: its sender has not read its last reply", msg.OP)
+                    transport.reply(router, peer.bytes, protocol.Error(
+                        code="unread", text=f"your last reply is still unread after {outbox.grace_s:g} s: a worker "
+                                            "reads each reply before it pushes again"))
+                    continue
+                _settle(outbox, core)  # replies still queued alias the values about to change
             replies = core.handle(peer.bytes, msg, time.monotonic(), lazy=True)
             for out in replies:
                 if isinstance(out, Outgoing) and isinstance(out.msg, protocol.Error):
                     log.warning("refused %s: %s: %s", msg.OP, out.msg.code, out.msg.text)
-            _send(router, core, replies, trackers, writer)
-        _send(router, core, writer.finished(), trackers, writer)
+            _send(router, core, replies, outbox, writer)
+        _send(router, core, writer.finished(), outbox, writer)
 
 
-def _from_scheduler(link: SchedulerLink, core: ShardCore, router, trackers: list,
-                    writer: checkpointer.ShardWriter, restore, grace_s: float) -> bool:
+def _from_scheduler(link: SchedulerLink, core: ShardCore, router, outbox: Outbox,
+                    writer: checkpointer.ShardWriter, restore) -> bool:
     """All that the scheduler sent, before any worker is served (True: the job is over). A
     server woken from a freeze may have been taken for lost meanwhile (the others gone back
     to a checkpoint), and must not complete the step its workers' pushes wait for. Then,
@@ -138,9 +144,9 @@ def _from_scheduler(link: SchedulerLink, core: ShardCore, router, trackers: list
                 writer.finished(wait_s=LAST_WRITE_S)  # let a file being written end whole
                 return True
             if isinstance(msg, (Plan, Restore)):  # a plan can complete a BSP step: the values change
-                _wait_for_sends(trackers, core, grace_s)
+                _settle(outbox, core)
             if isinstance(msg, Plan):
-                _send(router, core, core.set_plan(msg, time.monotonic(), lazy=True), trackers, writer)
+                _send(router, core, core.set_plan(msg, time.monotonic(), lazy=True), outbox, writer)
             if isinstance(msg, Restore):  # another server died: the job goes back to a checkpoint
                 core.rewind()
                 restore(msg.path)
@@ -165,7 +171,7 @@ def _ask_after_silence(link: SchedulerLink) -> None:
         link.ask_echo()
 
 
-def _send(router, core: ShardCore, replies, trackers: list, writer: checkpointer.ShardWriter) -> None:
+def _send(router, core: ShardCore, replies, outbox: Outbox, writer: checkpointer.ShardWriter) -> None:
     """Sends `replies`; their Params go part k of every reply, then part k + 1, each once the
     core has written the values it carries (ready): the first parts are on their way while
     the core writes the rest of the step. Checkpoints go to the writer after the messages:
@@ -178,11 +184,11 @@ def _send(router, core: ShardCore, replies, trackers: list, writer: checkpointer
             tracker = transport.reply(router, out.to, msg, track=isinstance(msg, Params) and not out.snapshot,
                                       snapshot=out.snapshot)
             if tracker is not None:
-                trackers.append(tracker)
+                outbox.add(out.to, tracker)
     core.ready(core.n)  # a step whose replies wait (SSP) or were refused a send is still written now
     for out in replies:
         if isinstance(out, Snapshot):
-            _send(router, core, writer.submit(out), trackers, writer)
+            _send(router, core, writer.submit(out), outbox, writer)
 
 
 def _parts(out: Outgoing) -> list:
@@ -196,18 +202,11 @@ def _parts(out: Outgoing) -> list:
             for lo in range(0, n, out.part)]
 
 
-def _wait_for_sends(trackers: list, core: ShardCore, grace_s: float) -> None:
+def _settle(outbox: Outbox, core: ShardCore) -> None:
     """Before the shard changes: the replies still queued alias it (zero-copy). Those that
-    leave within `grace_s` (a heartbeat interval) are waited for; when one does not (its
-    receiver is frozen, or slow to read), the shard moves to fresh buffers instead. Waiting
-    on would hold up every other worker and the server's heartbeats with it: the scheduler
-    would take the server for dead after --dead-after, and fail the job."""
-    deadline = time.monotonic() + grace_s
-    for tracker in trackers:
-        try:
-            tracker.wait(max(0.0, deadline - time.monotonic()))
-        except zmq.NotDone:
-            core.detach()
-            log.debug("a reply is still queued after %.1f s: the shard moves to fresh buffers", grace_s)
-            break
-    trackers.clear()
+    leave within a heartbeat interval are waited for; when one does not (its receiver is
+    frozen, or slow to read), the shard moves to fresh buffers instead. Waiting on would
+    hold up every other worker and the server's heartbeats with it: the scheduler would
+    take the server for dead after --dead-after, and fail the job."""
+    if outbox.settle(core.detach):
+        log.debug("a reply is still queued after %.1f s: the shard moved to fresh buffers", outbox.grace_s)

@@ -371,6 +371,22 @@ def test_a_reply_in_parts_is_read_as_far_as_the_next_forward_needs(group):
     assert into.tolist() == list(range(1, 13))
 
 
+def test_a_worker_reads_its_last_reply_whole_before_it_pushes_again(group):
+    # parts no forward pass waits for (an unused parameter's) are read before the next push:
+    # a server refuses a push from a peer whose last reply it still holds queued
+    g, routers = group
+    into = np.zeros(12, dtype=np.float32)
+    _push_both(g)
+    peer = _answer(routers[0], [_params([1, 2, 3], 0, 8)])
+    _answer(routers[1], [_params([9, 10, 11, 12])])
+    g.collect(5, into, early=True)
+    assert into[3:8].tolist() == [0] * 5
+    _answer(routers[0], [_params([4, 5, 6, 7, 8], 3, 8)], peer)  # no layer's forward pass waited for it
+    g.push(1, 8, 12, Push(rank=0, step=6, ver=0, batch=1, gen=0, data=np.ones(12, dtype=np.float32)))
+    assert into.tolist() == list(range(1, 13))
+    assert routers[1].poll(5000) and protocol.decode(routers[1].recv_multipart()[1:]).step == 6
+
+
 @pytest.mark.parametrize("bad, text", [([_params([1, 2], 0, 8), _params([5], 4, 8)], "where 2 of 8 were due"),
                                        ([_params([1, 2], 0, 8), _params(np.arange(8))], "broke off a reply"),
                                        ([_params([1, 2], 0, 9)], "where 0 of 8 were due")])

@@ -15,6 +15,7 @@ from shard_helpers import PEERS, SCHED, make_core, parts_of, push
 from omnips import protocol
 from omnips.protocol import MAX_PARTS, Checkpoint, Params, Plan, Pull, Push
 from server import service
+from server.outbox import Outbox
 from server.segments import ALIGN
 from server.shard import Outgoing, ShardCore
 
@@ -209,7 +210,7 @@ def test_the_server_sends_each_part_once_written_part_by_part_across_replies_and
         real_ready = lazy.ready
         lazy.ready = lambda hi: order.append(hi) or real_ready(hi)
         writer = _Writer(dealers[1])
-        service._send(router, lazy, got, [], writer)
+        service._send(router, lazy, got, Outbox(grace_s=1.0), writer)
         assert writer.seen == [3]  # worker 1's three parts were out before the checkpoint was handed on
         replies = [o for o in want if isinstance(o, Outgoing)]
         for d, reply in zip(dealers[:1], replies):

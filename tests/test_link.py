@@ -12,6 +12,7 @@ from omnips import protocol, transport
 from omnips.link import LinkError, SchedulerLink
 from omnips.protocol import Heartbeat, Shutdown
 from server import checkpointer, service
+from server.outbox import Outbox
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def test_a_server_silent_for_nearly_dead_after_serves_nobody_before_the_verdict_
     late.start()
     try:
         with pytest.raises(LinkError, match="^scheduler ended the job: removed from the job: server 0 has been"):
-            service._from_scheduler(link, core, None, [], writer, None, 1.0)
+            service._from_scheduler(link, core, None, Outbox(grace_s=1.0), writer, None)
     finally:
         late.join()
     assert link.silent_s() == 0.0  # it broke its silence meanwhile
@@ -104,7 +105,7 @@ def test_a_server_woken_from_a_long_silence_serves_again_once_the_scheduler_echo
     echo = _echo_later(recv, send, 0.3, sent)
     echo.start()
     try:
-        served = service._from_scheduler(link, core, None, [], writer, None, 1.0)
+        served = service._from_scheduler(link, core, None, Outbox(grace_s=1.0), writer, None)
         answered = list(sent)
     finally:
         echo.join(10)
@@ -119,7 +120,7 @@ def test_a_server_whose_heartbeat_is_never_echoed_gives_up_after_dead_after(link
     send(Heartbeat())
     clock[0] = 1.5  # (the scheduler's own heartbeat, read at 1.5, keeps its silence short on this clock)
     with pytest.raises(LinkError, match="^the scheduler did not answer a heartbeat within 1 s after this server's"):
-        service._from_scheduler(link, core, None, [], writer, None, 1.0)
+        service._from_scheduler(link, core, None, Outbox(grace_s=1.0), writer, None)
 
 
 def test_an_echo_still_awaited_is_asked_again_with_the_next_heartbeat(linked):
