@@ -39,6 +39,10 @@ class Outbox:
         self._unread.discard(peer)
         return False
 
+    def suspected(self, peer: bytes) -> bool:
+        """Whether `peer` was found not reading and has not caught up since."""
+        return peer in self._unread
+
     def settle(self, detach) -> bool:
         """Before the shard changes: wait up to grace_s for the queued replies that alias its
         buffers (not for a peer that does not read); when one has not left, call `detach`

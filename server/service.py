@@ -104,8 +104,10 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
                 transport.reply(router, peer.bytes, protocol.Error(code=exc.code, text=exc.text))
                 continue
             if isinstance(msg, (Push, Init)):
+                known = outbox.suspected(peer.bytes)  # logged once, not for each of its pushes' parts
                 if outbox.unread(peer.bytes):
-                    log.warning("refused %s: its sender has not read its last reply", msg.OP)
+                    (log.debug if known else log.warning)("refused %s: its sender has not read its last reply",
+                                                          msg.OP)
                     transport.reply(router, peer.bytes, protocol.Error(
                         code="unread", text=f"your last reply is still unread after {outbox.grace_s:g} s: a worker "
                                             "reads each reply before it pushes again"))

@@ -58,7 +58,8 @@ def test_a_peer_that_has_not_read_its_last_reply_is_found_out_and_then_not_waite
     assert peers[b"reads"].poll(5000)
     peers[b"reads"].recv_multipart()
     assert not outbox.unread(b"reads")
-    assert outbox.unread(b"never")
+    assert not outbox.suspected(b"never")
+    assert outbox.unread(b"never") and outbox.suspected(b"never")
     assert seen[-1] > 0  # waited for: a sent reply's tracker learns of it a little late
     seen.clear()
     assert outbox.unread(b"never")
@@ -67,7 +68,7 @@ def test_a_peer_that_has_not_read_its_last_reply_is_found_out_and_then_not_waite
     assert peers[b"never"].poll(5000)
     peers[b"never"].recv_multipart()
     trackers[b"never"].wait(5)  # (its thread learns it a little late)
-    assert not outbox.unread(b"never")  # it read at last: it is waited for again
+    assert not outbox.unread(b"never") and not outbox.suspected(b"never")  # it read at last: waited for again
     _reply(router, outbox, b"never", seen)
     seen.clear()
     assert outbox.unread(b"never") and seen[0] > 0
