@@ -3,11 +3,12 @@
 A push's reply aliases the shard (zero-copy, tracked): before the shard changes, the
 server waits a little for such replies to leave and otherwise moves the shard to fresh
 buffers (ShardCore.detach), leaving the old ones to the replies. A worker reads its last
-reply whole before it pushes again (its next forward pass needs every value of it), so a
-push from a peer whose own reply is still queued means a peer that does not read: each of
-its pushes would otherwise pin one more shard copy, until its pipe's high-water mark, and
-hold every other worker up for the wait. Such a push is refused instead; the peer keeps
-one queued reply at most.
+reply whole before it pushes again (ServerGroup.push and Pusher.final_pass make sure), so
+a push from a peer whose own reply is still queued here means a peer that does not read
+(its ZeroMQ stopped taking messages: its queue is full, or its process stopped). Each of
+its pushes would otherwise pin one more shard copy, until this side's queue filled, and
+hold every other worker up for the wait. Such pushes are refused instead, until its
+replies have left: it costs the server one copy and two waits at most.
 """
 
 import time
@@ -23,7 +24,8 @@ class Outbox:
         self._unread: set[bytes] = set()  # peers found with a reply still queued when they pushed
 
     def add(self, peer: bytes, tracker: zmq.MessageTracker) -> None:
-        self._queued.setdefault(peer, []).append((self._epoch, tracker))
+        if not tracker.done:  # (a small reply is copied, and its tracker done at once)
+            self._queued.setdefault(peer, []).append((self._epoch, tracker))
 
     def unread(self, peer: bytes) -> bool:
         """Whether a reply to `peer` is still queued, after waiting up to grace_s for it to

@@ -96,29 +96,45 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
         if _from_scheduler(link, core, router, outbox, writer, restore):
             return 0
         if router in events:
-            peer, *frames = transport.recv_frames(router)
-            try:
-                msg = protocol.decode(frames)
-            except ProtocolError as exc:
-                log.warning("refused a message: %s", exc)
-                transport.reply(router, peer.bytes, protocol.Error(code=exc.code, text=exc.text))
-                continue
-            if isinstance(msg, (Push, Init)):
-                known = outbox.suspected(peer.bytes)  # logged once, not for each of its pushes' parts
-                if outbox.unread(peer.bytes):
-                    (log.debug if known else log.warning)("refused %s: its sender has not read its last reply",
-                                                          msg.OP)
-                    transport.reply(router, peer.bytes, protocol.Error(
-                        code="unread", text=f"your last reply is still unread after {outbox.grace_s:g} s: a worker "
-                                            "reads each reply before it pushes again"))
-                    continue
-                _settle(outbox, core)  # replies still queued alias the values about to change
-            replies = core.handle(peer.bytes, msg, time.monotonic(), lazy=True)
-            for out in replies:
-                if isinstance(out, Outgoing) and isinstance(out.msg, protocol.Error):
-                    log.warning("refused %s: %s: %s", msg.OP, out.msg.code, out.msg.text)
-            _send(router, core, replies, outbox, writer)
+            _serve(router, core, outbox, writer)
         _send(router, core, writer.finished(), outbox, writer)
+
+
+def _serve(router, core: ShardCore, outbox: Outbox, writer: checkpointer.ShardWriter) -> None:
+    """One message from a worker (or anyone on the port), answered."""
+    peer, *frames = transport.recv_frames(router)
+    try:
+        msg = protocol.decode(frames)
+    except ProtocolError as exc:
+        log.warning("refused a message: %s", exc)
+        transport.reply(router, peer.bytes, protocol.Error(code=exc.code, text=exc.text))
+        return
+    if isinstance(msg, (Push, Init)):
+        if _unread(router, outbox, peer.bytes, msg.OP):
+            return
+        _settle(outbox, core)  # replies still queued alias the values about to change
+    replies = core.handle(peer.bytes, msg, time.monotonic(), lazy=True)
+    for out in replies:
+        if isinstance(out, Outgoing) and isinstance(out.msg, protocol.Error):
+            log.warning("refused %s: %s: %s", msg.OP, out.msg.code, out.msg.text)
+    _send(router, core, replies, outbox, writer)
+
+
+def _unread(router, outbox: Outbox, peer: bytes, op: str) -> bool:
+    """Whether to refuse a push (or init) from `peer`: a reply to it is still queued here.
+    The peer is told once, when found out; told again, it would only queue errors behind
+    the replies it does not read, as many as the parts of its pushes."""
+    known = outbox.suspected(peer)
+    if not outbox.unread(peer):
+        return False
+    if known:
+        log.debug("refused %s: its sender still has not read its last reply", op)
+        return True
+    log.warning("refused %s: its sender has not read its last reply in %g s", op, outbox.grace_s)
+    transport.reply(router, peer, protocol.Error(
+        code="unread", text=f"your last reply is still queued after {outbox.grace_s:g} s: a worker reads each "
+                            "reply before it pushes again; pushes are refused until it has left"))
+    return True
 
 
 def _from_scheduler(link: SchedulerLink, core: ShardCore, router, outbox: Outbox,
@@ -211,4 +227,4 @@ def _settle(outbox: Outbox, core: ShardCore) -> None:
     hold up every other worker and the server's heartbeats with it: the scheduler would
     take the server for dead after --dead-after, and fail the job."""
     if outbox.settle(core.detach):
-        log.debug("a reply is still queued after %.1f s: the shard moved to fresh buffers", outbox.grace_s)
+        log.debug("a reply is still queued: the shard moved to fresh buffers")

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omnips import data, models, protocol
+from omnips import servers as servers_module
 from omnips.flat import FlatModel
 from omnips.protocol import Params, Push
 from omnips.servers import ServerError, ServerGroup
@@ -243,10 +244,13 @@ class _Servers:
     """Records what a Pusher sends, with a copy of the values as they were then."""
 
     def __init__(self, ranges):
-        self.ranges, self.sent, self.computing, self.waited = ranges, [], True, []
+        self.ranges, self.sent, self.computing, self.waited, self.completed = ranges, [], True, [], []
 
     def wait_for(self, lo, hi):
         self.waited.append((lo, hi))
+
+    def complete(self):
+        self.completed.append(len(self.sent))  # how many buckets had left by then
 
     def push(self, s, lo, hi, head, track=False):
         self.sent.append((s, lo, hi, head.batch, head.data[lo:hi].copy() if head.batch else None, self.computing))
@@ -295,6 +299,38 @@ def test_buckets_leave_during_backward_and_together_are_the_gradient(train, max_
     layers = [(w.weight, w.bias) for w in flat.module if isinstance(w, torch.nn.Linear)]
     want = [(flat.places[id(w)][0], flat.places[id(b)][1]) for w, b in layers]
     assert servers.waited[:len(want)] == want and pusher._head.reply_part == 1024
+    assert servers.completed == [0]  # the rest of the last reply was read once, before any bucket left
+
+
+class _Abandoned(Exception):
+    pass
+
+
+def test_a_step_abandoned_inside_its_backward_leaves_the_next_step_disarmed(train):
+    # a rewind may end a step inside its backward: the next step's first chunk (not its
+    # last) must push nothing, or a partial gradient would go out as the step's
+    flat = FlatModel(models.build("mlp", {}, train, seed=4))
+    ranges = shard_ranges(flat.size, 2)
+    pusher, servers = Pusher(flat, ranges, 1024, live=True), _Servers(ranges)
+    trainer = Trainer(flat, data.Batcher(train), max_batch=16)
+    trainer.on_final_pass, trainer.on_retry = pusher.final_pass, pusher.settle
+    passes = []
+
+    def abandon(_p):
+        passes.append(1)
+        if len(passes) == 3:  # the last of 40 samples in chunks of 16: the armed backward
+            raise _Abandoned
+    flat.trained[0].register_post_accumulate_grad_hook(abandon)  # the first layer: backward's last
+    pusher.begin(servers, rank=1, step=3, batch=40, gen=0)
+    with pytest.raises(_Abandoned):
+        trainer.compute(np.arange(40))
+    assert servers.sent  # buckets had left when the step was abandoned
+    servers.sent.clear()
+    pusher.begin(servers, rank=1, step=4, batch=40, gen=0)
+    trainer.compute(np.arange(40))
+    assert pusher.finish()
+    for _, lo, hi, _, values, _ in servers.sent:
+        np.testing.assert_array_equal(values, flat.grads[lo:hi])  # the whole step's, not a chunk's
 
 
 def test_a_bucket_size_below_the_floor_is_raised_with_a_warning(train, caplog):
@@ -371,10 +407,13 @@ def test_a_reply_in_parts_is_read_as_far_as_the_next_forward_needs(group):
     assert into.tolist() == list(range(1, 13))
 
 
-def test_a_worker_reads_its_last_reply_whole_before_it_pushes_again(group):
+def test_a_worker_reads_its_last_reply_whole_before_it_pushes_again(group, monkeypatch):
     # parts no forward pass waits for (an unused parameter's) are read before the next push:
     # a server refuses a push from a peer whose last reply it still holds queued
     g, routers = group
+    seen_at_send, send = [], servers_module.transport.send
+    monkeypatch.setattr(servers_module.transport, "send",
+                        lambda sock, msg, **kw: seen_at_send.append(into.copy()) or send(sock, msg, **kw))
     into = np.zeros(12, dtype=np.float32)
     _push_both(g)
     peer = _answer(routers[0], [_params([1, 2, 3], 0, 8)])
@@ -383,7 +422,7 @@ def test_a_worker_reads_its_last_reply_whole_before_it_pushes_again(group):
     assert into[3:8].tolist() == [0] * 5
     _answer(routers[0], [_params([4, 5, 6, 7, 8], 3, 8)], peer)  # no layer's forward pass waited for it
     g.push(1, 8, 12, Push(rank=0, step=6, ver=0, batch=1, gen=0, data=np.ones(12, dtype=np.float32)))
-    assert into.tolist() == list(range(1, 13))
+    assert seen_at_send[-1].tolist() == list(range(1, 13))  # read whole before the push left
     assert routers[1].poll(5000) and protocol.decode(routers[1].recv_multipart()[1:]).step == 6
 
 

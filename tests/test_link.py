@@ -1,43 +1,16 @@
 """omnips.link judging the scheduler's silence: a ROUTER in this process stands in for the
-scheduler, and the link's clock is the test's."""
+scheduler (the `linked` fixture, conftest.py), and the link's clock is the test's."""
 
 import threading
 import time
 
 import pytest
-import zmq
 from shard_helpers import make_core
 
-from omnips import protocol, transport
-from omnips.link import LinkError, SchedulerLink
+from omnips.link import LinkError
 from omnips.protocol import Heartbeat, Shutdown
 from server import checkpointer, service
 from server.outbox import Outbox
-
-
-@pytest.fixture
-def linked():
-    """(link, send, clock, recv): a link with --dead-after 3 and heartbeats every 0.2 s,
-    connected to the stand-in scheduler; send(msg) sends it a message from there, recv()
-    reads the next one it sent (10 s at most); clock[0] is its time."""
-    ctx = zmq.Context()
-    try:
-        router = transport.socket(ctx, zmq.ROUTER)
-        endpoint = transport.bind(router, "127.0.0.1", 0)
-        clock = [0.0]
-        link = SchedulerLink(ctx, endpoint, dead_after_s=3.0, clock=lambda: clock[0])
-        link.heartbeat_s = 0.2
-        link.send(Heartbeat())  # the stand-in learns whom to answer
-        assert router.poll(10_000), "the link did not connect"
-        peer = transport.recv_frames(router)[0].bytes
-
-        def recv():
-            assert router.poll(10_000), "nothing came from the link"
-            return protocol.decode(transport.recv_frames(router)[1:])
-
-        yield link, lambda msg: transport.send(router, msg, to=peer), clock, recv
-    finally:
-        ctx.destroy(linger=0)
 
 
 def test_a_process_that_was_frozen_reads_what_came_meanwhile_before_it_judges_the_silence(linked):

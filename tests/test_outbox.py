@@ -1,11 +1,20 @@
 """server.outbox over real sockets: a peer that pushes without reading its last reply is
 found out (and not waited for again), and the shard moves to fresh buffers once for a
-reply that stays queued, not once per push."""
+reply that stays queued, not once per push; and the server's loop refusing such a peer's
+pushes. In-process (inproc) a message stays queued until the peer reads it: over tcp or
+ipc, until the peer's own ZeroMQ queue is full too."""
+
+import threading
 
 import numpy as np
 import pytest
 import zmq
+from helpers import poll_until
+from shard_helpers import PEERS, make_core, push
 
+from omnips import protocol
+from omnips.protocol import Error, Params, Pull, Shutdown
+from server import checkpointer, service
 from server.outbox import Outbox
 
 GRACE_S = 0.3
@@ -57,10 +66,12 @@ def test_a_peer_that_has_not_read_its_last_reply_is_found_out_and_then_not_waite
     trackers = {peer: _reply(router, outbox, peer, seen) for peer in peers}
     assert peers[b"reads"].poll(5000)
     peers[b"reads"].recv_multipart()
+    trackers[b"reads"].wait(5)  # (its thread learns it a little late)
     assert not outbox.unread(b"reads")
     assert not outbox.suspected(b"never")
+    seen.clear()
     assert outbox.unread(b"never") and outbox.suspected(b"never")
-    assert seen[-1] > 0  # waited for: a sent reply's tracker learns of it a little late
+    assert 0 < seen[0] <= GRACE_S  # waited for: a sent reply's tracker learns of it a little late
     seen.clear()
     assert outbox.unread(b"never")
     assert seen == [0.0]  # found out before: not waited for again
@@ -86,9 +97,10 @@ def test_a_reply_that_stays_queued_moves_the_shard_once(wire):
     assert detached == [1] and seen == []
     # a peer found not reading is not waited for before the shard moves
     assert outbox.unread(b"never")
-    _reply(router, outbox, b"reads", seen)
+    tracker = _reply(router, outbox, b"reads", seen)
     assert peers[b"reads"].poll(5000)
     peers[b"reads"].recv_multipart()
+    tracker.wait(5)
     assert not outbox.settle(lambda: detached.append(3))
     _reply(router, outbox, b"never", seen)
     seen.clear()
@@ -99,8 +111,54 @@ def test_a_reply_that_stays_queued_moves_the_shard_once(wire):
 def test_replies_that_leave_within_the_grace_keep_the_shard_where_it_is(wire):
     router, peers = wire
     outbox, seen = Outbox(GRACE_S), []
-    _reply(router, outbox, b"reads", seen)
+    tracker = _reply(router, outbox, b"reads", seen)
     assert peers[b"reads"].poll(5000)
     peers[b"reads"].recv_multipart()
+    tracker.wait(5)
     assert not outbox.settle(lambda: pytest.fail("moved the shard for a reply that left"))
     assert not outbox.unread(b"reads")
+
+
+def _decoded(sock) -> protocol.Message:
+    assert sock.poll(10_000), "no answer from the server"
+    return protocol.decode(sock.recv_multipart())
+
+
+def test_the_server_refuses_pushes_from_a_peer_that_does_not_read_and_tells_it_once(linked, tmp_path):
+    link, send, _, _ = linked  # (the link's clock stands still: the scheduler is never taken for silent)
+    n = 1 << 16  # values: a reply large enough to go zero-copy, tracked
+    core = make_core(mode="asp", n=n, num_workers=2, init=np.zeros(n, dtype=np.float32))
+    writer = checkpointer.ShardWriter(tmp_path, 0, 0, n)
+    ctx = zmq.Context()
+    try:
+        router = ctx.socket(zmq.ROUTER)
+        router.bind("inproc://shard")
+        honest, rogue = (ctx.socket(zmq.DEALER) for _ in range(2))
+        for sock, name in ((honest, PEERS[0]), (rogue, PEERS[1])):
+            sock.setsockopt(zmq.IDENTITY, name)
+            sock.connect("inproc://shard")
+        ended = []
+        loop = threading.Thread(target=lambda: ended.append(service._loop(router, link, core, writer, None)))
+        loop.start()
+        try:
+            grad = np.full(n, 0.5, dtype=np.float32)
+            for step in range(3):  # the rogue reads nothing until the loop has ended
+                rogue.send_multipart(protocol.encode(push(1, step, grad)))
+            # held (the shard never gets there): once it is, the three pushes before it were handled
+            rogue.send_multipart(protocol.encode(Pull(req=9, at=1000)))
+            poll_until(lambda: core._pulls or None, 10, "the rogue's pull was not held")
+            honest.send_multipart(protocol.encode(push(0, 0, grad)))
+            assert isinstance(_decoded(honest), Params)  # served, the rogue's reply still queued
+        finally:
+            send(Shutdown(ok=True))
+            loop.join(10)
+        answers = [_decoded(rogue) for _ in range(2)]
+        assert not rogue.poll(0)  # (inproc: what the loop sent before it ended is here)
+    finally:
+        ctx.destroy(linger=0)
+    assert ended == [0]
+    params, refused = answers
+    assert isinstance(params, Params) and params.req == 0  # the first push was taken
+    assert isinstance(refused, Error) and refused.code == "unread"  # told once, not for the third push too
+    assert core.updates == 2 and core.version == 2  # its first push and the honest one's
+    assert core.detached == 1  # the rogue's queued reply kept the old buffers: one copy

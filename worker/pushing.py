@@ -66,10 +66,18 @@ class Pusher:
                           reply_part=self.bucket_values)
         self.plan.start()
         self.finite = True
+        self._armed = False  # (a step abandoned in its backward, by a rewind, left it armed)
         self._trackers = []
 
     def final_pass(self) -> None:
-        """The next backward makes the gradients final (the trainer calls this)."""
+        """The next backward makes the gradients final (the trainer calls this, after the
+        forward pass). What is still arriving of the last reply (parts that no layer's
+        forward waited for, an unused parameter's) is read first: a server takes a push
+        only from a worker that has read its last reply, and reading here rather than in
+        a backward hook keeps what the scheduler may send meanwhile (a rewind) outside
+        backward."""
+        if self.live:
+            self._servers.complete()
         self.plan.again()
         self._armed = self.live
 
