@@ -420,7 +420,7 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
     `key_dir` every process (this one too) uses CURVE."""
     from solo import SoloWorker
 
-    from worker.buckets import bucket_floor
+    from worker.buckets import floored
 
     steps = cluster_steps(warmup, repeats)
     name = f"{mode}-{num_servers}s-{kind}" + ("-curve" if key_dir else "")
@@ -455,8 +455,7 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
 
         group.init(params)
         group.pull(params)
-        if part_values:  # as a worker's bucket plan would: no shard in more parts than a server takes
-            part_values = max(part_values, bucket_floor(group.ranges))
+        part_values = floored(part_values, group.ranges)  # as a worker's plan: no shard in too many parts
         omni, raw_t, copies = [], [], []
         for step in range(warmup + repeats):
             if step % 2:

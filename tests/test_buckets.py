@@ -336,7 +336,7 @@ def test_a_step_abandoned_inside_its_backward_leaves_the_next_step_disarmed(trai
 def test_a_bucket_size_below_the_floor_is_raised_with_a_warning(train, caplog):
     pusher, servers, flat = _pusher(train, bucket_values=1)
     floor = bucket_floor(servers.ranges)
-    assert floor > 1 and pusher._head.reply_part == pusher.bucket_values == floor
+    assert floor > 1 and pusher._head.reply_part == pusher.plan.bucket_values == floor
     assert f"buckets of {floor} values instead of the 1 asked for" in caplog.text
     assert pusher.finish()
     assert max(sum(sh == s for sh, *_ in servers.sent) for s in range(2)) <= protocol.MAX_PARTS

@@ -29,7 +29,7 @@ class BucketPlan:
         bucket_floor(ranges) (self.bucket_values: what the plan uses)."""
         trained = spans[-1][1] if spans else 0
         cuts = {0, size, *(lo for lo, _ in ranges)}
-        bucket_values = max(bucket_values, bucket_floor(ranges)) if bucket_values > 0 else 0
+        bucket_values = floored(bucket_values, ranges)
         self.bucket_values = bucket_values
         if bucket_values > 0:
             cuts.add(trained)
@@ -91,6 +91,11 @@ def bucket_floor(ranges: list[tuple[int, int]]) -> int:
     at most 1 + L // floor of them fall inside a shard of L values; with its start and the
     end of the trained parameters, each starting a part, that is at most MAX_PARTS - 1 parts."""
     return -(-max(hi - lo for lo, hi in ranges) // (MAX_PARTS - 4))
+
+
+def floored(bucket_values: int, ranges: list[tuple[int, int]]) -> int:
+    """The bucket size a plan cuts at when asked for `bucket_values` (0: none, after backward)."""
+    return max(bucket_values, bucket_floor(ranges)) if bucket_values > 0 else 0
 
 
 def _shard_index(ranges: list[tuple[int, int]]):

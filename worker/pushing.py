@@ -40,11 +40,10 @@ class Pusher:
         self.ranges = ranges
         self.live = live and bucket_values > 0
         self.plan = BucketPlan(flat.spans, flat.size, ranges, bucket_values if self.live else 0)
-        self.bucket_values = self.plan.bucket_values
-        if self.live and self.bucket_values > bucket_values:
+        if self.live and self.plan.bucket_values > bucket_values:
             logging.getLogger("omnips.worker").warning(
                 "buckets of %d values instead of the %d asked for: a shard's push may be in %d parts at most",
-                self.bucket_values, bucket_values, MAX_PARTS)
+                self.plan.bucket_values, bucket_values, MAX_PARTS)
         self.finite = True
         self._armed = False
         self._servers: ServerGroup | None = None
@@ -63,7 +62,7 @@ class Pusher:
         self._servers = servers
         wire = self.flat.grads if self._wire_grads is None else self._wire_grads
         self._head = Push(rank=rank, step=step, ver=0, batch=batch, gen=gen, data=wire,
-                          reply_part=self.bucket_values)
+                          reply_part=self.plan.bucket_values)
         self.plan.start()
         self.finite = True
         self._armed = False  # (a step abandoned in its backward, by a rewind, left it armed)
