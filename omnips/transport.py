@@ -151,25 +151,24 @@ def connect(sock: zmq.Socket, endpoint: str, keys: security.Keys | None = None) 
 
 
 def send(sock: zmq.Socket, msg: protocol.Message, to: bytes | None = None,
-         track: bool = False, snapshot: bool = False) -> zmq.MessageTracker | None:
+         track: bool = False) -> zmq.MessageTracker | None:
     """Send `msg` (to ROUTER peer `to`) without blocking; a full queue raises ZMQError(EAGAIN).
 
     A data frame goes zero-copy: the caller must not change the array until the
-    returned tracker (track=True) is done, or until the peer has answered; with
-    snapshot=True it is copied at once instead.
+    returned tracker (track=True) is done, or until the peer has answered.
     """
     frames = protocol.encode(msg)
     parts = ([to] if to is not None else []) + frames
     for part in parts[:-1]:
         sock.send(part, flags=zmq.NOBLOCK | zmq.SNDMORE)
-    zero_copy = len(frames) > 1 and not snapshot
+    zero_copy = len(frames) > 1
     return sock.send(parts[-1], flags=zmq.NOBLOCK, copy=not zero_copy, track=track and zero_copy)
 
 
-def reply(sock: zmq.Socket, to: bytes, msg: protocol.Message, track: bool = False, snapshot: bool = False):
+def reply(sock: zmq.Socket, to: bytes, msg: protocol.Message, track: bool = False):
     """Send to a ROUTER peer; a vanished or flooded peer is logged, never raised."""
     try:
-        return send(sock, msg, to=to, track=track, snapshot=snapshot)
+        return send(sock, msg, to=to, track=track)
     except zmq.ZMQError as exc:
         log.warning("dropped %s to peer %r: %s", msg.OP, to, exc.strerror)
         return None

@@ -197,10 +197,11 @@ def _send(router, core: ShardCore, replies, outbox: Outbox, writer: checkpointer
     queues = [[(out, msg) for msg in _parts(out)] for out in replies if isinstance(out, Outgoing)]
     for turn in itertools.zip_longest(*queues):
         for out, msg in filter(None, turn):
-            if isinstance(msg, Params):
+            if out.snapshot:  # a copy that nothing changes: zero-copy, and not waited for
+                msg = dataclasses.replace(msg, data=core.frozen())
+            elif isinstance(msg, Params):
                 core.ready(msg.offset + msg.data.size)
-            tracker = transport.reply(router, out.to, msg, track=isinstance(msg, Params) and not out.snapshot,
-                                      snapshot=out.snapshot)
+            tracker = transport.reply(router, out.to, msg, track=isinstance(msg, Params) and not out.snapshot)
             if tracker is not None:
                 outbox.add(out.to, tracker)
     core.ready(core.n)  # a step whose replies wait (SSP) or were refused a send is still written now

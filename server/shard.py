@@ -31,6 +31,7 @@ state, which the server writes; `restore` takes such a state back.
 
 import bisect
 import math
+import weakref
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -50,7 +51,7 @@ from .segments import ALIGN, aligned
 class Outgoing:
     to: bytes
     msg: Message
-    snapshot: bool = False  # send a copy of the data: the receiver may never read it (pulls)
+    snapshot: bool = False  # send frozen() instead of the data: the receiver may never read it (pulls)
     part: int = 0  # send Params in parts of this many values, the first ones first (0: whole)
 
 
@@ -120,6 +121,8 @@ class ShardCore:
         self.updates = 0
         self.replies_in_parts = 0
         self.detached = 0  # times the shard moved to fresh buffers, its old ones left to queued replies
+        self._writes = 0  # changes of the values: a frozen copy holds the values of one
+        self._frozen: tuple[int, weakref.ref] | None = None  # (writes, the copy) while a reply holds it
 
     # -- entry point -------------------------------------------------------------
     def handle(self, peer: bytes, msg: Message, now: float, lazy: bool = False) -> list[Outgoing | Snapshot]:
@@ -225,6 +228,7 @@ class ShardCore:
         if refusal:
             return [refusal]
         np.copyto(self.values, msg.data)
+        self._writes += 1
         self.initialized = True
         return [Outgoing(peer, Ack())] + self._release_pulls(now)
 
@@ -404,6 +408,7 @@ class ShardCore:
         """An optimizer step on the weighted sum of `grads`, (weight, segments) pairs; ready()
         writes its values."""
         self.ready(self.n)
+        self._writes += 1
         if self.trained:
             self._opt.begin(lr)
         self._due = _Due([(weight, segments, [a for a, _ in segments]) for weight, segments in grads])
@@ -438,6 +443,22 @@ class ShardCore:
                   "last_step": [self._last_step.get(r, -1) for r in range(self.job.num_workers)],
                   "optimizer": scalars},
             arrays={"values": self.values.copy(), **{f"opt.{k}": v for k, v in buffers.items()}})
+
+    def frozen(self) -> np.ndarray:
+        """The values as a read-only copy, one per change of them: every snapshot reply
+        (pulls, a joiner's values) sent before the next change shares it. A receiver may
+        never read a snapshot, so the reply cannot alias the shard; and pulls that pile up
+        unread (a flood, or an evaluation pull released with the steps before it) would
+        otherwise hold a copy each. Kept only as long as a reply holds it."""
+        self.ready(self.n)
+        if self._frozen is not None and self._frozen[0] == self._writes:
+            copy = self._frozen[1]()
+            if copy is not None:
+                return copy
+        copy = self.values.copy()
+        copy.flags.writeable = False
+        self._frozen = (self._writes, weakref.ref(copy))
+        return copy
 
     def detach(self) -> None:
         """Move the shard to fresh buffers with the same values, leaving the current ones to
@@ -498,6 +519,7 @@ class ShardCore:
             raise ValueError(f"the saved shard holds unknown arrays: {sorted(arrays)}")
         self._opt.load_state(m["optimizer"], buffers)  # checks before it changes anything
         np.copyto(self.values, values)
+        self._writes += 1
         self._wire_version = None
         self.version, self.updates = m["version"], m["updates"]
         self.staleness_sum, self.staleness_max = stale

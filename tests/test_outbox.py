@@ -4,6 +4,7 @@ reply that stays queued, not once per push; and the server's loop refusing such 
 pushes. In-process (inproc) a message stays queued until the peer reads it: over tcp or
 ipc, until the peer's own ZeroMQ queue is full too."""
 
+import contextlib
 import threading
 
 import numpy as np
@@ -124,41 +125,82 @@ def _decoded(sock) -> protocol.Message:
     return protocol.decode(sock.recv_multipart())
 
 
-def test_the_server_refuses_pushes_from_a_peer_that_does_not_read_and_tells_it_once(linked, tmp_path):
-    link, send, _, _ = linked  # (the link's clock stands still: the scheduler is never taken for silent)
-    n = 1 << 16  # values: a reply large enough to go zero-copy, tracked
-    core = make_core(mode="asp", n=n, num_workers=2, init=np.zeros(n, dtype=np.float32))
-    writer = checkpointer.ShardWriter(tmp_path, 0, 0, n)
+@contextlib.contextmanager
+def serving(linked, core, tmp_path, *names):
+    """The server's loop on `core` in a thread, a DEALER connected (inproc) for each of
+    `names`. Yields the sockets and stop(), which ends the loop with a Shutdown and returns
+    what the loop returned (None: it had not ended 10 s later); the sockets stay open
+    until the block is left."""
+    _, send, _, _ = linked  # (the link's clock stands still: the scheduler is never taken for silent)
+    writer = checkpointer.ShardWriter(tmp_path, 0, 0, core.n)
     ctx = zmq.Context()
+    ended = []
+    loop = None
+
+    def stop():
+        send(Shutdown(ok=True))
+        loop.join(10)
+        return ended[0] if ended else None
+
     try:
         router = ctx.socket(zmq.ROUTER)
         router.bind("inproc://shard")
-        honest, rogue = (ctx.socket(zmq.DEALER) for _ in range(2))
-        for sock, name in ((honest, PEERS[0]), (rogue, PEERS[1])):
+        socks = [ctx.socket(zmq.DEALER) for _ in names]
+        for sock, name in zip(socks, names):
             sock.setsockopt(zmq.IDENTITY, name)
             sock.connect("inproc://shard")
-        ended = []
-        loop = threading.Thread(target=lambda: ended.append(service._loop(router, link, core, writer, None)))
+        loop = threading.Thread(target=lambda: ended.append(service._loop(router, linked[0], core, writer, None)))
         loop.start()
-        try:
-            grad = np.full(n, 0.5, dtype=np.float32)
-            for step in range(3):  # the rogue reads nothing until the loop has ended
-                rogue.send_multipart(protocol.encode(push(1, step, grad)))
-            # held (the shard never gets there): once it is, the three pushes before it were handled
-            rogue.send_multipart(protocol.encode(Pull(req=9, at=1000)))
-            poll_until(lambda: core._pulls or None, 10, "the rogue's pull was not held")
-            honest.send_multipart(protocol.encode(push(0, 0, grad)))
-            assert isinstance(_decoded(honest), Params)  # served, the rogue's reply still queued
-        finally:
-            send(Shutdown(ok=True))
-            loop.join(10)
+        yield socks, stop
+    finally:
+        if loop is not None and loop.is_alive():
+            stop()
+        ctx.destroy(linger=0)
+
+
+def test_the_server_refuses_pushes_from_a_peer_that_does_not_read_and_tells_it_once(linked, tmp_path):
+    n = 1 << 16  # values: a reply large enough to go zero-copy, tracked
+    core = make_core(mode="asp", n=n, num_workers=2, init=np.zeros(n, dtype=np.float32))
+    with serving(linked, core, tmp_path, PEERS[0], PEERS[1]) as ((honest, rogue), stop):
+        grad = np.full(n, 0.5, dtype=np.float32)
+        for step in range(3):  # the rogue reads nothing until the loop has ended
+            rogue.send_multipart(protocol.encode(push(1, step, grad)))
+        # held (the shard never gets there): once it is, the three pushes before it were handled
+        rogue.send_multipart(protocol.encode(Pull(req=9, at=1000)))
+        poll_until(lambda: core._pulls or None, 10, "the rogue's pull was not held")
+        honest.send_multipart(protocol.encode(push(0, 0, grad)))
+        assert isinstance(_decoded(honest), Params)  # served, the rogue's reply still queued
+        assert stop() == 0
         answers = [_decoded(rogue) for _ in range(2)]
         assert not rogue.poll(0)  # (inproc: what the loop sent before it ended is here)
-    finally:
-        ctx.destroy(linger=0)
-    assert ended == [0]
     params, refused = answers
     assert isinstance(params, Params) and params.req == 0  # the first push was taken
     assert isinstance(refused, Error) and refused.code == "unread"  # told once, not for the third push too
     assert core.updates == 2 and core.version == 2  # its first push and the honest one's
     assert core.detached == 1  # the rogue's queued reply kept the old buffers: one copy
+
+
+def test_snapshot_replies_queued_unread_share_one_copy_of_the_values(linked, tmp_path):
+    """Inproc hands the receiver the sender's buffer: replies that share a copy arrive at one address."""
+    n = 1 << 16
+    core = make_core(mode="asp", n=n, num_workers=2, init=np.zeros(n, dtype=np.float32))
+    grad = np.full(n, 0.5, dtype=np.float32)
+    held = {1: 8, 2: 3}  # version -> pulls waiting for it, released together by the step that reaches it
+    with serving(linked, core, tmp_path, PEERS[0], PEERS[1]) as ((honest, puller), stop):
+        for version, count in held.items():
+            for _ in range(count):
+                puller.send_multipart(protocol.encode(Pull(req=version, at=version)))
+        poll_until(lambda: len(core._pulls) == 11 or None, 10, "the pulls were not held")
+        for step in range(2):
+            honest.send_multipart(protocol.encode(push(0, step, grad)))
+            assert isinstance(_decoded(honest), Params)
+        assert stop() == 0
+        # (inproc: all sent before the loop ended are here; read without a copy, at their address)
+        answers = [protocol.decode(puller.recv_multipart(copy=False)) for _ in range(11)]
+        replies = {v: [a.data for a in answers if a.version == v] for v in held}
+        assert {v: len(r) for v, r in replies.items()} == held
+        for data in replies.values():
+            assert all(np.shares_memory(data[0], d) for d in data[1:])  # one copy for all of them
+        one, two = replies[1][0], replies[2][0]
+        assert not np.shares_memory(one, two)  # the step changed the values: a copy of its own
+        assert not np.array_equal(one, two) and np.array_equal(two, core.values)

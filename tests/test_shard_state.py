@@ -1,8 +1,10 @@
 """A shard core's state and its restore, checkpoint requests at the core, and the
 server's background writer, without processes."""
 
+import gc
 import tempfile
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -224,3 +226,28 @@ def test_a_state_saved_before_a_job_setting_existed_restores_at_its_default():
     with pytest.raises(ValueError, match="another job"):  # a setting this version does not know: not this job
         core_for("bsp", dict(momentum=0.9), init=False).restore(ShardState({**old.meta, "job": {**job, "x": 1}},
                                                                              old.arrays))
+
+
+# -- the copy snapshot replies share ------------------------------------------------------------
+
+def test_snapshot_replies_share_one_read_only_copy_per_change_of_the_values():
+    core = core_for("bsp", OPTIMIZERS[0], init=False)
+    zeros = core.frozen()
+    core.handle(PEERS[0], Init(rank=0, data=np.linspace(-1, 1, core.n, dtype=np.float32)), 0.0)
+    first = core.frozen()
+    assert first is not zeros and first.any() and not zeros.any()  # init is a change
+    assert first is core.frozen()  # no change: the same copy
+    assert not first.flags.writeable and np.array_equal(first, core.values)
+    assert not np.shares_memory(first, core.values)
+    state = core.state()
+    rng = np.random.default_rng(0)
+    for r in range(3):  # a step, taken lazily: the copy holds it written whole
+        core.handle(PEERS[r], push(r, 0, rng.standard_normal(core.n).astype(np.float32)), 1.0, lazy=True)
+    stepped = core.frozen()
+    assert stepped is not first and np.array_equal(stepped, core.values) and not np.array_equal(stepped, first)
+    core.restore(state)
+    assert np.array_equal(core.frozen(), first) and core.frozen() is not stepped  # a restore is a change
+    gone = weakref.ref(core.frozen())
+    gc.collect()
+    assert gone() is None  # the core does not keep it: only the replies that carry it do
+    assert np.array_equal(core.frozen(), core.values)
