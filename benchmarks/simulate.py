@@ -15,10 +15,11 @@ the barrier waits for the slowest draw) or timer noise (the device does not, onl
 the time the controller is told does). Reported per N and kind of noise:
 
 * efficiency over the steps after the first convergence (the speed change included),
-  and over those before the change (noise alone), against (i) the nobody-waits ideal:
-  every worker at its own throughput that step, nobody waiting, and (ii) the oracle plan: the best integer equal-time plan from the
+  against (i) the nobody-waits ideal: every worker at its own throughput that step,
+  nobody waiting, and (ii) the oracle plan: the best integer equal-time plan from the
   true a_i, c_i, F_i (known at once, also after the change), run through the same
-  noise; and the oracle's own efficiency against (i), what no plan can beat;
+  noise; against (ii) also over the steps before the change (noise alone); and the
+  oracle's own efficiency against (i), what no plan can beat;
 * adjustments to converge at the start and after the speed change: plan changes
   until the plan's noise-free step time is within 5 % of the oracle plan's;
 * the controller's CPU time per decision (one `replan`), median and max, and per

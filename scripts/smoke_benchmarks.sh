@@ -23,3 +23,4 @@ run overlap --sizes 0,64K --rounds 1 --steps 8 --skip 2 --features 256 --hidden 
 run wire_dtype --epochs 1 --seeds 0 --params 100000 --repeats 3 --warmup 1
 run failures --dead-after 1 --checkpoint-every 5 --repeats 1
 run heterogeneity --only HL8 --epochs 0.5 --ms-per-step 5 --ms-per-sample 0.5
+run unread --params 100000 --pulls 5 --steps 2

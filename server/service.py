@@ -197,10 +197,9 @@ def _send(router, core: ShardCore, replies, outbox: Outbox, writer: checkpointer
     queues = [[(out, msg) for msg in _parts(out)] for out in replies if isinstance(out, Outgoing)]
     for turn in itertools.zip_longest(*queues):
         for out, msg in filter(None, turn):
-            if out.snapshot:  # a copy that nothing changes: zero-copy, and not waited for
-                msg = dataclasses.replace(msg, data=core.frozen())
-            elif isinstance(msg, Params):
+            if isinstance(msg, Params):
                 core.ready(msg.offset + msg.data.size)
+            # (a snapshot is a copy that nothing changes: not waited for)
             tracker = transport.reply(router, out.to, msg, track=isinstance(msg, Params) and not out.snapshot)
             if tracker is not None:
                 outbox.add(out.to, tracker)

@@ -51,7 +51,7 @@ from .segments import ALIGN, aligned
 class Outgoing:
     to: bytes
     msg: Message
-    snapshot: bool = False  # send frozen() instead of the data: the receiver may never read it (pulls)
+    snapshot: bool = False  # the data is a frozen() copy (pulls: the receiver may never read): sent untracked
     part: int = 0  # send Params in parts of this many values, the first ones first (0: whole)
 
 
@@ -359,7 +359,7 @@ class ShardCore:
         """The values a joining worker starts from, with the plan the step runs (the joiner's
         welcome may hold an older one)."""
         plan = {"gen": self._pending_gen, "batches": list(self._plans[self._pending_gen]), "stop": False}
-        return Outgoing(peer, Params(req=req, version=self.version, held_s=held_s, plan=plan, data=self.values),
+        return Outgoing(peer, Params(req=req, version=self.version, held_s=held_s, plan=plan, data=self.frozen()),
                         snapshot=True)
 
     # -- updates -----------------------------------------------------------------
@@ -445,11 +445,11 @@ class ShardCore:
             arrays={"values": self.values.copy(), **{f"opt.{k}": v for k, v in buffers.items()}})
 
     def frozen(self) -> np.ndarray:
-        """The values as a read-only copy, one per change of them: every snapshot reply
-        (pulls, a joiner's values) sent before the next change shares it. A receiver may
-        never read a snapshot, so the reply cannot alias the shard; and pulls that pile up
-        unread (a flood, or an evaluation pull released with the steps before it) would
-        otherwise hold a copy each. Kept only as long as a reply holds it."""
+        """The values as a read-only copy, taken when a snapshot reply (a pull, a joiner's
+        values) is due: its receiver may never read it, so it cannot alias the shard, which
+        the next step changes. The replies due between two changes of the values share one
+        copy, kept only as long as one of them holds it: pulls that pile up unread (a flood,
+        evaluation pulls released together) would otherwise hold a copy each."""
         self.ready(self.n)
         if self._frozen is not None and self._frozen[0] == self._writes:
             copy = self._frozen[1]()
@@ -553,7 +553,7 @@ class ShardCore:
         plan = None
         if self.plan is not None and gen_seen is not None and gen_seen < self.plan.gen:
             plan = {"gen": self.plan.gen, "batches": self.plan.batches, "stop": self.plan.stop}
-        data = self.values if snapshot else self._narrowed()
+        data = self.frozen() if snapshot else self._narrowed()
         return Outgoing(peer, Params(req=req, version=self.version, held_s=held_s, plan=plan, data=data), snapshot)
 
     def _narrowed(self) -> np.ndarray:

@@ -120,17 +120,18 @@ def test_replies_that_leave_within_the_grace_keep_the_shard_where_it_is(wire):
     assert not outbox.unread(b"reads")
 
 
-def _decoded(sock) -> protocol.Message:
+def _decoded(sock, copy=True) -> protocol.Message:
+    """The next message `sock` receives (10 s at most); with copy=False its data is where ZeroMQ received it."""
     assert sock.poll(10_000), "no answer from the server"
-    return protocol.decode(sock.recv_multipart())
+    return protocol.decode(sock.recv_multipart(copy=copy))
 
 
 @contextlib.contextmanager
 def serving(linked, core, tmp_path, *names):
     """The server's loop on `core` in a thread, a DEALER connected (inproc) for each of
     `names`. Yields the sockets and stop(), which ends the loop with a Shutdown and returns
-    what the loop returned (None: it had not ended 10 s later); the sockets stay open
-    until the block is left."""
+    what the loop returned (AssertionError if it has not ended 10 s later; None if it
+    raised); the sockets stay open until the block is left."""
     _, send, _, _ = linked  # (the link's clock stands still: the scheduler is never taken for silent)
     writer = checkpointer.ShardWriter(tmp_path, 0, 0, core.n)
     ctx = zmq.Context()
@@ -140,6 +141,7 @@ def serving(linked, core, tmp_path, *names):
     def stop():
         send(Shutdown(ok=True))
         loop.join(10)
+        assert not loop.is_alive(), "the server's loop did not end within 10 s"
         return ended[0] if ended else None
 
     try:
@@ -149,7 +151,8 @@ def serving(linked, core, tmp_path, *names):
         for sock, name in zip(socks, names):
             sock.setsockopt(zmq.IDENTITY, name)
             sock.connect("inproc://shard")
-        loop = threading.Thread(target=lambda: ended.append(service._loop(router, linked[0], core, writer, None)))
+        loop = threading.Thread(target=lambda: ended.append(service._loop(router, linked[0], core, writer, None)),
+                                daemon=True)  # (a loop that does not end must not keep pytest from exiting)
         loop.start()
         yield socks, stop
     finally:
@@ -196,7 +199,7 @@ def test_snapshot_replies_queued_unread_share_one_copy_of_the_values(linked, tmp
             assert isinstance(_decoded(honest), Params)
         assert stop() == 0
         # (inproc: all sent before the loop ended are here; read without a copy, at their address)
-        answers = [protocol.decode(puller.recv_multipart(copy=False)) for _ in range(11)]
+        answers = [_decoded(puller, copy=False) for _ in range(11)]
         replies = {v: [a.data for a in answers if a.version == v] for v in held}
         assert {v: len(r) for v, r in replies.items()} == held
         for data in replies.values():
