@@ -388,6 +388,13 @@ def job_args(n_target: int, steps: int) -> tuple[dict, dict]:
     return {"hidden": [hidden]}, {"n": n, "features": FEATURES}
 
 
+def scheduler_args(mode: str, model_args: dict, dataset_args: dict, max_steps: int, host: str) -> list[str]:
+    """The scheduler's flags for a job of job_args' model, a global batch of 1 sample."""
+    return ["--mode", mode, "--model", "mlp", "--model-args", json.dumps(model_args),
+            "--dataset", "synthetic", "--dataset-args", json.dumps(dataset_args),
+            "--global-batch", "1", "--max-steps", str(max_steps), "--host", host]
+
+
 def model_size(model_args: dict, dataset_args: dict) -> int:
     from omnips import data, models
     from omnips.flat import FlatModel
@@ -429,10 +436,7 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
     # BSP: exactly `steps` steps of global batch 1; the final evaluation is at version `steps`.
     max_steps = steps if mode == "bsp" else 10 ** 9
     ctx = zmq.Context()
-    job = SoloWorker(ctx, run_dir, [
-        "--mode", mode, "--model", "mlp", "--model-args", json.dumps(model_args),
-        "--dataset", "synthetic", "--dataset-args", json.dumps(dataset_args),
-        "--global-batch", "1", "--max-steps", str(max_steps), "--host", host],
+    job = SoloWorker(ctx, run_dir, scheduler_args(mode, model_args, dataset_args, max_steps, host),
         num_servers, ["--host", host, "--threads", str(server_threads)], keys=key_dir,
         transport="auto" if kind == "ipc" else "tcp")
     plain = f"omnips {mode.upper()}, {num_servers} server{'s' if num_servers > 1 else ''}, {kind}"

@@ -8,9 +8,9 @@ before each of --steps steps of the worker, in two phases: first it reads every 
 (the baseline), then it reads none until the phase is over, its receive queue one
 message deep (a peer whose queue is full: the replies stay queued at the server). The
 server's peak resident memory (VmHWM; the roles keep freed memory, so it is also what
-the process holds afterwards) is read after each phase. The rise over the shard's bytes
-is the number of shard copies the unread replies held at once; a copy per reply would
-make it pulls x steps.
+the process holds afterwards) is read after the warm-up and after each phase. Its rise
+over the shard's bytes is the number of shard copies held at once; a copy per reply
+would make it pulls x steps in the unread phase.
 
     python benchmarks/unread.py [--params 11000000] [--pulls 100] [--steps 3]
 
@@ -18,7 +18,6 @@ Prints a table and writes it to benchmarks/results/unread.md.
 """
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from pushpull import exchange, job_args, model_size  # noqa: E402
+from pushpull import exchange, job_args, model_size, scheduler_args  # noqa: E402
 from report import machine_lines, publish, runs_dir  # noqa: E402
 from solo import SoloWorker  # noqa: E402
 
@@ -87,11 +86,8 @@ def main(argv=None) -> int:
     grads = np.full(n, 1e-4, dtype=np.float32)
     ctx = zmq.Context()
     with runs_dir("unread") as root:
-        job = SoloWorker(ctx, root / "run", [
-            "--mode", "asp", "--model", "mlp", "--model-args", json.dumps(model_args),
-            "--dataset", "synthetic", "--dataset-args", json.dumps(dataset_args),
-            "--global-batch", "1", "--max-steps", str(10 ** 9), "--host", "127.0.0.1"],
-            1, ["--host", "127.0.0.1"], transport="tcp")
+        job = SoloWorker(ctx, root / "run", scheduler_args("asp", model_args, dataset_args, 10 ** 9, "127.0.0.1"),
+                         1, ["--host", "127.0.0.1"], transport="tcp")
         try:
             group = job.start(n)
             group.init(params)

@@ -442,14 +442,15 @@ class ShardCore:
                   "updates": self.updates, "staleness": [self.staleness_sum, self.staleness_max],
                   "last_step": [self._last_step.get(r, -1) for r in range(self.job.num_workers)],
                   "optimizer": scalars},
-            arrays={"values": self.values.copy(), **{f"opt.{k}": v for k, v in buffers.items()}})
+            arrays={"values": self.frozen(), **{f"opt.{k}": v for k, v in buffers.items()}})
 
     def frozen(self) -> np.ndarray:
         """The values as a read-only copy, taken when a snapshot reply (a pull, a joiner's
-        values) is due: its receiver may never read it, so it cannot alias the shard, which
-        the next step changes. The replies due between two changes of the values share one
-        copy, kept only as long as one of them holds it: pulls that pile up unread (a flood,
-        evaluation pulls released together) would otherwise hold a copy each."""
+        values) or a checkpoint's state is due: a reply's receiver may never read it, so it
+        cannot alias the shard, which the next step changes. What is due between two changes
+        of the values shares one copy, kept only as long as one of them holds it: pulls that
+        pile up unread (a flood, evaluation pulls released together) would otherwise hold a
+        copy each, and a checkpoint at an evaluation's step one more."""
         self.ready(self.n)
         if self._frozen is not None and self._frozen[0] == self._writes:
             copy = self._frozen[1]()
