@@ -5,7 +5,10 @@ Drives the scheduler's own controller object (scheduler/control.BatchControl, an
 through it omnips/batching.py) with N workers whose compute phase takes
 F_i * (a_i + c_i * b) seconds, BSP: a step lasts as long as its slowest worker plus a
 fixed communication time. Speeds F_i are drawn from the paper's heterogeneity range
-(up to 8x apart); at mid-run a quarter of the workers become 3x slower. Two ranges
+(up to 8x apart); at mid-run a quarter of the workers become 3x slower. The job
+starts as a live one does: every worker times one pass of each probe size (2 and 4
+samples, with the same noise) and the first plan comes from those points, or, with
+--no-probe, from equal batches (the declared capacities, all equal). Two ranges
 of fixed costs a_i: with up to 10 ms, from 64 workers on some worker's fixed cost
 alone exceeds everyone's equal time and holds the step whatever the plan; with up
 to 2.5 ms, the plan decides. A new plan is used from the step after next, as
@@ -25,7 +28,7 @@ the time the controller is told does). Reported per N and kind of noise:
 * the controller's CPU time per decision (one `replan`), median and max, and per
   worker report (`on_step` and `ready`, as the scheduler calls them), mean.
 
-    python benchmarks/simulate.py [--workers 4,64,1024,4096] [--noise 0.05] [--steps 240]
+    python benchmarks/simulate.py [--workers 4,64,1024,4096] [--noise 0.05] [--steps 240] [--no-probe]
 
 Prints a table and writes it to benchmarks/results/simulate.md.
 """
@@ -45,7 +48,7 @@ sys.path.insert(0, str(HERE))
 
 from report import machine_lines, publish  # noqa: E402
 
-from omnips.batching import BatchPlan, equal_time, initial_batches, integerize  # noqa: E402
+from omnips.batching import PROBE_BATCHES, BatchPlan, equal_time, initial_batches, integerize  # noqa: E402
 from omnips.job import JobSpec  # noqa: E402
 from scheduler.control import BatchControl  # noqa: E402
 
@@ -65,7 +68,7 @@ def oracle_plan(lines: np.ndarray, total: int) -> np.ndarray:
 
 
 def simulate(n: int, steps: int, noise: float, kind: str, adjust_every: int, seed: int,
-             fixed_ms: tuple[float, float], per_worker: int) -> dict:
+             fixed_ms: tuple[float, float], per_worker: int, probe: bool = True) -> dict:
     rng = np.random.default_rng(seed)
     total = per_worker * n
     a = rng.uniform(fixed_ms[0] / 1000, fixed_ms[1] / 1000, n)  # fixed cost per step, s
@@ -75,6 +78,11 @@ def simulate(n: int, steps: int, noise: float, kind: str, adjust_every: int, see
                   max_steps=steps)
     plan = BatchPlan(0, tuple(initial_batches("uniform", total, [1.0] * n, 1, total)))
     control = BatchControl(job, plan)
+    if probe:  # a pass of each size, timed through the same noise; the workers wait for its plan
+        f = 1.0 / speed
+        told = [f * (a + c * size) * (1.0 + rng.uniform(-noise, noise, n)) for size in PROBE_BATCHES]
+        control.probed({rank: (list(PROBE_BATCHES), [t[rank] for t in told]) for rank in range(n)}, {})
+        plan = control.plan
     change_at = steps // 2
     slowed = rng.choice(n, n // 4, replace=False)
     pending: list[tuple[int, BatchPlan]] = []
@@ -157,6 +165,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=240)
     p.add_argument("--adjust-every", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-probe", dest="probe", action="store_false",
+                   help="start from equal batches instead of the probe's plan (the scheduler's --no-probe)")
     p.add_argument("--out", type=Path, default=HERE / "results" / "simulate.md")
     args = p.parse_args(argv)
     start, load = time.monotonic(), os.getloadavg()[0]
@@ -165,7 +175,7 @@ def main(argv=None) -> int:
         for n in [int(v) for v in args.workers.split(",")]:
             for kind in KINDS:
                 s = summarise(simulate(n, args.steps, args.noise, kind, args.adjust_every, args.seed, fixed,
-                                       per_worker))
+                                       per_worker, args.probe))
                 s["fixed"], s["per_worker"] = fixed, per_worker
                 print(f"a {fixed[0]:g}..{fixed[1]:g} ms, {per_worker} samples a worker, {n} workers, {kind}: efficiency {s['vs_ideal']:.3f} of "
                       f"nobody-waits, {s['vs_oracle']:.3f} of the oracle plan ({s['calm_vs_oracle']:.3f} before the change; it makes "
@@ -181,7 +191,10 @@ def main(argv=None) -> int:
         f"a busy machine still slows them)",
         f"- workers: compute F*(a + c*b) s, a as below, c in 0.5..2 ms, speeds 1..8 (F = 1/speed), "
         f"±{args.noise:.0%} noise per step and worker; the global batch as below; {1000 * COMM_S:g} ms of communication per step; a quarter of the workers 3x slower from step "
-        f"{args.steps // 2} of {args.steps}; --adjust-every {args.adjust_every}", "",
+        f"{args.steps // 2} of {args.steps}; --adjust-every {args.adjust_every}",
+        "- start: " + (f"the probe, one pass of {' and '.join(map(str, PROBE_BATCHES))} samples on every worker (timed through "
+                       "the same noise), and the plan from those points, as a live job starts by default"
+                       if args.probe else "equal batches (--no-probe)"), "",
         "| a, ms | samples a worker | workers | noise | efficiency: of nobody-waits (i) | of the oracle plan (ii) | of (ii), noise alone | the oracle "
         "plan's, of (i) | adjustments to converge: start / after the change | settled plan's step time, of the "
         "oracle's | steps on the old plan after the change | decision CPU ms, median (max) | CPU a report, us |",

@@ -4,6 +4,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# the batch sizes a worker times before its first step under dynamic batching (and sizes its
+# memory with): two sizes, so that their difference cancels what does not grow with the batch
+PROBE_BATCHES = (2, 4)
+
 
 @dataclass(frozen=True)
 class BatchPlan:

@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
@@ -18,9 +20,22 @@ def test_without_noise_the_plan_settles_on_the_oracles_and_follows_a_change_at_o
     assert s["old_plan_steps"] == 4
 
 
-def test_the_table_has_a_row_per_scenario_and_kind_of_noise(tmp_path):
+def test_the_probe_plans_the_first_step_and_without_it_equal_batches_take_an_adjustment():
+    probed, equal = (simulate.simulate(4, 80, 0.0, "timer", 5, 0, (0.5, 2.5), 32, probe) for probe in (True, False))
+    # exact passes of 2 and 4 samples give the true lines: the oracle's plan from step 0 on
+    assert probed["clean"][0] == pytest.approx(probed["oracle_clean"][0])
+    assert simulate.summarise(probed)["first"] == 0
+    assert equal["clean"][0] > 4 * equal["oracle_clean"][0]  # equal batches wait for the slowest
+    assert simulate.summarise(equal)["first"] == 1
+
+
+@pytest.mark.parametrize("flags, start", [([], "- start: the probe, one pass of 2 and 4 samples"),
+                                          (["--no-probe"], "- start: equal batches (--no-probe)")])
+def test_the_table_has_a_row_per_scenario_and_kind_of_noise(tmp_path, flags, start):
     out = tmp_path / "simulate.md"
-    assert simulate.main(["--workers", "4,8", "--steps", "40", "--out", str(out)]) == 0
-    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert simulate.main(["--workers", "4,8", "--steps", "40", *flags, "--out", str(out)]) == 0
+    text = out.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == len(simulate.SCENARIOS) * 2 * len(simulate.KINDS)
     assert all(len(row.split("|")) == 15 for row in rows)  # 13 columns
+    assert start in text

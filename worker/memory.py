@@ -9,10 +9,10 @@ import os
 import torch
 
 from omnips import models
+from omnips.batching import PROBE_BATCHES
 from omnips.data import Batcher
 
 MEMINFO = "/proc/meminfo"
-PROBE = (2, 4)  # the two probe batch sizes: their difference cancels what does not grow with the batch
 
 
 def free_bytes(device: torch.device) -> int:
@@ -39,14 +39,14 @@ def available_ram(meminfo: str = MEMINFO) -> int:
 
 def sample_bytes(module: torch.nn.Module, batcher: Batcher, indices, device: torch.device) -> int:
     """Bytes autograd keeps for backward per sample: the tensors saved in forward passes
-    of PROBE[0] and PROBE[1] samples, counted once per storage, their difference per
+    of PROBE_BATCHES[0] and [1] samples, counted once per storage, their difference per
     sample. Weights saved for backward cancel out; the random state is left as it was
     (a probe must not shift dropout masks), and the gradients it leaves are discarded
     by the next step's zeroing."""
-    small, large = PROBE
+    small, large = PROBE_BATCHES
     if len(indices) < large:
         raise ValueError(f"the memory probe needs {large} samples, the data set has {len(indices)}")
-    sizes = [_saved_bytes(module, batcher, indices[:k], device) for k in PROBE]
+    sizes = [_saved_bytes(module, batcher, indices[:k], device) for k in PROBE_BATCHES]
     return max(1, (sizes[1] - sizes[0]) // (large - small))
 
 

@@ -10,7 +10,7 @@ import torch
 import zmq
 
 from omnips import data, models, routes, security
-from omnips.batching import BatchPlan
+from omnips.batching import PROBE_BATCHES, BatchPlan
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
 from omnips.link import LinkError, SchedulerLink
@@ -25,7 +25,6 @@ from .pushing import Pusher
 from .trainer import Trainer, resolve_device
 
 log = logging.getLogger("omnips.worker")
-PROBE_BATCHES = (2, 4)  # the timed passes before the first step; the memory probe (the same sizes) warms them up
 
 
 class JobEnded(Exception):
