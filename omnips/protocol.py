@@ -19,6 +19,12 @@ MAX_HEADER_BYTES = 1 << 20
 MAX_PARTS = 256  # a push in parts, and the answer to one, is at most this many messages: a part of a few
 # values would make one push (or one message asking for its answer in parts) into millions; and one burst
 # of parts must stay well below a socket's high-water mark (1000 messages), where sends fail
+# Measured times (a pass, a step's compute, a wait) and batch sizes from the network: a time above 0
+# but under a nanosecond is no timer's reading and one over 11 days no step's, and no worker holds 2**31
+# samples in one pass. Such values (subnormal times, a batch of 2**63) would make a time model's slope
+# 0 or its plan unsolvable, failing the job, or make one report count a whole job's samples.
+MIN_SECONDS, MAX_SECONDS = 1e-9, 1e6
+MAX_BATCH = 1 << 31
 # data frame dtype tags -> the items' numpy dtype (little-endian); bfloat16 travels as
 # its uint16 bit patterns (omnips/wire.py converts). Which tag a message may carry is
 # the receiver's rule: the job's --wire-dtype for pushes and their replies, else float32.
@@ -111,8 +117,11 @@ class Report(Message):
     done: bool = False
 
     def check(self):
-        _non_negative(self, "rank", "step", "batch", "compute_s", "network_s", "wait_s", "staleness", "mem_batch",
-                      "mem_free", "sample_bytes")
+        _non_negative(self, "rank", "step", "staleness", "mem_free", "sample_bytes")
+        _at_most(self, MAX_BATCH, "batch", "mem_batch")
+        _at_most(self, MAX_SECONDS, "network_s", "wait_s")  # differences of clock readings: any size from 0
+        if not (self.compute_s == 0 or _measured(self.compute_s)):
+            raise ValueError(f"compute_s must be 0 or from {MIN_SECONDS:g} to {MAX_SECONDS:g} s, not {self.compute_s}")
 
 
 @dataclass(frozen=True)
@@ -130,12 +139,12 @@ class Probe(Message):
 
     def check(self):
         _non_negative(self, "rank", "mem_free", "sample_bytes")
-        if (not 2 <= len(self.batches) <= 8 or not all(_count(b) and b >= 1 for b in self.batches)
+        if (not 2 <= len(self.batches) <= 8 or not all(_count(b) and 1 <= b <= MAX_BATCH for b in self.batches)
                 or len(set(self.batches)) != len(self.batches)):
-            raise ValueError(f"batches must be 2 to 8 distinct sizes >= 1, not {_brief(self.batches)}")
-        if len(self.seconds) != len(self.batches) or not all(type(t) is float and 0 < t < float("inf")
-                                                             for t in self.seconds):
-            raise ValueError(f"seconds must be one time > 0 per batch size, not {_brief(self.seconds)}")
+            raise ValueError(f"batches must be 2 to 8 distinct sizes from 1 to {MAX_BATCH}, not {_brief(self.batches)}")
+        if len(self.seconds) != len(self.batches) or not all(type(t) is float and _measured(t) for t in self.seconds):
+            raise ValueError(f"seconds must be one time from {MIN_SECONDS:g} to {MAX_SECONDS:g} s per batch size, "
+                             f"not {_brief(self.seconds)}")
 
 
 @dataclass(frozen=True)
@@ -246,7 +255,8 @@ class Params(Message):
     whole: int = 0
 
     def check(self):
-        _non_negative(self, "offset", "whole")
+        _non_negative(self, "version", "offset", "whole")
+        _at_most(self, MAX_SECONDS, "held_s")  # it becomes the worker's reported wait
         _check_place(self)
 
 
@@ -364,6 +374,16 @@ def _non_negative(msg, *names):
     for name in names:
         if not 0 <= getattr(msg, name) < float("inf"):  # also refuses NaN
             raise ValueError(f"{name} must be finite and >= 0, not {getattr(msg, name)}")
+
+
+def _at_most(msg, top, *names):
+    for name in names:
+        if not 0 <= getattr(msg, name) <= top:  # also refuses NaN
+            raise ValueError(f"{name} must be from 0 to {top:g}, not {getattr(msg, name)}")
+
+
+def _measured(seconds: float) -> bool:
+    return MIN_SECONDS <= seconds <= MAX_SECONDS
 
 
 def type_ok(value, tp) -> bool:

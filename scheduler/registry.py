@@ -61,12 +61,19 @@ class Registry:
     def vacant(self) -> list[int]:
         return [r for r in range(self.job.num_workers) if r not in self.workers]
 
-    def register(self, peer: bytes, reg: Register) -> list[tuple[bytes, Message]]:
+    def refusal(self, peer: bytes, reg: Register) -> Error | None:
+        """Why `reg` is refused whatever the cluster's state, if it is."""
         if not token_matches(reg.token, self._token):  # first: another job's process learns nothing of this one
-            return [(peer, Error(code="bad_token", text="the job token differs from the scheduler's (--token / "
-                                                        "OMNIPS_TOKEN): this process belongs to another job"))]
+            return Error(code="bad_token", text="the job token differs from the scheduler's (--token / "
+                                                "OMNIPS_TOKEN): this process belongs to another job")
         if peer in self.by_peer:
-            return [(peer, Error(code="duplicate", text="this connection has registered already"))]
+            return Error(code="duplicate", text="this connection has registered already")
+        return None
+
+    def register(self, peer: bytes, reg: Register) -> list[tuple[bytes, Message]]:
+        refused = self.refusal(peer, reg)
+        if refused is not None:
+            return [(peer, refused)]
         if reg.role == "worker" and self.complete:
             return self._seat(peer, reg)
         if reg.role == "server" and self.vacant_servers:

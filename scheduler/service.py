@@ -332,7 +332,8 @@ class Scheduler:
         transport.reply(self.router, peer, protocol.Error(code=code, text=text))
 
     def _on_register(self, peer: bytes, msg: Register) -> None:
-        if msg.role == "server" and self.registry.complete and not self.registry.vacant_servers:
+        if (msg.role == "server" and self.registry.complete and not self.registry.vacant_servers
+                and self.registry.refusal(peer, msg) is None):  # another job's process removes nobody
             self._replace_silent_server()
         servers_before = len(self.registry.servers) == self.job.num_servers
         for to, out in self.registry.register(peer, msg):
@@ -460,6 +461,10 @@ class Scheduler:
         if not self.progress.expects(r):
             expected = self.progress.workers[r.rank].next_step
             self._refuse(peer, "bad_step", f"report for step {r.step}, expected {expected}")
+            return
+        top = self.job.batch_bounds[1]
+        if r.batch > top:  # it would count samples no step took (an ASP job's budget)
+            self._refuse(peer, "bad_batch", f"report of a batch of {r.batch}, the job's largest is {top}")
             return
         if r.nonfinite:
             self.nonfinite += 1

@@ -13,7 +13,9 @@ from omnips.protocol import (Ack, Checkpoint, Error, Heartbeat, Init, Params, Pl
 U64 = st.integers(0, 2**64 - 1)
 ANY_INT = st.integers(-(2**63), 2**64 - 1)
 FLOAT = st.floats(allow_nan=True, allow_infinity=True)
-NON_NEG_FLOAT = st.floats(min_value=0.0, allow_infinity=False)
+MEASURED = st.floats(min_value=protocol.MIN_SECONDS, max_value=protocol.MAX_SECONDS)  # a timed pass or step
+WAITED = st.floats(min_value=0.0, max_value=protocol.MAX_SECONDS)
+BATCH = st.integers(0, protocol.MAX_BATCH)
 TEXT = st.text(max_size=20)
 
 # msgpack-compatible plain values (lists rather than tuples, str keys); no NaN so == works
@@ -38,10 +40,10 @@ STRATEGIES = {
     | st.builds(Register, role=st.just("server"), host=TEXT, endpoint=TEXT.filter(bool),
                 ipc=st.just("") | TEXT.map("ipc://".__add__), capacity=st.floats(min_value=1e-300, max_value=1e300), device=TEXT, threads=U64, pid=U64),
     "welcome": st.builds(Welcome, rank=ANY_INT, job=DICTS, cluster=DICTS),
-    "report": st.builds(Report, rank=U64, step=U64, batch=U64, compute_s=NON_NEG_FLOAT, network_s=NON_NEG_FLOAT,
-                        wait_s=NON_NEG_FLOAT, loss=FLOAT, staleness=U64, mem_batch=U64, mem_free=U64,
+    "report": st.builds(Report, rank=U64, step=U64, batch=BATCH, compute_s=st.just(0.0) | MEASURED,
+                        network_s=WAITED, wait_s=WAITED, loss=FLOAT, staleness=U64, mem_batch=BATCH, mem_free=U64,
                         sample_bytes=U64, done=st.booleans()),
-    "probe": st.lists(st.tuples(st.integers(1, 2**32), st.floats(min_value=1e-9, max_value=1e9)), min_size=2,
+    "probe": st.lists(st.tuples(st.integers(1, protocol.MAX_BATCH), MEASURED), min_size=2,
                       max_size=8, unique_by=lambda p: p[0]).map(
         lambda points: Probe(rank=3, batches=[b for b, _ in points], seconds=[t for _, t in points])),
     "heartbeat": st.just(Heartbeat()),
@@ -53,7 +55,7 @@ STRATEGIES = {
     "push": st.builds(Push, rank=U64, step=U64, ver=U64, batch=st.integers(1, 2**64 - 1), gen=U64,
                       data=wire_data())
     | st.builds(Push, rank=U64, step=U64, ver=U64, batch=st.just(0), gen=U64, data=wire_data(max_size=0)),
-    "params": st.builds(Params, req=ANY_INT, version=ANY_INT, held_s=FLOAT, plan=st.none() | DICTS,
+    "params": st.builds(Params, req=ANY_INT, version=U64, held_s=WAITED, plan=st.none() | DICTS,
                         data=wire_data()),
     "plan": st.lists(st.integers(0, 2**32), min_size=1, max_size=6).filter(any).flatmap(
         lambda b: st.builds(Plan, gen=U64, batches=st.just(b), stop=st.booleans(),

@@ -43,6 +43,18 @@ def test_a_size_that_is_not_a_positive_byte_count_is_refused(text, capsys):
     assert exit_.value.code == 2 and "size" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text, ok", [("0", True), (str(2 ** 31), True), (str(2 ** 31 + 1), False), ("-1", False)])
+def test_a_workers_max_batch_is_one_a_report_can_carry(text, ok, capsys):
+    """(omnips.protocol.MAX_BATCH: a report of a larger one is refused, which would end the worker)"""
+    args = ["--scheduler", "tcp://127.0.0.1:1", "--max-batch", text]
+    if ok:
+        assert worker_parse(args).max_batch == int(text)
+        return
+    with pytest.raises(SystemExit) as exit_:
+        worker_parse(args)
+    assert exit_.value.code == 2 and "--max-batch must be from 0 to 2147483648" in capsys.readouterr().err
+
+
 # rows whose default is prose rather than a value per flag
 PROSE_DEFAULTS = {"--no-probe": "probe on", "--run-dir": "runs/YYYYmmdd-HHMMSS", "--resume": "",
                   "--token": "`$OMNIPS_TOKEN`, else none", "--transport": "`$OMNIPS_TRANSPORT`, else auto"}

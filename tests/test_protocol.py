@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from omnips import protocol
-from omnips.protocol import (MAX_HEADER_BYTES, Ack, Heartbeat, Init, Params, ProtocolError, Pull, Push, Report, Welcome,
+from omnips.protocol import (MAX_HEADER_BYTES, Ack, Heartbeat, Init, Params, Probe, ProtocolError, Pull, Push, Report,
+                             Welcome,
                              decode, encode)
 
 from protocol_helpers import ANY_MESSAGE, SAMPLE, STRATEGIES, assert_same_message, mutate
@@ -307,6 +308,12 @@ def test_missing_data_length():
     ("probe", "seconds", [0.01]), ("probe", "seconds", [0.01, 0.0]), ("probe", "seconds", [0.01, math.inf]),
     ("probe", "seconds", [0.01, math.nan]), ("probe", "seconds", [0.01, 1]), ("probe", "batches", list(range(1, 10))),
     ("probe", "mem_free", -1), ("probe", "sample_bytes", -1),
+    # no timer reads a subnormal time (it made a time model's slope 0 and failed the job), nor
+    # 11 days for a pass; no pass holds 2**31 samples
+    ("probe", "seconds", [0.01, 5e-324]), ("probe", "seconds", [0.01, 1e308]), ("probe", "batches", [1, 2 ** 63]),
+    ("report", "compute_s", 1e-310), ("report", "compute_s", 2e6), ("report", "network_s", 1e300),
+    ("report", "wait_s", 1e300), ("report", "batch", 2 ** 31 + 1), ("report", "mem_batch", 2 ** 63),
+    ("params", "held_s", -1.0), ("params", "held_s", math.nan), ("params", "held_s", 1e300), ("params", "version", -1),
     ("pull", "at", -1), ("pull", "gen", -2),
     ("plan", "gen", -1), ("plan", "batches", [0, 0]), ("plan", "batches", [3, -1]), ("plan", "batches", []),
     ("plan", "departed", [[5, 1]]), ("plan", "departed", [[0]]), ("plan", "departed", [[0, -2]]), ("plan", "departed", [[0, 1.5]]),
@@ -384,6 +391,14 @@ def test_mutated_header_is_refused_or_valid(msg, mutations):
     assert isinstance(got, protocol.Message) and type(got) is protocol.OPS[got.OP]
     got.check()
     assert_same_message(decode([bytes(f) for f in encode(got)]), got)
+
+
+def test_the_bounds_themselves_are_accepted():
+    for msg in (Report(rank=0, step=0, batch=protocol.MAX_BATCH, compute_s=protocol.MIN_SECONDS, network_s=0.0,
+                       wait_s=protocol.MAX_SECONDS, loss=0.0, mem_batch=protocol.MAX_BATCH),
+                Report(rank=0, step=0, batch=0, compute_s=0.0, network_s=1e-12, wait_s=0.0, loss=0.0),
+                Probe(rank=0, batches=[1, protocol.MAX_BATCH], seconds=[protocol.MIN_SECONDS, protocol.MAX_SECONDS])):
+        assert_same_message(decode([bytes(f) for f in encode(msg)]), msg)
 
 
 @pytest.mark.parametrize("value,tp,shown", [(5, str, "str"), ("x", int | None, "int | None"), (None, list, "list")])

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from omnips.job import JobSpec
-from omnips.protocol import Heartbeat, Probe, Register
+from omnips.protocol import Heartbeat, Probe, Register, Report
 from scheduler import service
 from scheduler.service import JobFailed, Scheduler, SchedulerOptions
 
@@ -17,13 +17,14 @@ from scheduler.service import JobFailed, Scheduler, SchedulerOptions
 def make(tmp_path):
     made = []
 
-    def scheduler(**job) -> Scheduler:
-        spec = JobSpec(batching="dynamic", num_servers=1, **job)
+    def scheduler(token="", **job) -> Scheduler:
+        spec = JobSpec(**{"batching": "dynamic", "num_servers": 1, **job})
         spec.check()
-        s = Scheduler(spec, SchedulerOptions(run_dir=str(tmp_path / f"run{len(made)}")), announce=lambda *a: None)
+        s = Scheduler(spec, SchedulerOptions(run_dir=str(tmp_path / f"run{len(made)}"), token=token),
+                      announce=lambda *a: None)
         s._connect_servers = lambda: None  # no server runs: the scheduler's pulls have nobody to go to
         made.append(s)
-        register(s, b"S", "server")
+        register(s, b"S", "server", token=token)
         return s
 
     yield scheduler
@@ -32,9 +33,9 @@ def make(tmp_path):
         s.ctx.term()
 
 
-def register(s, peer, role, rank=-1):
+def register(s, peer, role, rank=-1, token=""):
     s._on_register(peer, Register(role=role, host="h", endpoint="tcp://127.0.0.1:1" if role == "server" else "",
-                                  rank=rank))
+                                  rank=rank, token=token))
 
 
 def probe(s, peer, rank, a, c, **memory):
@@ -126,6 +127,28 @@ def test_a_server_registering_while_every_shard_has_one_is_refused_unless_one_mi
     s._heard[b"S"] = s._complete_at = time.monotonic() - 2.5 * s.opts.heartbeat_s
     with pytest.raises(JobFailed, match=r"server 0 at tcp://127.0.0.1:1 silent for 2\.\d s when a new server registered"):
         register(s, b"S3", "server")
+
+
+def test_a_server_of_another_job_or_a_second_registration_removes_no_silent_server(make):
+    s = make(num_workers=1, token="secret")
+    register(s, b"W0", "worker", 0, token="secret")
+    s._heard[b"S"] = s._complete_at = time.monotonic() - 2.5 * s.opts.heartbeat_s  # would be taken for lost
+    register(s, b"S2", "server", token="another")
+    register(s, b"S", "server", token="secret")  # server 0's own connection, again
+    assert [m.peer for m in s.registry.servers] == [b"S"] and not s.registry.vacant_servers
+    assert b"S2" not in s.registry.by_peer
+
+
+@pytest.mark.parametrize("mode", ["asp", "bsp"])
+def test_a_report_of_a_batch_above_the_jobs_largest_is_refused_and_counts_nothing(make, mode):
+    s = make(num_workers=2, global_batch=60, mode=mode, batching="uniform", probe=False)
+    for rank in range(2):
+        register(s, b"W%d" % rank, "worker", rank)
+    before = (s.progress.samples, s.progress.workers[0].next_step, s.progress.budget_reached)
+    s._on_report(b"W0", Report(rank=0, step=0, batch=61, compute_s=0.03, network_s=0.0, wait_s=0.0, loss=1.0))
+    assert (s.progress.samples, s.progress.workers[0].next_step, s.progress.budget_reached) == before
+    s._on_report(b"W0", Report(rank=0, step=0, batch=60, compute_s=0.03, network_s=0.0, wait_s=0.0, loss=1.0))
+    assert s.progress.samples == 60 and s.progress.workers[0].next_step == 1  # the largest is a batch
 
 
 def test_a_scheduler_that_sent_nothing_for_longer_than_processes_wait_fails_the_job_saying_it_stalled(make):

@@ -10,6 +10,7 @@ from omnips import logs, transport
 from omnips.flags import add_security, add_transport, seconds, size
 from omnips.data import FactoryError
 from omnips.link import LinkError
+from omnips.protocol import MAX_BATCH
 from omnips.servers import ServerError
 
 from .emulation import Emulation, parse_schedule
@@ -53,8 +54,8 @@ def parse(argv) -> WorkerOptions:
     args = p.parse_args(argv)
     if args.threads < 0:
         p.error("--threads must be >= 0")
-    if args.max_batch < 0 or args.fault_oom_above < 0:
-        p.error("--max-batch must be >= 0")
+    if not 0 <= args.max_batch <= MAX_BATCH or args.fault_oom_above < 0:
+        p.error(f"--max-batch must be from 0 to {MAX_BATCH}")
     if args.rank < -1:
         p.error("--rank must be >= 0")
     if not 0 < args.capacity < float("inf"):

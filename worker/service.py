@@ -16,6 +16,7 @@ from omnips.job import JobSpec
 from omnips.link import LinkError, SchedulerLink
 from omnips.protocol import Plan, Probe, Register, Report, Rewind, Shutdown
 from omnips.servers import ServerGroup
+from omnips.sharding import shard_ranges
 from omnips.wire import WireDtype
 
 from . import memory
@@ -76,6 +77,7 @@ def run(opts: WorkerOptions) -> int:
                                       plan=dict, dead_after_s=float, heartbeat_s=float, join_gen=int, resumed=bool,
                                       start_step=int, start_position=int)
         job = JobSpec.from_dict(welcome.job)
+        _check_seat(welcome.rank, job, cluster)
         link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
         session = _Session(job, welcome.rank, cluster, device, opts, link)
         session.connect = lambda servers, local: ServerGroup(
@@ -90,6 +92,16 @@ def run(opts: WorkerOptions) -> int:
             return 0
     finally:
         ctx.destroy(linger=1000)
+
+
+def _check_seat(rank: int, job: JobSpec, cluster: dict) -> None:
+    """The rank and shard ranges of a welcome: the scheduler's word, but read from the network."""
+    if not 0 <= rank < job.num_workers:
+        raise LinkError(f"malformed welcome from the scheduler: rank {rank} in a job of {job.num_workers} workers")
+    expected = [list(r) for r in shard_ranges(cluster["num_params"], job.num_servers)]
+    if cluster["ranges"] != expected:
+        raise LinkError(f"malformed welcome from the scheduler: shard ranges {cluster['ranges']!r:.80} are not "
+                        f"{cluster['num_params']} values over {job.num_servers} servers")
 
 
 class _Session:
