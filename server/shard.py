@@ -84,6 +84,8 @@ class _Due:
 
 
 MAX_WAITING_PULLS = 1024  # the scheduler keeps a few dozen evaluation pulls waiting
+MAX_AHEAD = 1 << 40  # versions no job reaches: a thousand updates a second for 35 years
+_NO_VALUES = np.empty(0, np.float32)
 
 
 class ShardCore:
@@ -115,6 +117,7 @@ class ShardCore:
         self._last_step: dict[int, int] = {}  # ASP/SSP: newest step applied per rank
         self._held: list[tuple[bytes, Push, float]] = []  # SSP replies waiting for the slowest worker
         self._pulls: list[tuple[bytes, Pull, float]] = []  # waiting for init or for `at`
+        self._checkpoints: set[int] = set()  # the steps of the checkpoints asked since the last rewind
         self._parts = Assembler(self.n, max_open=2 * job.num_workers, check=self.wire.exact)  # pushes sent in buckets
         self.staleness_sum = 0
         self.staleness_max = 0
@@ -142,9 +145,8 @@ class ShardCore:
     def _handle(self, peer: bytes, msg: Message, now: float) -> list[Outgoing | Snapshot]:
         if isinstance(msg, Push):
             if not msg.whole:
-                self._parts.void(peer, msg)
                 return self._push(peer, msg, now)
-            refusal = self._wrong_dtype(peer, msg)
+            refusal = self._check_fields(peer, msg)  # a bogus part would hold a place in assembly
             if refusal:
                 return [refusal]
             try:
@@ -240,15 +242,40 @@ class ShardCore:
                 return [_error(peer, "busy", f"{MAX_WAITING_PULLS} pulls are already waiting")]
             self._gen_pulls.append((peer, msg, now))
             return []
-        if self.initialized and (msg.at is None or msg.at == self.version):
+        now_due = self.initialized and msg.at in (None, self.version)
+        refusal = self._check_pull(msg, waits=not now_due)
+        if refusal:
+            return [self._refuse(peer, msg, *refusal)]
+        if isinstance(msg, Checkpoint):
+            self._checkpoints.add(msg.step)
+        if now_due:
             return [self._serve(peer, msg, 0.0)]
-        if msg.at is not None and msg.at < self.version:
-            return [self._refuse(peer, msg, "version_passed",
-                                 f"{msg.OP} at version {msg.at}, shard is at {self.version}")]
-        if len(self._pulls) >= MAX_WAITING_PULLS:
-            return [self._refuse(peer, msg, "busy", f"{MAX_WAITING_PULLS} pulls are already waiting")]
         self._pulls.append((peer, msg, now))
         return []
+
+    def _check_pull(self, msg: Pull | Checkpoint, waits: bool) -> tuple[str, str] | None:
+        """Why a pull or checkpoint is refused, as (code, text); None: it is served now, or
+        (`waits`) in one of MAX_WAITING_PULLS places when the version reaches `at`."""
+        if msg.at is not None and msg.at < self.version:
+            return "version_passed", f"{msg.OP} at version {msg.at}, shard is at {self.version}"
+        if msg.at is not None and msg.at > self._last_version():
+            return "bad_version", f"{msg.OP} at version {msg.at}, which this job never reaches"
+        if isinstance(msg, Checkpoint) and msg.step in self._checkpoints:
+            # the scheduler asks each once: another ask would overwrite the file it recorded
+            return "duplicate", f"checkpoint {msg.step} was already asked for"
+        if waits and len(self._pulls) >= MAX_WAITING_PULLS:
+            return "busy", f"{MAX_WAITING_PULLS} pulls are already waiting"
+        return None
+
+    def _last_version(self) -> int:
+        """The newest version a pull or checkpoint may wait for. With --max-steps the job
+        ends there: a BSP version is a step, an ASP/SSP one an update, each applying at least
+        one sample of the max_steps * global_batch the job trains on. Without it the job's
+        length is the scheduler's to know (epochs of a dataset the server never loads):
+        MAX_AHEAD versions ahead of now, which no job reaches, is the bound."""
+        if self.job.max_steps is None:
+            return self.version + MAX_AHEAD
+        return self.job.max_steps * (1 if self.job.mode == "bsp" else self.job.global_batch)
 
     def _push(self, peer, msg: Push, now, segments: list | None = None, checked: bool = False):
         """A whole push, or one joined from parts (its values in `segments`; `checked`: known
@@ -264,6 +291,7 @@ class ShardCore:
                                                "has NaN, inf or overflowing values")]
         self._claim(peer, msg.rank)
         self._joiners.discard(msg.rank)
+        self._parts.void(peer, msg)  # a whole push of the step it was sending in parts (once accepted)
         segments = aligned(segments)
         if self.job.mode == "bsp":
             self._pending[msg.rank] = (peer, msg, now, segments)
@@ -272,6 +300,12 @@ class ShardCore:
         return self._apply_asp(peer, msg, segments, now) + self._release_pulls(now)
 
     def _check_push(self, peer, msg: Push, segments: list) -> Outgoing | None:
+        return self._check_fields(peer, msg, sum(values.size for _, values in segments))
+
+    def _check_fields(self, peer, msg: Push, size: int | None = None) -> Outgoing | None:
+        """The checks of a push, with its `size` once whole: each of its parts passes the
+        others before it is assembled (the assembler checks where a part lies), and the
+        joined push all of them again (the state may have moved)."""
         if not self.initialized:
             return _error(peer, "not_ready", "shard not initialised yet: pull first")
         if msg.rank >= self.job.num_workers:
@@ -285,8 +319,7 @@ class ShardCore:
         refusal = self._wrong_dtype(peer, msg)
         if refusal:
             return refusal
-        size = sum(values.size for _, values in segments)
-        if msg.batch and size != self.n:
+        if size is not None and msg.batch and size != self.n:
             return _error(peer, "bad_length", f"push carries {size} values, shard holds {self.n}")
         if msg.ver > self.version:
             return _error(peer, "bad_version", f"push computed on version {msg.ver}, shard is at {self.version}")
@@ -295,6 +328,10 @@ class ShardCore:
                 return _error(peer, "bad_step", f"push for step {msg.step}, shard is collecting step {self.version}")
             if msg.rank in self._pending:
                 return _error(peer, "duplicate", f"worker {msg.rank} already pushed step {msg.step}")
+            if self._plans and msg.gen < min(self._plans):
+                # the steps under it are done: no step would run it, and a step waiting for it never ends
+                return _error(peer, "bad_gen", f"push under plan {msg.gen}, which no step runs any more: this shard "
+                                               f"keeps plans {sorted(self._plans)}")
             if self._pending and msg.gen != self._pending_gen:
                 return _error(peer, "bad_gen", f"push under plan {msg.gen}, step {msg.step} runs plan "
                                                f"{self._pending_gen}")
@@ -302,6 +339,10 @@ class ShardCore:
                 return _error(peer, "not_in_plan", f"worker {msg.rank} has no batch in plan {msg.gen}")
         elif msg.step <= self._last_step.get(msg.rank, -1):
             return _error(peer, "duplicate", f"worker {msg.rank} already pushed step {msg.step}")
+        elif any((held, p.rank) == (peer, msg.rank) for held, p, _ in self._held):
+            return _error(peer, "reply_held", f"worker {msg.rank}'s last push is still unanswered (SSP holds the "
+                                              "reply until the slowest worker is near): a worker pushes again "
+                                              "only once answered")
         return None
 
     def _wrong_dtype(self, peer, msg: Push) -> Outgoing | None:
@@ -391,7 +432,8 @@ class ShardCore:
         self._last_step[msg.rank] = msg.step
         if self.job.mode == "asp":
             return [self._reply(peer, msg, 0.0)]
-        self._held.append((peer, msg, now))
+        # its fields are all the reply needs: the gradient's frames are not kept while it waits
+        self._held.append((peer, replace(msg, data=_NO_VALUES), now))
         return self._release_held(now)
 
     def _release_held(self, now):
@@ -483,6 +525,7 @@ class ShardCore:
         self._pending.clear()
         self._pending_gen = None
         self._held, self._pulls, self._gen_pulls = [], [], []
+        self._checkpoints.clear()  # the scheduler asks for the checkpoints after the rewind's again
         self._parts.clear()
         self._owner.clear()
         self._gone.clear()

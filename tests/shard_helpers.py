@@ -13,10 +13,10 @@ SCHED = b"scheduler"
 
 def make_core(mode="bsp", n=6, num_trained=None, lo=0, num_workers=3, global_batch=32, lr=0.1,
               momentum=0.9, weight_decay=0.01, nesterov=False, init=None, now=0.0, staleness=3, wire_dtype="float32",
-              optimizer="sgd"):
+              optimizer="sgd", max_steps=None):
     job = JobSpec(mode=mode, num_workers=num_workers, global_batch=global_batch, lr=lr, momentum=momentum,
                   weight_decay=weight_decay, nesterov=nesterov, staleness=staleness, wire_dtype=wire_dtype,
-                  optimizer=optimizer)
+                  optimizer=optimizer, max_steps=max_steps)
     job.check()
     core = ShardCore(job, lo, lo + n, lo + n if num_trained is None else num_trained)
     if init is not None:

@@ -1,6 +1,8 @@
 """Pushes in parts: the worker's bucket plan (worker/buckets.py) and the server's
 assembly (server/assembly.py, through ShardCore), driven directly."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import zmq
@@ -210,14 +212,50 @@ def test_a_core_refuses_a_bad_part_without_a_change_and_a_dropped_push_voids_its
                    "bad_length")
     assert core.handle(PEERS[0], push(0, 0, [], batch=0), 1.0) == []  # dropped: waits at the barrier
     assert 0 in core._pending and core._parts.open == 0
-    assert core.handle(PEERS[0], parts_of(g, [3])[1], 1.0) == []  # the rest of the voided push: never whole
-    assert core._parts.open == 1
+    assert_refused(core, PEERS[0], parts_of(g, [3])[1], "duplicate")  # the rest of the voided push
+    assert core._parts.open == 0
     for r in (1, 2):
         core.handle(PEERS[r], push(r, 0, g), 1.0)
     assert core.version == 1
     assert core.handle(PEERS[0], parts_of(g, [3], step=1)[0], 1.0) == []  # a later step replaces it
     out = core.handle(PEERS[0], parts_of(g, [3], step=1)[1], 1.0)
     assert core._parts.open == 0 and core.parts_joined == 1 and 0 in core._pending, out
+
+
+def test_a_refused_whole_push_leaves_the_parts_of_its_step_being_assembled():
+    core = make_core(init=np.ones(6))
+    g = np.arange(6, dtype=np.float32)
+    first, rest = parts_of(g, [3])
+    assert core.handle(PEERS[0], first, 1.0) == []
+    assert_refused(core, PEERS[0], push(0, 0, [1, 1]), "bad_length")
+    assert_refused(core, PEERS[0], push(0, 0, [1, np.nan, 1, 1, 1, 1]), "non_finite")
+    assert core._parts.open == 1
+    assert core.handle(PEERS[0], rest, 1.0) == [] and core.parts_joined == 1 and 0 in core._pending
+
+
+@pytest.mark.parametrize("peer, part, code", [
+    (b"evil", parts_of(np.ones(6, np.float32), [3], rank=7)[0], "bad_rank"),
+    (b"evil", parts_of(np.ones(6, np.float32), [3], rank=0)[0], "rank_taken"),  # bound by its init
+    (PEERS[1], parts_of(np.ones(6, np.float32), [3], rank=1, step=5)[0], "bad_step"),
+    (PEERS[1], replace(parts_of(np.ones(6, np.float32), [3], rank=1)[0], ver=9), "bad_version"),
+    (PEERS[1], parts_of(np.ones(6, np.float16), [3], rank=1)[0], "bad_dtype"),
+])
+def test_a_part_that_fails_the_push_checks_is_refused_before_it_is_assembled(peer, part, code):
+    core = make_core(init=np.ones(6))
+    for i in range(2 * 3):  # as many as the pushes the core assembles at once: none takes a place
+        assert_refused(core, peer + bytes([i]) if peer == b"evil" else peer, part, code)
+    assert core._parts.open == 0
+    g = np.arange(6, dtype=np.float32)
+    for r in range(3):
+        for p in parts_of(g, [3], rank=r):
+            out = core.handle(PEERS[r], p, 1.0)
+    assert core.version == 1 and len(out) == 3 and core.parts_joined == 3
+
+
+def test_a_part_before_init_is_refused():
+    core = make_core()
+    assert_refused(core, PEERS[0], parts_of(np.ones(6, np.float32), [3])[0], "not_ready")
+    assert core._parts.open == 0
 
 
 def test_parts_are_checked_finite_as_they_come_and_a_non_finite_one_fails_the_push():

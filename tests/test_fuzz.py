@@ -295,7 +295,8 @@ def test_each_mutation_alone_on_each_op(op):
 ATTACKER = b"attacker"
 # ops a shard does not take (checkpoint requests it takes, like pulls: from whoever reaches its port)
 OTHER_OPS = [Heartbeat(), Ack(), *(m for m in SAMPLE.values() if not isinstance(m, (Push, Pull, Init, Checkpoint)))]
-PUSH_KINDS = ["bad_rank", "rank_taken", "bad_length", "bad_version", "bad_step", "duplicate", "non_finite"]
+PUSH_KINDS = ["bad_rank", "rank_taken", "bad_length", "bad_version", "bad_step", "duplicate", "non_finite",
+              "reply_held"]
 KINDS = [*PUSH_KINDS, "init", "pull_passed", "pull", "other_op"]
 
 
@@ -399,6 +400,7 @@ class ShardDrive:
         owner = self.peers[r]
         stranger = [ATTACKER, *(p for p in self.peers if p != owner)][b % w]
         pending = {q for q in range(w) if q not in self.ready} if self.mode == "bsp" else set()
+        held = {q for q in self.bound if q not in self.ready} if self.mode == "ssp" else set()  # unanswered
         last = self.next_step[r] - 1  # asp/ssp: the newest step applied for rank r
 
         def push(rank, step=v, ver=None, size=n, data=None):
@@ -436,7 +438,9 @@ class ShardDrive:
             return self.refused(owner, push(r), "duplicate")
         if kind == "duplicate" and self.mode != "bsp" and last >= 0:
             return self.refused(owner, push(r, step=b % (last + 1)), "duplicate")
-        if kind == "non_finite" and n and r not in pending:
+        if kind == "reply_held" and r in held:
+            return self.refused(owner, push(r, step=last + 1 + b % 3), "reply_held")
+        if kind == "non_finite" and n and r not in pending | held:
             step = v if self.mode == "bsp" else last + 1 + b % 3
             return self.refused(owner, push(r, step=step, data=self.nan(self.grads[r, 0], b)), "non_finite")
         if kind == "pull_passed" and v:

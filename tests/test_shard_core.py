@@ -1,5 +1,7 @@
 """server.shard.ShardCore driven directly, no sockets: updates, barriers, refusals, pulls, plans."""
 
+import weakref
+
 import msgpack
 import numpy as np
 import pytest
@@ -8,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omnips import protocol
-from omnips.protocol import Ack, Heartbeat, Init, Params, Plan, Pull, Push
-from server.shard import Outgoing
+from omnips.protocol import Ack, Checkpoint, Heartbeat, Init, Params, Plan, Pull, Push
+from server.shard import MAX_AHEAD, Outgoing
 
-from shard_helpers import PEERS, SCHED, assert_refused, make_core, push, round_trip, snapshot
+from shard_helpers import PEERS, SCHED, assert_refused, assert_same_state, make_core, push, round_trip, snapshot
 
 
 class SgdRef:
@@ -377,6 +379,23 @@ def test_asp_pull_at_a_future_version_is_answered():
     assert [(o.to, o.msg.req, o.msg.version) for o in out if o.to == SCHED] == [(SCHED, 1, 2)]
 
 
+@pytest.mark.parametrize("mode, max_steps, last", [("bsp", 5, 5), ("asp", 5, 5 * 32), ("bsp", None, MAX_AHEAD)])
+def test_a_pull_or_checkpoint_at_a_version_the_job_never_reaches_is_refused(mode, max_steps, last):
+    core = make_core(mode=mode, n=2, init=[0, 0], max_steps=max_steps)
+    for r in range(3):
+        core.handle(PEERS[r], push(r, 0, [1, 1]), 0.0)
+    last += core.version if max_steps is None else 0  # without --max-steps: MAX_AHEAD past now
+    assert_refused(core, b"stranger", Pull(req=1, at=last + 1), "bad_version")
+    assert_refused(core, b"stranger", Pull(req=1, at=2**62), "bad_version")
+    before = snapshot(core)
+    out = core.handle(b"stranger", Checkpoint(req=2, step=9, at=last + 1), 0.0)
+    assert [(o.msg.req, o.msg.error.split(":")[0]) for o in out] == [(2, "bad_version")]
+    assert_same_state(before, snapshot(core))
+    # the scheduler's: a checkpoint before the end, the final evaluation at it
+    assert core.handle(SCHED, Checkpoint(req=3, step=4, at=last - 1), 0.0) == []
+    assert core.handle(SCHED, Pull(req=4, at=last), 0.0) == [] and len(core._pulls) == 2
+
+
 # -- batch plans ride on push replies -------------------------------------------------
 
 
@@ -457,6 +476,21 @@ def test_a_joiner_pulls_at_the_first_step_of_its_plan_and_the_step_waits_for_it(
     assert_refused(core, PEERS[1], push(1, 3, [1, 1], gen=0), "bad_gen")  # a step runs one plan
 
 
+def test_bsp_refuses_a_push_under_a_plan_no_step_runs_any_more():
+    core = make_core(n=2, init=[0, 0], num_workers=2)
+    core.set_plan(Plan(gen=1, batches=[16, 16]), 0.0)
+    for r in (0, 1):
+        core.handle(PEERS[r], push(r, 0, [1, 1], gen=1), 0.0)
+    assert core.version == 1  # step 0 ran plan 1: plan 0 is done
+    assert_refused(core, PEERS[0], push(0, 1, [1, 1], gen=0), "bad_gen")
+    assert core._pending_gen is None
+    # a newer plan may reach a worker (in another shard's reply) first: its step waits for it
+    assert core.handle(PEERS[0], push(0, 1, [1, 1], gen=2), 0.0) == []
+    assert core.handle(PEERS[1], push(1, 1, [1, 1], gen=2), 0.0) == []
+    out = core.set_plan(Plan(gen=2, batches=[8, 24]), 0.0)
+    assert core.version == 2 and sorted(o.to for o in out) == PEERS[:2]
+
+
 def test_a_refilled_rank_binds_to_the_new_connection_and_refuses_the_old():
     core = make_core(mode="asp", n=2, init=[0, 0], global_batch=6, num_workers=2)
     core.handle(PEERS[1], push(1, 0, [1, 1]), 0.0)
@@ -478,6 +512,21 @@ def test_ssp_does_not_wait_for_a_departed_worker():
     core.handle(PEERS[1], push(1, 2, [1], ver=core.version), 0.0)
     out = core.set_plan(Plan(gen=1, batches=[3, 3, 0], departed=[[2, 1]]), 0.0)
     assert [o.to for o in out] == [PEERS[0]]  # the slowest present worker is at 2 now
+
+
+def test_ssp_refuses_a_push_while_its_last_reply_is_held_and_keeps_no_gradient():
+    core = make_core(mode="ssp", n=4, init=np.zeros(4), global_batch=4, num_workers=2, staleness=0)
+    g = np.ones(4, np.float32)
+    gone = weakref.ref(g)
+    assert core.handle(PEERS[0], push(0, 0, g), 0.0) == []  # held: worker 1 has not pushed yet
+    del g
+    assert gone() is None  # the held reply does not keep the gradient
+    for step in (1, 2, 10**15):
+        assert_refused(core, PEERS[0], push(0, step, [1, 1, 1, 1], ver=1), "reply_held")
+    assert len(core._held) == 1 and core.updates == 1
+    out = core.handle(PEERS[1], push(1, 0, [1, 1, 1, 1]), 1.0)
+    assert [(o.to, o.msg.req) for o in out] == [(PEERS[0], 0), (PEERS[1], 0)]
+    assert core.handle(PEERS[0], push(0, 1, [1, 1, 1, 1], ver=2), 2.0) == []  # answered: it may push again
 
 
 # -- replies still queued ------------------------------------------------------------------
