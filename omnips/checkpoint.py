@@ -114,7 +114,7 @@ def read_shard(path: Path, expect: FileInfo | None = None) -> tuple[dict, dict[s
         return header["meta"], arrays
     except CheckpointError:
         raise
-    except (ValueError, TypeError, KeyError, struct.error) as exc:
+    except (ValueError, TypeError, KeyError, struct.error, RecursionError) as exc:
         raise CheckpointError(f"checkpoint file {path} has a malformed header: {exc}") from None
 
 
@@ -188,7 +188,7 @@ def read_manifest(directory: Path) -> Manifest:
         m = json.loads(path.read_text())
     except OSError as exc:
         raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # (nesting deeper than the parser's recursion)
         raise CheckpointError(f"{path} is not JSON: {exc}") from None
     try:
         ckpt = Manifest(Path(directory), m["step"], m["job"], m["shards"], m["worker_steps"], m["positions"])

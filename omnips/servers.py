@@ -5,6 +5,7 @@ Workers use the blocking calls (`init`, `pull`, `push_pull`); the scheduler send
 pulls and feeds replies in from its own poll loop (`send_pull`, `decode_reply`).
 """
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -149,17 +150,19 @@ class ServerGroup:
         each shard's first answer (of type `want`) to the request being read, into `got`."""
         req, into = self._rest_req, self._rest_into
         deadline = time.monotonic() + self.timeout_s
+        tick = time.monotonic() + self._tick_s
         while not done():
-            left = deadline - time.monotonic()
-            events = dict(self._poller.poll(int(min(left, self._tick_s) * 1000))) if left > 0 else {}
-            if not events and left > self._tick_s:
-                if self._on_wait is not None:
-                    self._on_wait()
-                continue
-            if not events:
+            now = time.monotonic()
+            if now >= deadline:
                 names = ", ".join(self.name(s) for s in range(len(self.socks))
                                   if got is not None and s not in got or s in self._upto)
                 raise ServerError(f"no answer from {names} within {self.timeout_s:g} s", "timeout")
+            if now >= tick:  # every tick, also while stray messages keep the poll busy
+                if self._on_wait is not None:
+                    self._on_wait()
+                tick = time.monotonic() + self._tick_s
+                continue
+            events = dict(self._poller.poll(max(1, math.ceil(1000 * (min(deadline, tick) - now)))))
             for s, sock in enumerate(self.socks):
                 if sock not in events:
                     continue
@@ -167,28 +170,33 @@ class ServerGroup:
                 if s in self._upto:  # a reply in parts: nothing else can come before its end
                     if not isinstance(msg, Params) or msg.req != req or not msg.whole:
                         raise ServerError(f"{self.name(s)} broke off a reply in parts", "protocol")
-                    self._accept_part(s, msg)
+                    if msg.version != self.versions[s]:
+                        raise ServerError(f"{self.name(s)} sent a part at version {msg.version} in a reply "
+                                          f"at {self.versions[s]}", "bad_version")
+                    self._accept_part(s, msg, self._upto[s])
                     continue
                 if got is None or s in got or not isinstance(msg, want) or (req is not None and msg.req != req):
                     continue  # a late answer to an earlier, abandoned request: read and dropped
                 if isinstance(msg, Params):
+                    if msg.version < self.versions[s]:  # a shard's versions only grow while we are connected
+                        raise ServerError(f"{self.name(s)} answered at version {msg.version} after "
+                                          f"{self.versions[s]}", "bad_version")
                     if msg.whole:
-                        self._upto[s] = 0
-                        self._accept_part(s, msg)
+                        self._accept_part(s, msg, 0)
                     else:
                         self.accept(s, msg, into, self._rest_wire)
                 got[s] = msg
 
-    def _accept_part(self, s: int, msg: Params) -> None:
+    def _accept_part(self, s: int, msg: Params, upto: int) -> None:
+        """A part of a reply, due at `upto`: the first (0) opens the reply, once it is taken."""
         lo, hi = self.ranges[s]
-        upto = self._upto[s]
         if msg.whole != hi - lo or msg.offset != upto:
             raise ServerError(f"{self.name(s)} sent values at {msg.offset} of {msg.whole} where "
                               f"{upto} of {hi - lo} were due", "bad_length")
         self._take(s, msg, upto, self._rest_into, self._rest_wire)
         end = upto + msg.data.size
         if end == hi - lo:
-            del self._upto[s]
+            self._upto.pop(s, None)
         else:
             self._upto[s] = end
 
@@ -239,4 +247,11 @@ class ServerGroup:
 
 
 def _newer(plan: dict | None, than: dict | None) -> bool:
-    return plan is not None and (than is None or plan.get("gen", -1) > than.get("gen", -1))
+    return plan is not None and (than is None or _gen(plan) > _gen(than))
+
+
+def _gen(plan: dict) -> float:
+    """A plan's generation; a malformed one ranks above all, so that the worker's check
+    of the plan it keeps (BatchPlan.from_wire) refuses it rather than it being passed over."""
+    gen = plan.get("gen", -1)
+    return gen if type(gen) is int else math.inf

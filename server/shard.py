@@ -168,7 +168,11 @@ class ShardCore:
     def set_plan(self, plan: Plan, now: float, lazy: bool = False) -> list[Outgoing]:
         """A new batch plan: membership changes take effect (a departed worker's later steps
         are waited for by nobody; a re-filled rank binds to its new connection), and
-        whatever waited on them is released (`lazy` as for handle)."""
+        whatever waited on them is released (`lazy` as for handle). ValueError, and nothing
+        changed, for a plan of another number of workers than the job's."""
+        if len(plan.batches) != self.job.num_workers:  # (Plan.check keeps departed ranks within it)
+            raise ValueError(f"the scheduler sent a plan for {len(plan.batches)} workers, the job has "
+                             f"{self.job.num_workers}")
         return self._settled(lazy, self._set_plan, plan, now)
 
     def ready(self, hi: int) -> None:

@@ -1,6 +1,7 @@
 """Pushes in parts: the worker's bucket plan (worker/buckets.py) and the server's
 assembly (server/assembly.py, through ShardCore), driven directly."""
 
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -417,8 +418,8 @@ def _answer(router, msgs, peer=None):
     return peer
 
 
-def _params(values, offset=0, whole=0, req=5):
-    return Params(req=req, version=6, held_s=0.0, plan=None, data=np.asarray(values, dtype=np.float32),
+def _params(values, offset=0, whole=0, req=5, version=6, plan=None):
+    return Params(req=req, version=version, held_s=0.0, plan=plan, data=np.asarray(values, dtype=np.float32),
                   offset=offset, whole=whole)
 
 
@@ -466,7 +467,9 @@ def test_a_worker_reads_its_last_reply_whole_before_it_pushes_again(group, monke
 
 @pytest.mark.parametrize("bad, text", [([_params([1, 2], 0, 8), _params([5], 4, 8)], "where 2 of 8 were due"),
                                        ([_params([1, 2], 0, 8), _params(np.arange(8))], "broke off a reply"),
-                                       ([_params([1, 2], 0, 9)], "where 0 of 8 were due")])
+                                       ([_params([1, 2], 0, 9)], "where 0 of 8 were due"),
+                                       ([_params([1, 2], 0, 8), _params(np.arange(6), 2, 8, version=2)],
+                                        "sent a part at version 2 in a reply at 6")])
 def test_a_reply_in_parts_out_of_order_or_broken_off_is_an_error(group, bad, text):
     g, routers = group
     _push_both(g)
@@ -474,3 +477,65 @@ def test_a_reply_in_parts_out_of_order_or_broken_off_is_an_error(group, bad, tex
     _answer(routers[0], bad)
     with pytest.raises(ServerError, match=text):
         g.collect(5, np.zeros(12, dtype=np.float32))
+
+
+def test_a_shards_version_going_back_is_an_error(group):
+    g, routers = group
+    into = np.zeros(12, dtype=np.float32)
+    _push_both(g)
+    peers = [_answer(r, [_params(np.arange(8 - 4 * s))]) for s, r in enumerate(routers)]
+    assert g.collect(5, into).versions == [6, 6]
+    _push_both(g)
+    _answer(routers[0], [_params(np.arange(8), version=7)], peers[0])
+    _answer(routers[1], [_params(np.arange(4), version=3)], peers[1])
+    with pytest.raises(ServerError, match="server 1 .* answered at version 3 after 6"):
+        g.collect(5, into)
+
+
+def test_a_refused_first_part_opens_no_reply(group):
+    g, routers = group
+    into = np.zeros(12, dtype=np.float32)
+    _push_both(g)
+    peers = [_answer(routers[0], [_params([1, 2], 0, 9)]), _answer(routers[1], [_params([9, 10, 11, 12])])]
+    with pytest.raises(ServerError, match="where 0 of 8 were due"):
+        g.collect(5, into)
+    # the next reply is read as it comes: no reply in parts was left open by the refused part
+    _answer(routers[0], [_params(np.arange(8), req=6)], peers[0])
+    _answer(routers[1], [_params([9, 10, 11, 12], req=6)], peers[1])
+    assert g.collect(6, into).versions == [6, 6] and into.tolist() == [*range(8), 9, 10, 11, 12]
+
+
+def test_plans_of_malformed_generations_are_passed_on_not_compared(group):
+    """The worker's check of the plan it keeps (BatchPlan.from_wire) refuses a malformed one."""
+    g, routers = group
+    _push_both(g)
+    _answer(routers[0], [_params(np.arange(8), plan={"gen": "7"})])
+    _answer(routers[1], [_params(np.arange(4), plan={"gen": 3})])
+    assert g.collect(5, np.zeros(12, dtype=np.float32)).plan == {"gen": "7"}
+
+
+def test_a_stream_of_stray_replies_does_not_keep_the_wait_from_checking_on_the_scheduler():
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    checks = []
+    g = ServerGroup(ctx, [f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"], [(0, 4)],
+                    timeout_s=0.5, on_wait=lambda: checks.append(1), tick_s=0.05)
+    g.push(0, 0, 4, Push(rank=0, step=5, ver=0, batch=1, gen=0, data=np.ones(4, dtype=np.float32)))
+    peer = router.recv_multipart()[0]
+    stop = threading.Event()
+
+    def stray():  # answers to an earlier request, read and dropped, faster than the tick
+        while not stop.is_set():
+            router.send_multipart([peer, *protocol.encode(_params(np.arange(4), req=4))])
+            stop.wait(0.005)
+
+    sender = threading.Thread(target=stray, daemon=True)
+    sender.start()
+    try:
+        with pytest.raises(ServerError, match="no answer"):
+            g.collect(5, np.zeros(4, dtype=np.float32))
+    finally:
+        stop.set()
+        sender.join(10)
+        ctx.destroy(linger=0)
+    assert not sender.is_alive() and len(checks) >= 3  # about every 0.05 s of the 0.5 s

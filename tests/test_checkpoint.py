@@ -135,6 +135,14 @@ def test_a_malformed_manifest_is_refused(tmp_path, damage):
     assert checkpoint.newest_complete(tmp_path)[0] is None
 
 
+@pytest.mark.parametrize("text", ["[" * 200_000, "{" * 5])
+def test_a_manifest_that_is_not_json_is_refused(tmp_path, text):
+    directory = make_checkpoint(tmp_path, 5)
+    (directory / checkpoint.MANIFEST).write_text(text)  # nested deeper than the parser recurses, or cut short
+    with pytest.raises(CheckpointError, match="is not JSON"):
+        checkpoint.read_manifest(directory)
+
+
 @settings(max_examples=40, deadline=None)
 @given(dirs=st.dictionaries(st.integers(0, 60), st.booleans(), max_size=8))
 def test_prune_keeps_the_two_newest_complete_and_everything_newer(dirs):

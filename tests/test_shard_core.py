@@ -454,6 +454,16 @@ def test_bsp_barrier_waiting_only_for_the_departed_completes_when_told():
     assert [o.to for o in out] == [PEERS[0]] and core.version == 1
 
 
+def test_a_plan_for_another_number_of_workers_is_refused_and_changes_nothing():
+    core = make_core(n=2, init=[0, 0], num_workers=2)
+    before = snapshot(core)
+    for batches in ([8], [4, 4, 4]):
+        with pytest.raises(ValueError, match=f"a plan for {len(batches)} workers, the job has 2"):
+            core.set_plan(Plan(gen=1, batches=batches), 0.0)
+    assert_same_state(before, snapshot(core))
+    assert core.plan is None
+
+
 def test_a_joiner_pulls_at_the_first_step_of_its_plan_and_the_step_waits_for_it():
     core = make_core(n=2, init=[0, 0], num_workers=3)
     core.set_plan(Plan(gen=0, batches=[8, 8, 0]), 0.0)
