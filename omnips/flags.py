@@ -34,6 +34,22 @@ def size(text: str) -> int:
     return int(value)
 
 
+def port(text: str) -> int:
+    """A TCP port, 0 for any free one (a larger number would wrap around in the bind)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port: use 0 to 65535 (0: any free one)")
+    return value
+
+
+def add_log_level(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="what each process logs (default INFO)")
+
+
 def add_security(p: argparse.ArgumentParser, listens: bool) -> None:
     """--keys and --token, the same on every role; `listens`: the role binds a port."""
     def keys(text: str) -> Keys:

@@ -5,5 +5,5 @@ import sys
 
 
 def setup(role: str, level: str = "INFO") -> None:
-    logging.basicConfig(stream=sys.stderr, level=getattr(logging, level.upper(), logging.INFO),
+    logging.basicConfig(stream=sys.stderr, level=level.upper(),
                         format=f"%(asctime)s omnips-{role} %(levelname)s %(message)s", force=True)

@@ -10,7 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from omnips import logs, transport
-from omnips.flags import add_security, add_transport, seconds
+from omnips.flags import add_log_level, add_security, add_transport, port, seconds
 from omnips.data import FactoryError
 from omnips.job import BATCHINGS, CONTROLLERS, MODES, NAN_POLICIES, OPTIMIZERS, STALENESS_LR, WIRE_DTYPES, JobSpec
 
@@ -22,12 +22,23 @@ from .service import Scheduler, SchedulerOptions
 
 def _json_object(text: str) -> dict:
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
+        value = json.loads(text, parse_constant=_not_json)
+    except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object, e.g. '{\"hidden\": [256]}'")
     return value
+
+
+def _directory(text: str) -> str:
+    if not text:  # (an empty --run-dir would fall back to a new dated one, an empty --resume to no resume)
+        raise argparse.ArgumentTypeError("needs a directory")
+    return text
+
+
+def _not_json(name: str):
+    # NaN and Infinity are not JSON: config.json would record them as null, another job
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -44,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--min-workers", type=int, default=d.min_workers,
                    help="start once this many workers are in; the others join the running job (default: all)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
-    p.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (printed)")
+    p.add_argument("--port", type=port, default=0, help="port to bind; 0 picks a free one (printed)")
     p.add_argument("--model", default=d.model, help="mlp, cnn, resnet, or pkg.module:fn")
     p.add_argument("--model-args", type=_json_object, default={}, help="JSON object passed to the model factory")
     p.add_argument("--dataset", default=d.dataset, help="digits, synthetic, or pkg.module:fn")
@@ -77,13 +88,13 @@ def parser() -> argparse.ArgumentParser:
                         "or bfloat16 / float16 (half the bytes; servers keep float32 values and optimizer state; "
                         "a float16 gradient beyond +-65504 counts as non-finite, see --nan-policy)")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--run-dir", default=None,
+    p.add_argument("--run-dir", type=_directory, default=None,
                    help="where config.json, metrics.jsonl, summary.json go (default runs/YYYYmmdd-HHMMSS); "
                         "a directory that holds another run is refused")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                    help="write a checkpoint of every server's shard and optimizer state under RUN_DIR/checkpoints "
                         "every STEPS steps (asp/ssp: updates); 0: none")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+    p.add_argument("--resume", type=_directory, default=None, metavar="RUN_DIR",
                    help="continue the interrupted run in RUN_DIR from its newest complete checkpoint, with the job "
                         "of its config.json (job flags, if given, must match it)")
     p.add_argument("--heartbeat", type=seconds, default=1.0, help="seconds between heartbeats")
@@ -94,7 +105,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stall-timeout", type=seconds, default=300.0, help="seconds without progress before failing")
     add_security(p, listens=True)
     add_transport(p)
-    p.add_argument("--log-level", default="INFO")
+    add_log_level(p)
     return p
 
 
@@ -106,6 +117,7 @@ def main(argv=None) -> int:
         p.error("--dead-after must be more than twice --heartbeat")
     if a.checkpoint_every < 0:
         p.error("--checkpoint-every must be >= 0")
+
     resume = None
     if a.resume is None:
         try:
@@ -135,7 +147,7 @@ def main(argv=None) -> int:
                             transport=a.transport)
     try:
         scheduler = Scheduler(job, opts, resume=resume)
-    except (FactoryError, ValueError, OSError, RunDirInUse) as exc:
+    except (FactoryError, ValueError, OSError, RunDirInUse, transport.TransportError) as exc:
         logging.getLogger("omnips.scheduler").error("%s", exc)
         return 1
     signal.signal(signal.SIGTERM, _interrupt)  # a terminated job still writes its summary

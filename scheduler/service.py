@@ -104,23 +104,30 @@ class Scheduler:
         self._done_at: float | None = None
         self._complete_at = 0.0
         self._next_beat = 0.0
-        self.run = RunDir(opts.run_dir, resume=resume is not None)
-        if resume is None:
-            self.run.write_config(job.to_dict())
-        else:
-            for path in discard_after(checkpoints, resume.step):
-                log.info("removed %s, newer than the checkpoint resumed from", path)
         self.ctx = zmq.Context()
         self.gate = security.Gate(self.ctx, opts.keys) if opts.keys else None
         self.router = transport.socket(self.ctx, zmq.ROUTER)
         self.router.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_HEADER_BYTES)  # the scheduler takes headers only
+        try:
+            # bound before the run directory is touched: a scheduler that cannot listen leaves no
+            # run behind, and a resumed run's checkpoints as they were
+            self.endpoint = transport.bind(self.router, opts.host, opts.port, opts.keys)
+            self.run = RunDir(opts.run_dir, resume=resume is not None)
+            if resume is None:
+                self.run.write_config(job.to_dict())
+            else:
+                for path in discard_after(checkpoints, resume.step):
+                    log.info("removed %s, newer than the checkpoint resumed from", path)
+        except BaseException:
+            self._close(linger=0)
+            raise
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
 
     # -- lifecycle ----------------------------------------------------------------
     def serve(self) -> int:
         try:
-            endpoint = transport.bind(self.router, self.opts.host, self.opts.port, self.opts.keys)
+            endpoint = self.endpoint
             self.announce(f"omnips scheduler listening on {endpoint}", flush=True)
             if self.resume is not None:
                 self.run.event("resume", step=self.resume.step, checkpoint=str(self.resume.path))
@@ -148,10 +155,13 @@ class Scheduler:
         self.run.event("end", status=status)
         self.run.write_summary(self._summary(status))
         self.run.close()
+        self._close(linger=transport.LINGER_MS)
+        return 0 if ok else 1
+
+    def _close(self, linger: int) -> None:
         if self.gate is not None:
             self.gate.stop()
-        self.ctx.destroy(linger=transport.LINGER_MS)
-        return 0 if ok else 1
+        self.ctx.destroy(linger=linger)
 
     def _loop(self) -> None:
         start = time.monotonic()

@@ -6,7 +6,7 @@ import signal
 import sys
 
 from omnips import logs, transport
-from omnips.flags import add_security, seconds
+from omnips.flags import add_log_level, add_security, port, seconds
 from omnips.link import LinkError
 
 from .service import serve
@@ -16,7 +16,7 @@ def parse(argv):
     p = argparse.ArgumentParser(prog="omnips-server", description=__doc__)
     p.add_argument("--scheduler", required=True, help="the scheduler's address, tcp://HOST:PORT")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
-    p.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one")
+    p.add_argument("--port", type=port, default=0, help="port to bind; 0 picks a free one")
     p.add_argument("--advertise", default=None, help="host name workers use to reach this server")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads for the optimizer update (default 1: it is memory-bound, and a "
@@ -24,7 +24,7 @@ def parse(argv):
     p.add_argument("--ack-timeout", type=seconds, default=10.0, help="seconds to wait for the scheduler to answer")
     p.add_argument("--welcome-timeout", type=seconds, default=300.0, help="seconds to wait for the cluster to form")
     add_security(p, listens=True)
-    p.add_argument("--log-level", default="INFO")
+    add_log_level(p)
     args = p.parse_args(argv)
     if args.threads < 1:
         p.error("--threads must be >= 1")

@@ -158,6 +158,7 @@ def test_startup_errors_are_one_clear_line(tmp_path):
             assert proc.returncode == code, (name, err)
             assert text in err, (name, err)
             assert "Traceback" not in err, (name, err)
+        assert not (tmp_path / "p").exists()  # a scheduler that cannot listen leaves no run behind
     finally:
         holder.close()
         for proc in procs.values():

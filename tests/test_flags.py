@@ -55,6 +55,32 @@ def test_a_workers_max_batch_is_one_a_report_can_carry(text, ok, capsys):
     assert exit_.value.code == 2 and "--max-batch must be from 0 to 2147483648" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("role, argv, text", [
+    ("scheduler", ["--port", "70000"], "70000 is not a port"), ("scheduler", ["--port", "-1"], "-1 is not a port"),
+    ("server", ["--port", "65536"], "65536 is not a port"), ("scheduler", ["--log-level", "loud"], "invalid choice"),
+    ("server", ["--log-level", "loud"], "invalid choice"), ("worker", ["--log-level", "loud"], "invalid choice"),
+    ("scheduler", ["--model-args", '{"width": NaN}'], "NaN is not a JSON value"),
+    ("scheduler", ["--dataset-args", '{"noise": Infinity}'], "Infinity is not a JSON value"),
+    ("scheduler", ["--run-dir", ""], "needs a directory"), ("scheduler", ["--resume", ""], "needs a directory"),
+])
+def test_a_value_no_process_could_use_is_refused_not_wrapped_or_replaced(role, argv, text, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _parse(role, argv)
+    assert exit_.value.code == 2 and text in capsys.readouterr().err
+
+
+def test_ports_and_log_levels_in_range_are_taken():
+    assert _parse("scheduler", ["--port", "65535", "--log-level", "debug"]).log_level == "DEBUG"
+    assert _parse("server", ["--port", "0"]).port == 0
+
+
+def _parse(role, argv):
+    if role == "scheduler":
+        return scheduler_parser().parse_args(argv)
+    parse = server_parse if role == "server" else worker_parse
+    return parse(["--scheduler", "tcp://127.0.0.1:1", *argv])
+
+
 # rows whose default is prose rather than a value per flag
 PROSE_DEFAULTS = {"--no-probe": "probe on", "--run-dir": "runs/YYYYmmdd-HHMMSS", "--resume": "",
                   "--token": "`$OMNIPS_TOKEN`, else none", "--transport": "`$OMNIPS_TRANSPORT`, else auto"}

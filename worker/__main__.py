@@ -7,7 +7,7 @@ import sys
 import zmq
 
 from omnips import logs, transport
-from omnips.flags import add_security, add_transport, seconds, size
+from omnips.flags import add_log_level, add_security, add_transport, seconds, size
 from omnips.data import FactoryError
 from omnips.link import LinkError
 from omnips.protocol import MAX_BATCH
@@ -50,7 +50,7 @@ def parse(argv) -> WorkerOptions:
     p.add_argument("--server-timeout", type=seconds, default=120.0, help="seconds to wait for a server's reply")
     add_security(p, listens=False)
     add_transport(p)
-    p.add_argument("--log-level", default="INFO")
+    add_log_level(p)
     args = p.parse_args(argv)
     if args.threads < 0:
         p.error("--threads must be >= 0")
