@@ -2,13 +2,17 @@
 `omnips plot RUN_DIR` draws a run; `omnips keygen DIR` makes the keys for --keys."""
 
 import argparse
+import contextlib
+import io
 import json
+import logging
 import sys
 import time
 from pathlib import Path
 
 from . import security
-from .flags import add_security, add_transport
+from .flags import add_security, add_transport, nonempty, seconds
+from .job import JobSpec
 from .launch import LaunchError, LocalCluster, WorkerSpec
 from .plot import PlotError, plot_run
 
@@ -35,10 +39,10 @@ def launch_parser() -> argparse.ArgumentParser:
     p.add_argument("--emulate-ms-per-sample", nargs="+", default=["0"], help="virtual device C ms, per worker")
     p.add_argument("--threads", nargs="+", default=["1"], help="torch threads, per worker")
     p.add_argument("--device", nargs="+", default=["cpu"], help="cpu, cuda, cuda:N or auto, per worker")
-    p.add_argument("--run-dir", default=None, help="default runs/YYYYmmdd-HHMMSS")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+    p.add_argument("--run-dir", type=nonempty, default=None, help="default runs/YYYYmmdd-HHMMSS")
+    p.add_argument("--resume", type=nonempty, default=None, metavar="RUN_DIR",
                    help="continue the interrupted run in RUN_DIR from its newest complete checkpoint")
-    p.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds before the job is stopped")
+    p.add_argument("--timeout", type=seconds, default=24 * 3600.0, help="seconds before the job is stopped")
     p.add_argument("--no-progress", action="store_true", help="print no progress line")
     p.add_argument("--no-plots", action="store_true", help="do not draw RUN_DIR/plots at the end")
     add_security(p, listens=True)  # for every process
@@ -48,16 +52,20 @@ def launch_parser() -> argparse.ArgumentParser:
 
 def cluster_size(args, parser) -> None:
     """Settle --num-servers and --num-workers: as given, else the resumed job's, else 1 and 3."""
-    job = {}
-    if args.resume:
-        try:
-            job = json.loads((Path(args.resume) / "config.json").read_text())
-        except (OSError, ValueError) as exc:
-            parser.error(f"--resume {args.resume}: cannot read the job's config.json: {exc}")
+    job = resumed_job(args.resume, parser) if args.resume is not None else None
     if args.num_servers is None:
-        args.num_servers = job.get("num_servers", 1)
+        args.num_servers = job.num_servers if job else 1
     if args.num_workers is None:
-        args.num_workers = job.get("num_workers", 3)
+        args.num_workers = job.num_workers if job else 3
+
+
+def resumed_job(run_dir: str, parser) -> JobSpec:
+    """The job in RUN_DIR/config.json, read as the scheduler will read it."""
+    path = Path(run_dir) / "config.json"
+    try:
+        return JobSpec.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        parser.error(f"--resume {run_dir}: cannot take the job of {path}: {exc}")
 
 
 def worker_specs(args, parser) -> list[WorkerSpec]:
@@ -76,17 +84,60 @@ def worker_specs(args, parser) -> list[WorkerSpec]:
     return [WorkerSpec(**{name: col[i] for name, col in columns.items()}) for i in range(n)]
 
 
+def check_job(args, scheduler_args, parser) -> None:
+    """Refuse the scheduler's flags, and a new job that cannot work, as the scheduler would:
+    it runs only after the run directory is made, and its refusal would end in a log."""
+    from scheduler.__main__ import job_from, parser as scheduler_parser
+    a = borrowed_check(parser, "", scheduler_parser().parse_args, [
+        *scheduler_args, "--num-servers", str(args.num_servers), "--num-workers", str(args.num_workers)])
+    if args.resume is None:  # a resumed job is config.json's, checked by resumed_job
+        try:
+            job_from(a)
+        except ValueError as exc:
+            parser.error(str(exc))
+
+
+def check_workers(workers: list[WorkerSpec], parser) -> None:
+    """Refuse what a worker would: it would exit at once, leaving the cluster waiting for it."""
+    from worker.__main__ import parse
+    from worker.trainer import check_device
+    for rank, spec in enumerate(workers):
+        borrowed_check(parser, f"worker {rank}: ", parse,
+                       ["--scheduler", "tcp://127.0.0.1:0", "--rank", str(rank), *spec.args()])
+        try:
+            check_device(spec.device)
+        except ValueError as exc:
+            parser.error(f"worker {rank}: --device: {exc}")
+
+
+def borrowed_check(parser, prefix: str, parse, argv):
+    """`parse(argv)` with another role's parser, whose refusal becomes this parser's error
+    line: that parser would print its own usage. Keeps the root logger as it was, as the
+    worker's parser also sets up the worker's logging."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parse(argv)
+    except SystemExit:
+        parser.error(prefix + err.getvalue().strip().rpartition(": error: ")[2])
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 def launch(argv) -> int:
     parser = launch_parser()
     args, scheduler_args = parser.parse_known_args(argv)
     cluster_size(args, parser)
-    if args.resume:
+    if args.resume is not None:
         if args.run_dir is not None and Path(args.run_dir).resolve() != Path(args.resume).resolve():
             parser.error(f"--run-dir {args.run_dir} differs from --resume {args.resume}")
         scheduler_args += ["--resume", args.resume]
-    from scheduler.__main__ import parser as scheduler_parser  # validate the scheduler's flags up front
-    scheduler_parser().parse_args([*scheduler_args, "--num-workers", str(args.num_workers)])
-    workers = worker_specs(args, parser)
+    workers = worker_specs(args, parser)  # first: it refuses a cluster size that check_job would pass on
+    check_job(args, scheduler_args, parser)
+    check_workers(workers, parser)
     run_dir = Path(args.resume or args.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
     if not args.resume and (run_dir / "metrics.jsonl").exists():
         parser.error(f"run directory {run_dir} already holds a run: choose another --run-dir")
@@ -216,11 +267,11 @@ def keygen(argv) -> int:
                                 "a client pair and the allow-list DIR/authorized/. With --client NAME, add a key "
                                 "for one machine instead: DIR/clients/NAME (copy it there and use it as --keys) "
                                 "and its public key in DIR/authorized/NAME.key (delete it to shut that machine out).")
-    p.add_argument("dir")
-    p.add_argument("--client", metavar="NAME", help="add a client key for one machine to the keys in DIR")
+    p.add_argument("dir", type=nonempty)
+    p.add_argument("--client", type=nonempty, metavar="NAME", help="add a client key for one machine to the keys in DIR")
     args = p.parse_args(argv)
     try:
-        if args.client:
+        if args.client is not None:
             print(f"client keys for {args.client} in {security.keygen_client(args.dir, args.client)}; "
                   f"its public key is allowed in {Path(args.dir) / 'authorized'}")
         else:

@@ -34,6 +34,14 @@ def size(text: str) -> int:
     return int(value)
 
 
+def nonempty(text: str) -> str:
+    """A path or name that must be given: an empty one would silently mean the current
+    directory, a default, or no value at all."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def port(text: str) -> int:
     """A TCP port, 0 for any free one (a larger number would wrap around in the bind)."""
     try:

@@ -6,7 +6,10 @@ consistent by hand across command lines. `config.json` in the run directory is
 """
 
 import math
+import typing
 from dataclasses import asdict, dataclass, field, fields
+
+from .protocol import MAX_BATCH
 
 MODES = ("bsp", "asp", "ssp")
 OPTIMIZERS = ("sgd", "adam")
@@ -15,6 +18,15 @@ CONTROLLERS = ("affine", "proportional")
 STALENESS_LR = ("none", "inverse")
 NAN_POLICIES = ("fail", "skip")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
+# The job travels in msgpack messages, whose integers are at most int64.
+MAX_INT = 2**63 - 1
+# The largest cluster the README measures (benchmarks/simulate.py, 4096 workers). A rewind lists
+# every worker's step and position and every server's endpoints in one header of at most
+# omnips.protocol.MAX_HEADER_BYTES (1 MiB): with typical endpoints 4096 fit, 10**4 servers do not.
+MAX_PROCESSES = 4096
+# BSP evaluates at the end of every epoch and lists those versions at the start: 10**5 of
+# them take 0.4 s and 16 MB there (and a metrics line each), 10**6 take seconds and 175 MB.
+MAX_EPOCHS = 100_000
 
 
 @dataclass(frozen=True)
@@ -64,16 +76,22 @@ class JobSpec:
             raise ValueError(f"--deadband must be in [0, 1), not {self.deadband}")
         if self.staleness < 0:
             raise ValueError(f"--staleness must be >= 0, not {self.staleness}")
-        if self.num_servers < 1 or self.num_workers < 1:
-            raise ValueError("--num-servers and --num-workers must be >= 1")
+        for f in fields(self):
+            if type(getattr(self, f.name)) is int and getattr(self, f.name) > MAX_INT:
+                raise ValueError(f"{_flag(f.name)} must be at most {MAX_INT}, not {getattr(self, f.name)}")
+        for name in ("num_servers", "num_workers"):
+            if not 1 <= getattr(self, name) <= MAX_PROCESSES:
+                raise ValueError(f"{_flag(name)} must be from 1 to {MAX_PROCESSES}, not {getattr(self, name)}")
         if self.min_workers is not None and not 1 <= self.min_workers <= self.num_workers:
             raise ValueError(f"--min-workers must be in 1..--num-workers ({self.num_workers}), not {self.min_workers}")
         if self.global_batch < self.num_workers:
             raise ValueError(f"--global-batch {self.global_batch} is smaller than --num-workers "
                              f"{self.num_workers}: every worker needs at least one sample per step")
+        if self.global_batch > MAX_BATCH:  # a lone worker may have to take all of it
+            raise ValueError(f"--global-batch must be at most {MAX_BATCH}, not {self.global_batch}")
         for name in ("lr", "momentum", "weight_decay", "epochs", "deadband"):
             if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"--{name.replace('_', '-')} must be a finite number, not {getattr(self, name)}")
+                raise ValueError(f"{_flag(name)} must be a finite number, not {getattr(self, name)}")
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, not {self.seed}")
         if self.min_batch < 1:
@@ -81,9 +99,9 @@ class JobSpec:
         if self.min_batch * self.num_workers > self.global_batch:
             raise ValueError(f"--min-batch {self.min_batch} x {self.num_workers} workers exceeds "
                              f"--global-batch {self.global_batch}")
-        if self.max_batch is not None and (self.max_batch < self.min_batch
+        if self.max_batch is not None and (not self.min_batch <= self.max_batch <= MAX_BATCH
                                            or self.max_batch * self.start_workers < self.global_batch):
-            raise ValueError(f"--max-batch {self.max_batch} must be >= --min-batch and let "
+            raise ValueError(f"--max-batch {self.max_batch} must be from --min-batch to {MAX_BATCH} and let "
                              f"{self.start_workers} workers hold --global-batch {self.global_batch}")
         if not self.lr > 0:
             raise ValueError(f"--lr must be > 0, not {self.lr}")
@@ -95,8 +113,8 @@ class JobSpec:
             raise ValueError(f"--weight-decay must be >= 0, not {self.weight_decay}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"--max-steps must be >= 1, not {self.max_steps}")
-        if self.max_steps is None and not self.epochs > 0:
-            raise ValueError(f"--epochs must be > 0, not {self.epochs}")
+        if self.max_steps is None and not 0 < self.epochs <= MAX_EPOCHS:
+            raise ValueError(f"--epochs must be > 0 and at most {MAX_EPOCHS}, not {self.epochs}")
 
     @property
     def start_workers(self) -> int:
@@ -121,16 +139,17 @@ class JobSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "JobSpec":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
+    def from_dict(cls, d) -> "JobSpec":
+        """The job `d` (e.g. a run's config.json) describes; ValueError naming the first
+        setting that is unknown, of the wrong type, or cannot work."""
+        if not isinstance(d, dict):
+            raise ValueError(f"job settings must be a JSON object, not {type(d).__name__}")
+        kinds = {f.name: f.type for f in fields(cls)}
+        unknown = set(d) - set(kinds)
         if unknown:
             raise ValueError(f"unknown job settings: {sorted(unknown)}")
-        try:
-            spec = cls(**d)
-            spec.check()
-        except TypeError as exc:  # a setting of the wrong type, e.g. from a damaged config
-            raise ValueError(f"bad job settings: {exc}") from None
+        spec = cls(**{name: _typed(name, value, kinds[name]) for name, value in d.items()})
+        spec.check()
         return spec
 
 
@@ -138,7 +157,7 @@ def same_job(saved, job: JobSpec) -> bool:
     """Whether `saved` (a job's settings as a file holds them) describes `job`; a setting
     added since the file was written counts at its default."""
     try:
-        return isinstance(saved, dict) and JobSpec.from_dict(saved) == job
+        return JobSpec.from_dict(saved) == job
     except ValueError:
         return False
 
@@ -146,3 +165,22 @@ def same_job(saved, job: JobSpec) -> bool:
 def _one_of(name, value, allowed):
     if value not in allowed:
         raise ValueError(f"--{name} must be one of {', '.join(allowed)}, not {value!r}")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _typed(name, value, kind):
+    """`value` as job setting `name` of field type `kind` (e.g. `int | None`). Exact types:
+    a bool is no int (True would be a batch of 1); an int stands for a float."""
+    allowed = typing.get_args(kind) or (kind,)
+    if float in allowed and type(value) is int:
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError(f"job setting {name} is beyond a float's range") from None
+    if type(value) not in allowed:
+        wanted = " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
+        raise ValueError(f"job setting {name} must be {wanted}, not {type(value).__name__}")
+    return value

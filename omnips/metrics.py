@@ -83,13 +83,27 @@ class RunDir:
 
 def _continue_events(path: Path) -> float:
     """Cut a line torn by a crash off the end of metrics.jsonl (an event appended to it
-    would be lost with it); returns the time of the last whole event."""
+    would be lost with it); returns the time of the last whole event. ValueError, and the
+    file left as it was, if that event is not one this code wrote."""
     with open(path, "rb+") as f:
         data = f.read()
         whole = data.rfind(b"\n") + 1
+        lines = data[:whole].splitlines()
+        t = _event_time(path, lines[-1]) if lines else 0.0
         f.truncate(whole)
-    lines = data[:whole].splitlines()
-    return json.loads(lines[-1])["t"] if lines else 0.0
+    return t
+
+
+def _event_time(path: Path, line: bytes) -> float:
+    """The time `t` of an event line of `path`; a damaged or edited one raises ValueError."""
+    try:
+        event = json.loads(line)
+    except (ValueError, RecursionError) as exc:  # (UnicodeDecodeError is a ValueError)
+        raise ValueError(f"cannot continue {path}: its last line is not JSON ({exc})") from None
+    t = event.get("t") if isinstance(event, dict) else None
+    if type(t) not in (int, float) or not 0 <= t < math.inf:
+        raise ValueError(f"cannot continue {path}: its last line is not an event with a time t >= 0")
+    return t
 
 
 def read_events(path: str | Path) -> list[dict]:

@@ -1,13 +1,48 @@
 """PNG plots of a run directory: batch sizes, compute times, cluster throughput, accuracy."""
 
+import json
+import math
 from collections import defaultdict
 from pathlib import Path
-
-from .metrics import read_events
 
 
 class PlotError(RuntimeError):
     pass
+
+
+# what the plots read of each kind of event: all finite numbers
+PLOTTED = {"step": ("t", "worker", "batch", "compute_s"), "eval": ("t", "test_accuracy")}
+
+
+def read_plotted(path: Path) -> list[dict]:
+    """The events of metrics.jsonl, each checked for what the plots read of it, so that a
+    damaged file is refused by file and line before any plot is drawn. Unlike
+    metrics.read_events, only a last line without its newline (torn by a crash) is skipped."""
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except OSError as exc:
+        raise PlotError(f"cannot read {path}: {exc.strerror}") from None
+    events = []
+    for number, line in enumerate(lines[:-1], 1):  # lines[-1]: empty, or the torn last line
+        try:
+            event = json.loads(line.decode())
+        except ValueError as exc:  # UnicodeDecodeError too
+            raise PlotError(f"{path} line {number}: not a JSON line ({exc})") from None
+        problem = _unplottable(event)
+        if problem:
+            raise PlotError(f"{path} line {number}: {problem}")
+        events.append(event)
+    return events
+
+
+def _unplottable(event) -> str | None:
+    if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+        return "not an event (a JSON object with an \"event\" name)"
+    for key in PLOTTED.get(event["event"], ()):
+        value = event.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"{event['event']} event without a finite number {key!r} (has {value!r})"
+    return None
 
 
 def _pyplot():
@@ -25,8 +60,8 @@ def plot_run(run_dir) -> list[Path]:
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").exists():
         raise PlotError(f"{run_dir} is not a run directory (no metrics.jsonl)")
+    events = read_plotted(run_dir / "metrics.jsonl")
     plt = _pyplot()
-    events = read_events(run_dir)
     steps = [e for e in events if e["event"] == "step"]
     if not steps:
         raise PlotError(f"{run_dir} has no training steps to plot")

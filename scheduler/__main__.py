@@ -10,7 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from omnips import logs, transport
-from omnips.flags import add_log_level, add_security, add_transport, port, seconds
+from omnips.flags import add_log_level, add_security, add_transport, nonempty, port, seconds
 from omnips.data import FactoryError
 from omnips.job import BATCHINGS, CONTROLLERS, MODES, NAN_POLICIES, OPTIMIZERS, STALENESS_LR, WIRE_DTYPES, JobSpec
 
@@ -28,12 +28,6 @@ def _json_object(text: str) -> dict:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object, e.g. '{\"hidden\": [256]}'")
     return value
-
-
-def _directory(text: str) -> str:
-    if not text:  # (an empty --run-dir would fall back to a new dated one, an empty --resume to no resume)
-        raise argparse.ArgumentTypeError("needs a directory")
-    return text
 
 
 def _not_json(name: str):
@@ -88,13 +82,13 @@ def parser() -> argparse.ArgumentParser:
                         "or bfloat16 / float16 (half the bytes; servers keep float32 values and optimizer state; "
                         "a float16 gradient beyond +-65504 counts as non-finite, see --nan-policy)")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--run-dir", type=_directory, default=None,
+    p.add_argument("--run-dir", type=nonempty, default=None,
                    help="where config.json, metrics.jsonl, summary.json go (default runs/YYYYmmdd-HHMMSS); "
                         "a directory that holds another run is refused")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                    help="write a checkpoint of every server's shard and optimizer state under RUN_DIR/checkpoints "
                         "every STEPS steps (asp/ssp: updates); 0: none")
-    p.add_argument("--resume", type=_directory, default=None, metavar="RUN_DIR",
+    p.add_argument("--resume", type=nonempty, default=None, metavar="RUN_DIR",
                    help="continue the interrupted run in RUN_DIR from its newest complete checkpoint, with the job "
                         "of its config.json (job flags, if given, must match it)")
     p.add_argument("--heartbeat", type=seconds, default=1.0, help="seconds between heartbeats")
@@ -121,8 +115,7 @@ def main(argv=None) -> int:
     resume = None
     if a.resume is None:
         try:
-            job = JobSpec(**{f.name: getattr(a, f.name) for f in fields(JobSpec)})  # one flag per setting
-            job.check()
+            job = job_from(a)
         except ValueError as exc:
             p.error(str(exc))
     else:
@@ -152,6 +145,13 @@ def main(argv=None) -> int:
         return 1
     signal.signal(signal.SIGTERM, _interrupt)  # a terminated job still writes its summary
     return scheduler.serve()
+
+
+def job_from(args: argparse.Namespace) -> JobSpec:
+    """The job parsed flags describe (one flag per setting); ValueError if it cannot run."""
+    job = JobSpec(**{f.name: getattr(args, f.name) for f in fields(JobSpec)})
+    job.check()
+    return job
 
 
 def _given_job_flags(argv) -> dict:

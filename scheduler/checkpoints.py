@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omnips import checkpoint
 from omnips.checkpoint import CheckpointError, Manifest
-from omnips.job import JobSpec, same_job
+from omnips.job import MAX_INT, JobSpec, same_job
 from omnips.protocol import Saved
 
 log = logging.getLogger("omnips.scheduler")
@@ -129,4 +129,18 @@ def resume_point(run_dir: Path) -> tuple[JobSpec, Manifest]:
         raise ResumeError(f"cannot resume {run_dir}: checkpoint {ckpt.path} belongs to another job than config.json")
     if len(ckpt.shards) != job.num_servers or len(ckpt.worker_steps) != job.num_workers:
         raise ResumeError(f"cannot resume {run_dir}: checkpoint {ckpt.path} does not fit the job's cluster size")
+    if not _restart_point_fits(job, ckpt):
+        raise ResumeError(f"cannot resume {run_dir}: checkpoint {ckpt.path} lists worker steps and positions that "
+                          f"do not fit its step {ckpt.step} (remove it to resume from an older one)")
     return job, ckpt
+
+
+def _restart_point_fits(job: JobSpec, ckpt: Manifest) -> bool:
+    """Whether the manifest's worker steps and positions are ones Progress.restart_point
+    gives at its step (read_manifest saw counts >= 0); others would have the workers wait
+    for steps that never come. They travel in messages, as int64."""
+    if max(ckpt.step, *ckpt.positions) > MAX_INT:
+        return False
+    if job.mode == "bsp":  # every worker at the version, reading the one stream from there
+        return set(ckpt.worker_steps) == {ckpt.step} and set(ckpt.positions) == {ckpt.step * job.global_batch}
+    return sum(ckpt.worker_steps) == ckpt.step  # the step of an asp/ssp checkpoint: the updates reported

@@ -11,7 +11,7 @@ toward the budget, while times and rates cover only the steps run since.
 import math
 from dataclasses import dataclass
 
-from omnips.job import JobSpec
+from omnips.job import MAX_EPOCHS, JobSpec
 from omnips.protocol import Report
 
 
@@ -40,6 +40,10 @@ class Progress:
         self.job = job
         self.train_size = train_size
         self.budget = job.sample_budget(train_size)
+        if self.budget > MAX_EPOCHS * train_size:  # JobSpec.check bounds --epochs, not --max-steps x --global-batch
+            raise ValueError(f"the job's {self.budget} samples are {self.budget / train_size:.3g} epochs of its "
+                             f"{train_size} training samples, more than {MAX_EPOCHS}: "
+                             "lower --max-steps or --global-batch")
         self.total_steps = job.total_steps(train_size)
         self.workers = [WorkerStats() for _ in range(job.num_workers)]
         self.samples = 0
@@ -53,6 +57,8 @@ class Progress:
 
     def resume(self, worker_steps: list[int], positions: list[int]) -> None:
         """Continue from a checkpoint: each worker's next step and sample-stream position."""
+        if self.job.mode == "bsp" and worker_steps[0] >= self.total_steps:  # none is taken at the last step
+            raise ValueError(f"a checkpoint at step {worker_steps[0]} is past the job's {self.total_steps} steps")
         for w, steps, position in zip(self.workers, worker_steps, positions):
             w.steps = w.start = w.next_step = steps
             w.samples = 0 if self.job.mode == "bsp" else position  # BSP: all read one stream, at positions[0]

@@ -61,7 +61,7 @@ def test_a_workers_max_batch_is_one_a_report_can_carry(text, ok, capsys):
     ("server", ["--log-level", "loud"], "invalid choice"), ("worker", ["--log-level", "loud"], "invalid choice"),
     ("scheduler", ["--model-args", '{"width": NaN}'], "NaN is not a JSON value"),
     ("scheduler", ["--dataset-args", '{"noise": Infinity}'], "Infinity is not a JSON value"),
-    ("scheduler", ["--run-dir", ""], "needs a directory"), ("scheduler", ["--resume", ""], "needs a directory"),
+    ("scheduler", ["--run-dir", ""], "must not be empty"), ("scheduler", ["--resume", ""], "must not be empty"),
 ])
 def test_a_value_no_process_could_use_is_refused_not_wrapped_or_replaced(role, argv, text, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -14,6 +14,15 @@ log = logging.getLogger("omnips.worker")
 
 def resolve_device(spec: str) -> torch.device:
     """'auto' picks CUDA when present; an unusable CUDA request is an error, not a fallback."""
+    device = check_device(spec)
+    if device.type == "cuda" and device.index is None:  # named in full: the scheduler tells workers sharing one GPU by it
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def check_device(spec: str) -> torch.device:
+    """`spec` as a device this machine has (ValueError if not), CUDA left uninitialised: a
+    launcher checks its workers' devices without holding one itself."""
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -25,8 +34,6 @@ def resolve_device(spec: str) -> torch.device:
             raise ValueError(f"device {spec!r} asked for, but this machine has no usable CUDA device")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"device {spec!r}: only {torch.cuda.device_count()} CUDA device(s) here")
-        if device.index is None:  # named in full: the scheduler tells workers sharing one GPU by it
-            device = torch.device("cuda", torch.cuda.current_device())
     elif device.type != "cpu":
         raise ValueError(f"unsupported device {spec!r}: use auto, cpu, cuda or cuda:N")
     return device
