@@ -40,7 +40,10 @@ class Progress:
         self.job = job
         self.train_size = train_size
         self.budget = job.sample_budget(train_size)
-        if self.budget > MAX_EPOCHS * train_size:  # JobSpec.check bounds --epochs, not --max-steps x --global-batch
+        if job.mode == "bsp" and self.budget > MAX_EPOCHS * train_size:
+            # BSP lists an evaluation per epoch at the start (bsp_eval_points); JobSpec.check bounds
+            # --epochs, not --max-steps x --global-batch. (ASP/SSP evaluate as epochs pass: a
+            # job kept running by a huge --max-steps lists nothing.)
             raise ValueError(f"the job's {self.budget} samples are {self.budget / train_size:.3g} epochs of its "
                              f"{train_size} training samples, more than {MAX_EPOCHS}: "
                              "lower --max-steps or --global-batch")

@@ -56,6 +56,8 @@ def test_steps_of_a_batch_that_make_too_many_epochs_are_refused_once_the_dataset
     with pytest.raises(ValueError, match=f"1.49e\\+06 epochs of its 1438 training samples, more than {MAX_EPOCHS}"):
         Progress(JobSpec(global_batch=2**31, max_steps=1), 1438)
     assert len(Progress(JobSpec(epochs=MAX_EPOCHS), 1000).bsp_eval_points()) == MAX_EPOCHS
+    # asp lists no evaluations ahead: a job kept running by a huge --max-steps (benchmarks do) is fine
+    assert Progress(JobSpec(mode="asp", global_batch=1, max_steps=10**9), 410).budget == 10**9
 
 # -- a damaged config.json --------------------------------------------------------------------
 
