@@ -15,8 +15,10 @@ allow-list; deleting that allow-list entry shuts the machine out at the next sta
 import hmac
 import ipaddress
 import logging
+import os
 import re
 import shutil
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,7 +47,8 @@ def keygen(directory) -> list[Path]:
     """Write a new server pair, client pair and allow-list into `directory`; returns the files."""
     d = Path(directory)
     taken = [p.name for p in (d / f"{SERVER}.key", d / f"{SERVER}.key_secret", d / f"{CLIENT}.key",
-                              d / f"{CLIENT}.key_secret", d / AUTHORIZED) if p.exists()]
+                              d / f"{CLIENT}.key_secret", d / AUTHORIZED) if os.path.lexists(p)]  # a link too:
+    # a dangling one would have the secret key written wherever it points
     if taken:
         raise KeysError(f"{d} already holds keys ({', '.join(taken)}): refusing to overwrite them")
     _private_dir(d)
@@ -64,8 +67,8 @@ def keygen_client(directory, name: str) -> Path:
     if not (d / f"{SERVER}.key").is_file() or not (d / AUTHORIZED).is_dir():
         raise KeysError(f"{d} holds no job keys: make them first with 'omnips keygen {d}'")
     out, allowed = d / CLIENTS / name, d / AUTHORIZED / f"{name}.key"
-    if out.exists() or allowed.exists():
-        raise KeysError(f"client {name!r} exists already ({out if out.exists() else allowed}): "
+    if os.path.lexists(out) or os.path.lexists(allowed):
+        raise KeysError(f"client {name!r} exists already ({out if os.path.lexists(out) else allowed}): "
                         "refusing to overwrite it")
     _private_dir(d / CLIENTS)
     _private_dir(out)
@@ -141,7 +144,7 @@ def _read(path: Path, secret: bool) -> tuple[bytes, bytes | None]:
         public, private = zmq.auth.load_certificate(path)
     except OSError as exc:
         raise KeysError(f"cannot read key file {path}: {exc.strerror or exc}") from None
-    except ValueError:
+    except (ValueError, IndexError):  # (pyzmq's parser: a "public-key" line without "=")
         raise KeysError(f"{path} is not a CURVE key file") from None
     for key in (public, private) if secret else (public,):
         if key is None or not _is_key(key):
@@ -152,8 +155,8 @@ def _read(path: Path, secret: bool) -> tuple[bytes, bytes | None]:
 def _is_key(key: bytes) -> bool:
     try:
         return len(key) == 40 and len(z85.decode(key)) == 32
-    except (ValueError, KeyError, TypeError):  # z85.decode's errors on a bad alphabet or length
-        return False
+    except (ValueError, KeyError, TypeError, struct.error):  # z85.decode's errors: alphabet, length, a value
+        return False  # over 32 bits ("#" * 40)
 
 
 def _allow_list(d: Path) -> frozenset:

@@ -11,7 +11,9 @@ import logging
 import os
 import shutil
 import socket as pysocket
+import stat
 import tempfile
+import time
 
 import zmq
 
@@ -81,6 +83,7 @@ def bind(sock: zmq.Socket, host: str, port: int, keys: security.Keys | None = No
 
 
 IPC_PREFIX = "omnips-"
+SWEEP_AFTER_S = 60.0  # a socket younger than this may be a starting server's, bound but not listening yet
 
 
 def bind_ipc(sock: zmq.Socket) -> tuple[str, str]:
@@ -109,9 +112,10 @@ def bind_ipc(sock: zmq.Socket) -> tuple[str, str]:
 
 def sweep_stale_ipc(root: str) -> list[str]:
     """Remove this user's socket directories under `root` left by servers that were killed:
-    those holding nothing but a socket that refuses connections (nobody listens). An
-    empty one may be a server's between mkdtemp and bind, and is left alone. Returns the
-    directories removed."""
+    those holding nothing but a socket, made over SWEEP_AFTER_S ago, that refuses
+    connections (nobody listens). An empty one may be a server's between mkdtemp and
+    bind, and a young one a server's between bind and listen (its socket refuses then
+    too): both are left alone. Returns the directories removed."""
     removed = []
     try:
         entries = list(os.scandir(root))
@@ -123,6 +127,10 @@ def sweep_stale_ipc(root: str) -> list[str]:
                     and entry.stat(follow_symlinks=False).st_uid == os.getuid()
                     and os.listdir(entry.path) == ["sock"]):
                 continue
+            sock = os.lstat(os.path.join(entry.path, "sock"))
+            # (a file or directory named sock refuses a connection as well: not ours to judge)
+            if not stat.S_ISSOCK(sock.st_mode) or time.time() - sock.st_mtime < SWEEP_AFTER_S:
+                continue
         except OSError:
             continue
         probe = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
@@ -133,7 +141,7 @@ def sweep_stale_ipc(root: str) -> list[str]:
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.path)
         except OSError:
-            pass  # not a socket, or not ours to judge
+            pass  # not ours to judge
         finally:
             probe.close()
     return removed

@@ -38,9 +38,10 @@ class CheckpointBook:
         self._next_req = 0
         self._next_step = (start // every + 1) * every  # the first checkpoint after `start`
 
-    def bsp_steps(self, total_steps: int) -> list[int]:
-        """The versions to checkpoint at; none at the end, which model.pt covers."""
-        return list(range(self._next_step, total_steps, self.every))
+    def bsp_steps(self, total_steps: int) -> range:
+        """The versions to checkpoint at; none at the end, which model.pt covers. (A range:
+        --checkpoint-every 1 over millions of steps lists nothing.)"""
+        return range(self._next_step, total_steps, self.every)
 
     def due(self, updates: int) -> bool:
         """ASP/SSP: whether `updates` reported crosses the next multiple of the interval."""

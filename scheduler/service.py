@@ -85,7 +85,7 @@ class Scheduler:
                                  opts.dead_after_s, opts.heartbeat_s, str(checkpoints), resume, opts.token)
         self.checkpoints = CheckpointBook(checkpoints, job, self.registry.ranges, opts.checkpoint_every,
                                           resume.step if resume else 0) if opts.checkpoint_every else None
-        self._checkpoint_steps: list[int] = []
+        self._checkpoint_steps = range(0)
         self.evals = EvalBook(job.num_servers)
         self.final: tuple[float, float] | None = None
         self.servers: ServerGroup | None = None
@@ -609,7 +609,7 @@ class Scheduler:
     # -- checkpoints --------------------------------------------------------------
     def _ask_bsp_checkpoints(self) -> None:
         while self._checkpoint_steps and len(self.checkpoints.pending) < CHECKPOINTS_AHEAD:
-            step = self._checkpoint_steps.pop(0)
+            step, self._checkpoint_steps = self._checkpoint_steps[0], self._checkpoint_steps[1:]
             self._ask_checkpoint(step, step)
 
     def _ask_checkpoint(self, step: int, at: int | None) -> None:

@@ -4,6 +4,7 @@ import os
 import shutil
 import socket as pysocket
 import stat
+import time
 
 import pytest
 import zmq
@@ -78,11 +79,14 @@ def test_a_bound_ipc_socket_lives_in_a_private_directory(tmp_path):
 
 
 def test_a_killed_servers_socket_directory_is_swept_and_a_live_ones_is_kept(tmp_path):
-    def directory(name, listening):
+    old = time.time() - 2 * transport.SWEEP_AFTER_S
+
+    def directory(name, listening, made=old):
         d = tmp_path / f"{transport.IPC_PREFIX}{name}"
         d.mkdir(mode=0o700)
         s = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
         s.bind(str(d / "sock"))
+        os.utime(d / "sock", (made, made))
         if listening:
             s.listen()
             return d, s
@@ -92,15 +96,22 @@ def test_a_killed_servers_socket_directory_is_swept_and_a_live_ones_is_kept(tmp_
     stale, _ = directory("dead", listening=False)
     live, listener = directory("live", listening=True)
     (tmp_path / f"{transport.IPC_PREFIX}starting").mkdir()  # between mkdtemp and bind
+    binding, _ = directory("binding", listening=False, made=time.time())  # bound, not listening yet
     other, _ = directory("other", listening=False)
     (other / "notes").write_text("not a server's directory")
+    for name, make in (("file", lambda p: p.write_text("data")), ("dir", lambda p: p.mkdir())):
+        d = tmp_path / f"{transport.IPC_PREFIX}{name}"  # a sock that is no socket refuses a connection too
+        d.mkdir()
+        make(d / "sock")
+        os.utime(d / "sock", (old, old))
     (tmp_path / "unrelated").mkdir()
     try:
         assert transport.sweep_stale_ipc(str(tmp_path)) == [str(stale)]
     finally:
         listener.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [live.name, f"{transport.IPC_PREFIX}starting", other.name, "unrelated"])
+        [live.name, f"{transport.IPC_PREFIX}starting", binding.name, other.name, f"{transport.IPC_PREFIX}file",
+         f"{transport.IPC_PREFIX}dir", "unrelated"])
 
 
 def test_a_socket_path_too_long_for_unix_sockets_is_refused_and_leaves_nothing(tmp_path, monkeypatch):

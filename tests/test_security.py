@@ -69,6 +69,15 @@ def test_a_client_key_for_one_machine_holds_no_server_secret_and_joins_the_allow
     assert "make them first" in capsys.readouterr().err
 
 
+def test_keygen_does_not_write_a_secret_through_a_link_left_in_the_directory(tmp_path):
+    d, elsewhere = tmp_path / "keys", tmp_path / "elsewhere"
+    d.mkdir()
+    (d / "server.key_secret").symlink_to(elsewhere / "stolen")  # dangling: exists() says False
+    with pytest.raises(KeysError, match=r"already holds keys \(server.key_secret\)"):
+        security.keygen(d)
+    assert not elsewhere.exists() and [p.name for p in d.iterdir()] == ["server.key_secret"]
+
+
 def _broken(d, case):
     security.keygen(d)
     if case == "no_dir":
@@ -81,13 +90,19 @@ def _broken(d, case):
         (d / "client.key_secret").write_text((d / "client.key").read_text())
     elif case == "empty_allow_list":
         (d / "authorized" / "client.key").unlink()
+    elif case == "key_too_large":  # z85 text whose value is over 32 bits
+        (d / "authorized" / "client.key").write_text('curve\n    public-key = "' + "#" * 40 + '"\n')
+    elif case == "line_without_equals":
+        (d / "authorized" / "client.key").write_text("curve\n    public-key\n")
     return d
 
 
 @pytest.mark.parametrize("case,text", [("no_dir", "does not exist"), ("no_server_key", "missing key file"),
                                        ("garbage", "holds no valid secret key"),
                                        ("public_only", "holds no valid secret key"),
-                                       ("empty_allow_list", "holds no *.key file")])
+                                       ("empty_allow_list", "holds no *.key file"),
+                                       ("key_too_large", "holds no valid public key"),
+                                       ("line_without_equals", "is not a CURVE key file")])
 def test_a_key_directory_that_cannot_work_is_one_clear_line(tmp_path, case, text, capsys):
     path = _broken(tmp_path / "keys", case)
     with pytest.raises(KeysError, match=text.replace("*", r"\*")):
