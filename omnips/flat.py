@@ -47,11 +47,13 @@ class FlatModel:
         bad = [p.dtype for p in params if p.dtype != torch.float32]
         if bad:
             raise ValueError(f"parameters must be float32, found {bad[0]}")
-        buffers = [(owner, name, b) for owner in self.module.modules()
-                   for name, b in owner._buffers.items()
-                   if b is not None and b.is_floating_point()]
+        buffers: dict[int, tuple[torch.Tensor, list]] = {}  # a buffer two modules share: one place, one view
+        for owner in self.module.modules():
+            for name, b in owner._buffers.items():
+                if b is not None and b.is_floating_point():
+                    buffers.setdefault(id(b), (b, []))[1].append((owner, name))
         self.num_trained = sum(p.numel() for p in params)
-        self.size = self.num_trained + sum(b.numel() for _, _, b in buffers)
+        self.size = self.num_trained + sum(b.numel() for b, _ in buffers.values())
         self.params = aligned_empty(self.size)
         self.grads = aligned_zeros(self.size)
         self._host_p = torch.from_numpy(self.params)
@@ -74,11 +76,12 @@ class FlatModel:
             self.spans.append((pos, pos + n))
             pos += n
         self.places = {id(p): span for p, span in zip(params, self.spans)}  # tensor -> its [lo, hi)
-        for owner, name, b in buffers:
+        for b, owners in buffers.values():
             n = b.numel()
             view = self._dev_p[pos:pos + n].view_as(b)
             view.copy_(b.to(torch.float32))
-            owner._buffers[name] = view
+            for owner, name in owners:
+                owner._buffers[name] = view
             self.places[id(view)] = (pos, pos + n)
             pos += n
         if self._dev_p is not self._host_p:

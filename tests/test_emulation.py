@@ -32,7 +32,7 @@ def test_parse_schedule_forms(text, expected):
     ("0:1,x", "STEP:FACTOR"), ("0:1,", "STEP:FACTOR"),
     ("a:2", "not an integer"), ("1.5:2", "not an integer"), (":2", "not an integer"),
     ("-5:2", "negative"), ("0:1,3:0", "positive"), ("0:1,3:", "not a number"), ("3:-1", "positive"),
-    ("0:1,0:2", "twice"), ("10:2,10:3", "twice"),
+    ("0:1,0:2", "twice"), ("10:2,10:3", "twice"), ("1e20", "up to 10000"), ("0:1,5:10001", "up to 10000"),
 ])
 def test_parse_schedule_errors(text, match):
     with pytest.raises(ValueError, match=match):

@@ -112,6 +112,17 @@ def test_unused_parameter_after_set_to_none_has_zero_gradient():
     assert not flat.grads[b_slots].any()
 
 
+def test_a_buffer_two_modules_share_has_one_place_and_stays_shared():
+    shared = torch.zeros(2)
+    net = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    for layer in net:
+        layer.register_buffer("scale", shared)
+    flat = FlatModel(net)
+    assert flat.size == flat.num_trained + 2
+    net[0].scale.add_(1)
+    assert net[1].scale.tolist() == [1, 1] and flat.params[flat.num_trained:].tolist() == [1, 1]
+
+
 def test_buffer_slots_follow_the_module_and_travel_in_grads():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))

@@ -8,6 +8,8 @@ host; a step never takes less than its real compute time.
 
 from dataclasses import dataclass
 
+MAX_FACTOR = 1e4  # slower than that is no device to emulate (and 1e20 overflowed the padding's sleep)
+
 
 def parse_schedule(text: str) -> list[tuple[int, float]]:
     """'3' -> [(0, 3.0)]; '0:1,200:4,400:2' -> factor by starting step, sorted."""
@@ -41,8 +43,8 @@ def _factor(text: str) -> float:
         f = float(text)
     except ValueError:
         raise ValueError(f"slowdown factor {text!r} is not a number") from None
-    if not f > 0 or f == float("inf"):
-        raise ValueError(f"slowdown factor {f} must be a positive number")
+    if not 0 < f <= MAX_FACTOR:
+        raise ValueError(f"slowdown factor {f} must be a positive number up to {MAX_FACTOR:g}")
     return f
 
 
