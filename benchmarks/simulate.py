@@ -79,8 +79,10 @@ def simulate(n: int, steps: int, noise: float, kind: str, adjust_every: int, see
     plan = BatchPlan(0, tuple(initial_batches("uniform", total, [1.0] * n, 1, total)))
     control = BatchControl(job, plan)
     if probe:  # a pass of each size, timed through the same noise; the workers wait for its plan
+        # (its own draws: with and without the probe the same workers slow down, through the same noise)
+        probe_rng = np.random.default_rng([seed, 1])
         f = 1.0 / speed
-        told = [f * (a + c * size) * (1.0 + rng.uniform(-noise, noise, n)) for size in PROBE_BATCHES]
+        told = [f * (a + c * size) * (1.0 + probe_rng.uniform(-noise, noise, n)) for size in PROBE_BATCHES]
         control.probed({rank: (list(PROBE_BATCHES), [t[rank] for t in told]) for rank in range(n)}, {})
         plan = control.plan
     change_at = steps // 2

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from . import security
-from .flags import add_security, add_transport, nonempty, seconds
+from .flags import add_security, add_transport, duration, nonempty
 from .job import JobSpec
 from .launch import LaunchError, LocalCluster, WorkerSpec
 from .plot import PlotError, plot_run
@@ -42,7 +42,7 @@ def launch_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", type=nonempty, default=None, help="default runs/YYYYmmdd-HHMMSS")
     p.add_argument("--resume", type=nonempty, default=None, metavar="RUN_DIR",
                    help="continue the interrupted run in RUN_DIR from its newest complete checkpoint")
-    p.add_argument("--timeout", type=seconds, default=24 * 3600.0, help="seconds before the job is stopped")
+    p.add_argument("--timeout", type=duration, default=24 * 3600.0, help="seconds before the job is stopped")
     p.add_argument("--no-progress", action="store_true", help="print no progress line")
     p.add_argument("--no-plots", action="store_true", help="do not draw RUN_DIR/plots at the end")
     add_security(p, listens=True)  # for every process
@@ -61,11 +61,11 @@ def cluster_size(args, parser) -> None:
 
 def resumed_job(run_dir: str, parser) -> JobSpec:
     """The job in RUN_DIR/config.json, read as the scheduler will read it."""
-    path = Path(run_dir) / "config.json"
+    from scheduler.checkpoints import ResumeError, saved_job
     try:
-        return JobSpec.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        parser.error(f"--resume {run_dir}: cannot take the job of {path}: {exc}")
+        return saved_job(run_dir)
+    except ResumeError as exc:
+        parser.error(f"--resume: {exc}")
 
 
 def worker_specs(args, parser) -> list[WorkerSpec]:
@@ -87,14 +87,15 @@ def worker_specs(args, parser) -> list[WorkerSpec]:
 def check_job(args, scheduler_args, parser) -> None:
     """Refuse the scheduler's flags, and a new job that cannot work, as the scheduler would:
     it runs only after the run directory is made, and its refusal would end in a log."""
-    from scheduler.__main__ import job_from, parser as scheduler_parser
+    from scheduler.__main__ import check_run_flags, job_from, parser as scheduler_parser
     a = borrowed_check(parser, "", scheduler_parser().parse_args, [
         *scheduler_args, "--num-servers", str(args.num_servers), "--num-workers", str(args.num_workers)])
-    if args.resume is None:  # a resumed job is config.json's, checked by resumed_job
-        try:
+    try:
+        check_run_flags(a)
+        if args.resume is None:  # a resumed job is config.json's, checked by resumed_job
             job_from(a)
-        except ValueError as exc:
-            parser.error(str(exc))
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def check_workers(workers: list[WorkerSpec], parser) -> None:

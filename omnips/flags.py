@@ -7,15 +7,20 @@ from .routes import TRANSPORTS
 from .security import Keys, KeysError
 
 
-def seconds(text: str) -> float:
-    """A positive, finite number of seconds (NaN, inf and 0 would disable a timeout)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < 1e6:
-        raise argparse.ArgumentTypeError("must be a positive number of seconds")
-    return value
+def _seconds_below(top: float):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not 0 < value < top:  # (NaN, inf and 0 would disable a timeout)
+            raise argparse.ArgumentTypeError(f"must be a positive number of seconds below {top:g}")
+        return value
+    return parse
+
+
+seconds = _seconds_below(1e6)  # timeouts and intervals: some become ZeroMQ polls, in int32 milliseconds
+duration = _seconds_below(1e9)  # how long a whole job may run: deadlines on the monotonic clock only
 
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}

@@ -26,7 +26,7 @@ def read_plotted(path: Path) -> list[dict]:
     for number, line in enumerate(lines[:-1], 1):  # lines[-1]: empty, or the torn last line
         try:
             event = json.loads(line.decode())
-        except ValueError as exc:  # UnicodeDecodeError too
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError too; nesting too deep
             raise PlotError(f"{path} line {number}: not a JSON line ({exc})") from None
         problem = _unplottable(event)
         if problem:

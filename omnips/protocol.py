@@ -119,7 +119,7 @@ class Report(Message):
     def check(self):
         _non_negative(self, "rank", "step", "staleness", "mem_free", "sample_bytes")
         _at_most(self, MAX_BATCH, "batch", "mem_batch")
-        _at_most(self, MAX_SECONDS, "network_s", "wait_s")  # differences of clock readings: any size from 0
+        _at_most(self, MAX_SECONDS, "network_s", "wait_s")  # differences of clock readings: from 0, however small
         if not (self.compute_s == 0 or _measured(self.compute_s)):
             raise ValueError(f"compute_s must be 0 or from {MIN_SECONDS:g} to {MAX_SECONDS:g} s, not {self.compute_s}")
 

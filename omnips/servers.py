@@ -253,5 +253,5 @@ def _newer(plan: dict | None, than: dict | None) -> bool:
 def _gen(plan: dict) -> float:
     """A plan's generation; a malformed one ranks above all, so that the worker's check
     of the plan it keeps (BatchPlan.from_wire) refuses it rather than it being passed over."""
-    gen = plan.get("gen", -1)
+    gen = plan.get("gen")
     return gen if type(gen) is int else math.inf

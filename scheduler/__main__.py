@@ -107,10 +107,10 @@ def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
     logs.setup("scheduler", a.log_level)
-    if a.dead_after <= 2 * a.heartbeat:
-        p.error("--dead-after must be more than twice --heartbeat")
-    if a.checkpoint_every < 0:
-        p.error("--checkpoint-every must be >= 0")
+    try:
+        check_run_flags(a)
+    except ValueError as exc:
+        p.error(str(exc))
 
     resume = None
     if a.resume is None:
@@ -145,6 +145,14 @@ def main(argv=None) -> int:
         return 1
     signal.signal(signal.SIGTERM, _interrupt)  # a terminated job still writes its summary
     return scheduler.serve()
+
+
+def check_run_flags(args: argparse.Namespace) -> None:
+    """ValueError if the flags that are not the job's cannot work together."""
+    if args.dead_after <= 2 * args.heartbeat:
+        raise ValueError("--dead-after must be more than twice --heartbeat")
+    if args.checkpoint_every < 0:
+        raise ValueError("--checkpoint-every must be >= 0")
 
 
 def job_from(args: argparse.Namespace) -> JobSpec:

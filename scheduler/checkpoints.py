@@ -100,23 +100,28 @@ class ResumeError(ValueError):
     pass
 
 
+def saved_job(run_dir: Path) -> JobSpec:
+    """The job in RUN_DIR/config.json; ResumeError says why there is none."""
+    try:
+        return JobSpec.from_dict(json.loads((Path(run_dir) / "config.json").read_text()))
+    except OSError as exc:
+        raise ResumeError(f"cannot resume {run_dir}: no job there ({exc.strerror}: config.json)") from None
+    except (ValueError, RecursionError) as exc:  # (JSONDecodeError, UnicodeDecodeError; nesting too deep)
+        raise ResumeError(f"cannot resume {run_dir}: config.json: {exc}") from None
+
+
 def resume_point(run_dir: Path) -> tuple[JobSpec, Manifest]:
     """The job of the run in `run_dir` and its newest complete checkpoint (its path
     absolute: servers started elsewhere read it)."""
     run_dir = Path(run_dir).resolve()
-    try:
-        job = JobSpec.from_dict(json.loads((run_dir / "config.json").read_text()))
-    except OSError as exc:
-        raise ResumeError(f"cannot resume {run_dir}: no job there ({exc.strerror}: config.json)") from None
-    except ValueError as exc:
-        raise ResumeError(f"cannot resume {run_dir}: config.json: {exc}") from None
+    job = saved_job(run_dir)
     if not (run_dir / "metrics.jsonl").is_file():
         raise ResumeError(f"cannot resume {run_dir}: it holds no metrics.jsonl")
     summary = run_dir / "summary.json"
     if summary.exists():
         try:
             status = json.loads(summary.read_text())["status"]
-        except (OSError, ValueError, TypeError, KeyError) as exc:
+        except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
             raise ResumeError(f"cannot resume {run_dir}: its summary.json is unreadable ({exc!r})") from None
         if status == "completed":
             raise ResumeError(f"cannot resume {run_dir}: its job completed")

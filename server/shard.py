@@ -117,7 +117,6 @@ class ShardCore:
         self._last_step: dict[int, int] = {}  # ASP/SSP: newest step applied per rank
         self._held: list[tuple[bytes, Push, float]] = []  # SSP replies waiting for the slowest worker
         self._pulls: list[tuple[bytes, Pull, float]] = []  # waiting for init or for `at`
-        self._checkpoints: set[int] = set()  # the steps of the checkpoints asked since the last rewind
         self._parts = Assembler(self.n, max_open=2 * job.num_workers, check=self.wire.exact)  # pushes sent in buckets
         self.staleness_sum = 0
         self.staleness_max = 0
@@ -250,8 +249,6 @@ class ShardCore:
         refusal = self._check_pull(msg, waits=not now_due)
         if refusal:
             return [self._refuse(peer, msg, *refusal)]
-        if isinstance(msg, Checkpoint):
-            self._checkpoints.add(msg.step)
         if now_due:
             return [self._serve(peer, msg, 0.0)]
         self._pulls.append((peer, msg, now))
@@ -264,9 +261,6 @@ class ShardCore:
             return "version_passed", f"{msg.OP} at version {msg.at}, shard is at {self.version}"
         if msg.at is not None and msg.at > self._last_version():
             return "bad_version", f"{msg.OP} at version {msg.at}, which this job never reaches"
-        if isinstance(msg, Checkpoint) and msg.step in self._checkpoints:
-            # the scheduler asks each once: another ask would overwrite the file it recorded
-            return "duplicate", f"checkpoint {msg.step} was already asked for"
         if waits and len(self._pulls) >= MAX_WAITING_PULLS:
             return "busy", f"{MAX_WAITING_PULLS} pulls are already waiting"
         return None
@@ -529,7 +523,6 @@ class ShardCore:
         self._pending.clear()
         self._pending_gen = None
         self._held, self._pulls, self._gen_pulls = [], [], []
-        self._checkpoints.clear()  # the scheduler asks for the checkpoints after the rewind's again
         self._parts.clear()
         self._owner.clear()
         self._gone.clear()

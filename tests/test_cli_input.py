@@ -33,7 +33,8 @@ def refused(argv, capsys) -> str:
 
 # -- launch --resume -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("config", [b"[]", b'{"num_workers": "2"}', b"\xff\xfe", b"{"])
+@pytest.mark.parametrize("config", [b"[]", b'{"num_workers": "2"}', b"\xff\xfe", b"{",
+                                    pytest.param(b"[" * 100_000, id="nested-too-deep")])
 def test_launch_refuses_a_resumed_job_it_cannot_read(tmp_path, capsys, no_cluster, config):
     (tmp_path / "config.json").write_bytes(config)
     assert "config.json" in refused(["launch", "--resume", str(tmp_path)], capsys)
@@ -57,6 +58,8 @@ def test_launch_refuses_an_empty_resume(tmp_path, capsys, monkeypatch, no_cluste
     (["--emulate-ms-per-step", "-5"], "--emulate-ms-per-step"),
     (["--timeout", "nan"], "--timeout"),
     (["--timeout", "-1"], "--timeout"),
+    (["--dead-after", "1.5"], "--dead-after"),  # the scheduler's own checks beyond its parser
+    (["--checkpoint-every", "-1"], "--checkpoint-every"),
 ])
 def test_launch_refuses_bad_values_before_starting_anything(tmp_path, capsys, no_cluster, argv, named):
     run_dir = tmp_path / "run"
@@ -70,7 +73,7 @@ def test_launch_starts_good_values_and_keeps_its_logging(tmp_path, no_cluster):
     before = root.handlers[:], root.level
     with pytest.raises(Started):  # past every check, to the cluster
         cli.main(["launch", "--run-dir", str(tmp_path / "run"), "--num-workers", "2", "--capacity", "1", "2",
-                  "--lr", "0.1", "--timeout", "60"])
+                  "--lr", "0.1", "--timeout", str(14 * 24 * 3600)])  # a two-week job's limit
     assert (root.handlers, root.level) == before  # the worker's parser sets up logging: not the launcher's
 
 
@@ -101,6 +104,7 @@ STEP = {"event": "step", "t": 1.0, "worker": 0, "batch": 8, "compute_s": 0.01, "
     b'{"event": "step", "t": Infinity, "worker": 0, "batch": 8, "compute_s": 0.01}',
     b"\xff\xfe",
     b"{",
+    pytest.param(b"[" * 100_000, id="nested-too-deep"),
 ])
 def test_plot_refuses_a_bad_event_by_file_and_line_before_drawing(tmp_path, capsys, bad_line):
     (tmp_path / "metrics.jsonl").write_bytes(json.dumps(STEP).encode() + b"\n" + bad_line + b"\n")

@@ -81,10 +81,17 @@ def test_an_int_stands_for_a_float_setting():
 
 
 @pytest.mark.parametrize("text", ["null", "42", '"abc"', '{"num_workers": 2.0}', '{"model_args": []}'])
-def test_resume_refuses_a_damaged_config(tmp_path, text):
+def test_resume_refuses_a_damaged_config(tmp_path, text):  # (one reader: saved_job, the launcher's too)
     run_dir = resumable(tmp_path / "run")
     (run_dir / "config.json").write_text(text)
     with pytest.raises(ValueError, match="config.json: job setting"):
+        resume_point(run_dir)
+
+
+def test_resume_refuses_a_config_nested_deeper_than_the_parser_recurses(tmp_path):
+    run_dir = resumable(tmp_path / "run")
+    (run_dir / "config.json").write_text("[" * 100_000)
+    with pytest.raises(ValueError, match="config.json: maximum recursion depth"):
         resume_point(run_dir)
 
 # -- a damaged metrics.jsonl ------------------------------------------------------------------

@@ -163,19 +163,6 @@ def test_a_checkpoint_asked_before_init_waits_for_it():
     assert core.handle(SCHED, Pull(req=2, at=0), 0.0)[0].msg.version == 0  # pulls still served as before
 
 
-def test_a_checkpoint_is_taken_once_per_step_until_a_rewind():
-    core = core_for("asp", dict(momentum=0.9))
-    assert isinstance(core.handle(SCHED, Checkpoint(req=1, step=3), 0.0)[0], Snapshot)
-    assert core.handle(SCHED, Checkpoint(req=2, step=4, at=1), 0.0) == []  # waits for its version
-    for step in (3, 4):  # written, or waiting: another ask would overwrite the file the first records
-        before = snapshot(core)
-        out = core.handle(b"anyone", Checkpoint(req=9, step=step), 0.0)
-        assert [(o.to, o.msg.req, o.msg.error.split(":")[0]) for o in out] == [(b"anyone", 9, "duplicate")]
-        assert_same_state(before, snapshot(core))
-    core.rewind()  # the job went back to a checkpoint: the scheduler asks for the later ones again
-    assert isinstance(core.handle(SCHED, Checkpoint(req=3, step=3), 0.0)[0], Snapshot)
-
-
 # -- the server's writer and restore ----------------------------------------------------------
 
 def _snap(core, step, req=1) -> Snapshot:
