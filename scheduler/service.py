@@ -314,7 +314,16 @@ class Scheduler:
             log.warning("refused a message: %s", exc)
             transport.reply(self.router, peer, protocol.Error(code=exc.code, text=exc.text))
             return
+        if isinstance(msg, Register) and msg.role == "server" and not self._job_key(frames[0]):
+            self._refuse(peer, "bad_key", "a server registers with the key directory 'omnips keygen' made, "
+                                          "not with one machine's client key (--client): it holds no server secret")
+            return
         self._on_message(peer, msg)
+
+    def _job_key(self, frame) -> bool:
+        """With --keys, whether the peer connected with the job's own client key (the gate
+        names each connection by its key); without, anyone may."""
+        return self.opts.keys is None or frame.get("User-Id") == self.opts.keys.client_public.decode()
 
     def _on_message(self, peer: bytes, msg: protocol.Message) -> None:
         server = getattr(self.registry.by_peer.get(peer), "role", "") == "server"

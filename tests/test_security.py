@@ -21,6 +21,7 @@ from omnips.protocol import Init, Pull, Push, Register
 from omnips.security import Gate, Keys, KeysError
 from scheduler.__main__ import parser as scheduler_parser
 from scheduler.registry import Registry
+from scheduler.service import Scheduler, SchedulerOptions
 from server.__main__ import parse as server_parse
 from worker.__main__ import parse as worker_parse
 
@@ -252,6 +253,33 @@ def test_a_process_refused_at_the_handshake_says_why_at_once(tmp_path):
     finally:
         gate.stop()
         ctx.destroy(linger=0)
+
+
+def test_one_machines_client_key_registers_a_worker_but_no_server(tmp_path):
+    """Such a machine holds no server secret: a shard taken by it would never be served."""
+    d = tmp_path / "keys"
+    security.keygen(d)
+    machine = Keys.load(security.keygen_client(d, "box"), listens=False)
+    job = JobSpec(num_workers=1, num_servers=1)
+    s = Scheduler(job, SchedulerOptions(run_dir=str(tmp_path / "run"), keys=Keys.load(d, listens=True)),
+                  announce=lambda *a: None)
+    try:
+        replies = {}
+        for name, keys, role in [("box server", machine, "server"), ("box worker", machine, "worker"),
+                                 ("job server", Keys.load(d, listens=True), "server")]:
+            sock = transport.socket(s.ctx, zmq.DEALER)
+            transport.connect(sock, s.endpoint, keys)
+            transport.send(sock, Register(role=role, host="h", endpoint="tcp://127.0.0.1:1" if role == "server" else ""))
+            assert s.router.poll(10_000), name
+            s._on_router()
+            assert sock.poll(10_000), name
+            replies[name] = protocol.decode(sock.recv_multipart())
+            sock.close(linger=0)
+        assert replies["box server"].code == "bad_key" and "--client" in replies["box server"].text
+        assert all(type(replies[name]).__name__ != "Error" for name in ("box worker", "job server"))
+        assert sorted(m.role for m in s.registry.by_peer.values()) == ["server", "worker"]
+    finally:
+        s._close(linger=0)
 
 
 # -- a keyed job -----------------------------------------------------------------------
