@@ -5,7 +5,6 @@ import argparse
 import contextlib
 import io
 import json
-import logging
 import sys
 import time
 from pathlib import Path
@@ -113,19 +112,13 @@ def check_workers(workers: list[WorkerSpec], parser) -> None:
 
 def borrowed_check(parser, prefix: str, parse, argv):
     """`parse(argv)` with another role's parser, whose refusal becomes this parser's error
-    line: that parser would print its own usage. Keeps the root logger as it was, as the
-    worker's parser also sets up the worker's logging."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
+    line: that parser would print its own usage."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
             return parse(argv)
     except SystemExit:
         parser.error(prefix + err.getvalue().strip().rpartition(": error: ")[2])
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
 
 
 def launch(argv) -> int:

@@ -107,12 +107,24 @@ def _event_time(path: Path, line: bytes) -> float:
 
 
 def read_events(path: str | Path) -> list[dict]:
-    """The events of a run directory's metrics.jsonl, skipping a partly written last line."""
+    """The events of a run directory's metrics.jsonl, line i+1 in place i. A last line
+    without its newline (being written, or torn by a crash) is left out; any other line
+    that holds no event is ValueError naming the file and line."""
+    path = Path(path) / "metrics.jsonl"
     events = []
-    with open(Path(path) / "metrics.jsonl") as f:
-        for line in f:
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for number, line in enumerate(path.read_bytes().split(b"\n")[:-1], 1):
+        try:
+            events.append(_event(line))
+        except ValueError as exc:
+            raise ValueError(f"{path} line {number}: {exc}") from None
     return events
+
+
+def _event(line: bytes) -> dict:
+    try:
+        event = json.loads(line.decode())
+    except (ValueError, RecursionError) as exc:  # (UnicodeDecodeError too; nesting too deep)
+        raise ValueError(f"not a JSON line ({exc})") from None
+    if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+        raise ValueError('not an event (a JSON object with an "event" name)')
+    return event

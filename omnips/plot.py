@@ -1,9 +1,10 @@
 """PNG plots of a run directory: batch sizes, compute times, cluster throughput, accuracy."""
 
-import json
 import math
 from collections import defaultdict
 from pathlib import Path
+
+from .metrics import read_events
 
 
 class PlotError(RuntimeError):
@@ -14,30 +15,24 @@ class PlotError(RuntimeError):
 PLOTTED = {"step": ("t", "worker", "batch", "compute_s"), "eval": ("t", "test_accuracy")}
 
 
-def read_plotted(path: Path) -> list[dict]:
-    """The events of metrics.jsonl, each checked for what the plots read of it, so that a
-    damaged file is refused by file and line before any plot is drawn. Unlike
-    metrics.read_events, only a last line without its newline (torn by a crash) is skipped."""
+def read_plotted(run_dir: Path) -> list[dict]:
+    """The run's events, each checked for what the plots read of it, so that a damaged
+    metrics.jsonl is refused by file and line before any plot is drawn."""
+    path = run_dir / "metrics.jsonl"
     try:
-        lines = path.read_bytes().split(b"\n")
+        events = read_events(run_dir)
     except OSError as exc:
         raise PlotError(f"cannot read {path}: {exc.strerror}") from None
-    events = []
-    for number, line in enumerate(lines[:-1], 1):  # lines[-1]: empty, or the torn last line
-        try:
-            event = json.loads(line.decode())
-        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError too; nesting too deep
-            raise PlotError(f"{path} line {number}: not a JSON line ({exc})") from None
+    except ValueError as exc:
+        raise PlotError(str(exc)) from None
+    for number, event in enumerate(events, 1):  # (read_events: line i+1 in place i)
         problem = _unplottable(event)
         if problem:
             raise PlotError(f"{path} line {number}: {problem}")
-        events.append(event)
     return events
 
 
-def _unplottable(event) -> str | None:
-    if not isinstance(event, dict) or not isinstance(event.get("event"), str):
-        return "not an event (a JSON object with an \"event\" name)"
+def _unplottable(event: dict) -> str | None:
     for key in PLOTTED.get(event["event"], ()):
         value = event.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -60,7 +55,7 @@ def plot_run(run_dir) -> list[Path]:
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").exists():
         raise PlotError(f"{run_dir} is not a run directory (no metrics.jsonl)")
-    events = read_plotted(run_dir / "metrics.jsonl")
+    events = read_plotted(run_dir)
     plt = _pyplot()
     steps = [e for e in events if e["event"] == "step"]
     if not steps:

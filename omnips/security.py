@@ -67,9 +67,9 @@ def keygen_client(directory, name: str) -> Path:
     if not (d / f"{SERVER}.key").is_file() or not (d / AUTHORIZED).is_dir():
         raise KeysError(f"{d} holds no job keys: make them first with 'omnips keygen {d}'")
     out, allowed = d / CLIENTS / name, d / AUTHORIZED / f"{name}.key"
-    if os.path.lexists(out) or os.path.lexists(allowed):
-        raise KeysError(f"client {name!r} exists already ({out if os.path.lexists(out) else allowed}): "
-                        "refusing to overwrite it")
+    taken = next((p for p in (out, allowed) if os.path.lexists(p)), None)  # a link too, as in keygen
+    if taken is not None:
+        raise KeysError(f"client {name!r} exists already ({taken}): refusing to overwrite it")
     _private_dir(d / CLIENTS)
     _private_dir(out)
     _pair(out, CLIENT)

@@ -74,7 +74,7 @@ def test_launch_starts_good_values_and_keeps_its_logging(tmp_path, no_cluster):
     with pytest.raises(Started):  # past every check, to the cluster
         cli.main(["launch", "--run-dir", str(tmp_path / "run"), "--num-workers", "2", "--capacity", "1", "2",
                   "--lr", "0.1", "--timeout", str(14 * 24 * 3600)])  # a two-week job's limit
-    assert (root.handlers, root.level) == before  # the worker's parser sets up logging: not the launcher's
+    assert (root.handlers, root.level) == before  # checking the workers' flags leaves the launcher's logging be
 
 
 # -- keygen ----------------------------------------------------------------------------------------
@@ -124,4 +124,4 @@ def test_plot_refuses_an_unreadable_metrics_file(tmp_path, capsys):
 
 def test_plot_reads_past_a_last_line_torn_by_a_crash(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps(STEP) + "\n" + '{"event": "st')
-    assert plot.read_plotted(tmp_path / "metrics.jsonl") == [STEP]
+    assert plot.read_plotted(tmp_path) == [STEP]

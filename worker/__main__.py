@@ -67,11 +67,10 @@ def parse(argv) -> WorkerOptions:
                               args.emulate_ms_per_sample)
     except ValueError as exc:
         p.error(str(exc))
-    logs.setup("worker", args.log_level)
     return WorkerOptions(args.scheduler, args.device, args.threads, args.capacity, args.rank, args.max_batch,
                          args.memory_limit, args.fault_oom_above, args.fault_nan_at, emulation,
                          args.ack_timeout, args.welcome_timeout, args.server_timeout, args.keys, args.token,
-                         args.bucket_size, args.transport)
+                         args.bucket_size, args.transport, args.log_level)
 
 
 def _bucket(text: str) -> int:
@@ -80,6 +79,7 @@ def _bucket(text: str) -> int:
 
 def main(argv=None) -> int:
     opts = parse(argv)
+    logs.setup("worker", opts.log_level)  # here, not in parse: a launcher checks workers' flags with it
     transport.tune_malloc()
     try:
         return run(opts)

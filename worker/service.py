@@ -59,6 +59,7 @@ class WorkerOptions:
     token: str = field(default="", repr=False)
     bucket_bytes: int = 4 << 20  # the gradient leaves in buckets of this size while backward runs; 0: after it
     transport: str = "auto"  # how to reach servers on this host: auto (ipc) or tcp (omnips.routes)
+    log_level: str = "INFO"
 
 
 def run(opts: WorkerOptions) -> int:
