@@ -92,7 +92,9 @@ class TimeModels:
         scale = np.ones(len(ranks))
         scale[change] = t[change] / predicted[change]
         ts *= scale
-        ss *= scale
+        # the rescaled history rests on one window's ratio: the long average restarts from the
+        # short one, which that window's noise leaves after a few windows rather than a dozen
+        ss[:, change], ns[:, change] = ts[:, change], w[:, change]
         cols = np.arange(len(ranks))
         distance = np.where(held, np.abs(bs - b), np.inf)
         nearest = np.argmin(distance, axis=0)

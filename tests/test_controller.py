@@ -379,6 +379,21 @@ def test_a_drifting_speed_restarts_the_long_average(monkeypatch, drift):
         assert lag > 0.07
 
 
+def test_a_speed_change_restarts_the_long_average():
+    """A change (beyond CHANGE) rescales the history by one window's ratio, noise and all:
+    the long average restarts from the short one, so that later windows wash that noise out
+    within a few windows, as the short one does, rather than a dozen."""
+    model = affine_model(20.0, 1.0, 60, 100)
+    for _ in range(20):
+        model.observe(100, 120.0)
+    model.observe(100, 2 * 120 * 1.04)  # twice as slow, measured 4 % high
+    points = model._models
+    np.testing.assert_allclose(points.steady, points.time, rtol=1e-12)
+    for _ in range(3):
+        model.observe(100, 240.0)
+    assert abs(model.predict(100) / 240 - 1) < 0.02
+
+
 @settings(max_examples=60, deadline=None)
 @given(times=st.lists(st.floats(50.0, 200.0), min_size=1, max_size=30))
 def test_the_long_average_stays_within_drift_of_the_short_one(times):
