@@ -9,13 +9,15 @@ and for the paper's rule, or a fit whose time does not grow with the batch, the
 one through the newest point. A size measured again
 is averaged into its point, the earlier windows weighing less, and leaves the
 other points as they were: a plan that holds still keeps the slope it learnt and
-measures its point ever more precisely. Each point keeps two averages over its
-windows: a short one (an earlier window weighs FORGET) and a long one (REPEAT),
-which the fit uses. The long one shrinks the noise about three times further (at
-+-5 % noise, 4096 workers' plans settle at 1.8 % over the oracle's step time
-rather than 2.9 %: the slowest worker's error sets the step), but it lags a speed
-that drifts; where the two part by more than DRIFT the long one restarts from
-the short one, which bounds the lag. Once a line is fitted, a size within
+measures its point ever more precisely. Each point keeps two averages over the
+windows measured at it: a short one (the earlier windows keep FORGET of their
+weight) and a long one (REPEAT), which the fit uses. With independent noise from
+window to window the long one's error is 0.58 of the short one's (0.33 of a
+single window's): the slowest of thousands of workers' errors sets a BSP step.
+It trails a drifting speed by about four windows' drift where the short one
+trails by one; where the two part by more than DRIFT, to the same side in two
+windows running, the long one restarts from the short one (one window's outlier
+does not restart it). Once a line is fitted, a size within
 half MIN_SPREAD of a point is that point measured again, moved along the line: a
 plan that moves by a few samples each window (thousands of workers' noise moves
 some every time) averages as well as one that holds still.
@@ -40,9 +42,11 @@ FORGET = 0.5  # weight left to older points at each new measurement
 CHANGE = 0.2  # relative prediction error taken as a change of speed
 MIN_SPREAD = 0.1  # distinct batch sizes must span this fraction of the largest for a fit
 MIN_WEIGHT = 0.02  # points weighing less are dropped
-REPEAT = 0.9  # share of a point's long average kept when its size is measured again
-DRIFT = 0.03  # relative gap between a point's two averages taken as drift
-SLOTS = 1 + math.floor(math.log(MIN_WEIGHT) / math.log(FORGET))  # points a worker can hold at once
+REPEAT = 0.8  # weight left to a point's long average when its size is measured again
+DRIFT = 0.03  # relative gap between a point's two averages that, twice running, is taken as drift
+# points a worker can hold at once: the newest, and those a new size has aged fewer times than
+# takes the heaviest (a size measured again and again weighs up to 1 / (1 - FORGET)) below MIN_WEIGHT
+SLOTS = 1 + math.floor(math.log(MIN_WEIGHT * (1 - FORGET)) / math.log(FORGET))
 
 
 class TimeModels:
@@ -54,11 +58,13 @@ class TimeModels:
         self.batch = np.zeros((SLOTS, n), dtype=np.float64)
         self.time = np.zeros((SLOTS, n), dtype=np.float64)
         self.weight = np.zeros((SLOTS, n), dtype=np.float64)
-        # each point's time twice: `time` forgets as the weights do (FORGET a window), `steady`
-        # keeps REPEAT of its average a window (`count` its windows' weight) and is what the
-        # fit uses, unless the two part by DRIFT
+        # each point's time twice: `time` is its short average (as `weight`, the earlier windows
+        # at its size keep FORGET), `steady` its long one (REPEAT; `count` its weight), which the
+        # fit uses; `parted`: +-1 where the last window left the long one more than DRIFT above
+        # (below) the short one, else 0
         self.steady = np.zeros((SLOTS, n), dtype=np.float64)
         self.count = np.zeros((SLOTS, n), dtype=np.float64)
+        self.parted = np.zeros((SLOTS, n), dtype=np.float64)
         self.newest = np.zeros((n, 2), dtype=np.float64)  # (batch, time) of the newest point; batch 0: none
         self._lines = np.zeros((n, 2), dtype=np.float64)  # each row's (a, c), fitted when it changes
 
@@ -82,9 +88,11 @@ class TimeModels:
             raise ValueError(f"a measurement needs batch >= 1 and time > 0, got ({b[i]:g}, {t[i]:g})")
         if not len(ranks):
             return
+        points = (self.weight, self.batch, self.time, self.steady, self.count, self.parted)
+        # every worker, in order (a decision's usual call): worked on in place; else their columns
         # (take, not [:, ranks]: that returns the columns in the other memory order, slow to reduce)
-        w, bs, ts, ss, ns = (np.take(x, ranks, axis=1)
-                             for x in (self.weight, self.batch, self.time, self.steady, self.count))
+        whole = len(ranks) == self.batch.shape[1] and bool(np.all(ranks == np.arange(len(ranks))))
+        w, bs, ts, ss, ns, gap = points if whole else (np.take(x, ranks, axis=1) for x in points)
         held = w > 0
         line = self._lines[ranks]
         predicted = line[:, 0] + line[:, 1] * b
@@ -93,8 +101,8 @@ class TimeModels:
         scale[change] = t[change] / predicted[change]
         ts *= scale
         # the rescaled history rests on one window's ratio: the long average restarts from the
-        # short one, which that window's noise leaves after a few windows rather than a dozen
-        ss[:, change], ns[:, change] = ts[:, change], w[:, change]
+        # short one (its weight too), which that window's noise leaves sooner
+        ss[:, change], ns[:, change], gap[:, change] = ts[:, change], w[:, change], 0.0
         cols = np.arange(len(ranks))
         distance = np.where(held, np.abs(bs - b), np.inf)
         nearest = np.argmin(distance, axis=0)
@@ -107,26 +115,31 @@ class TimeModels:
         moved = np.where(again, scale * line[:, 1] * (b - bs[nearest, cols]), 0.0)
         ts[nearest, cols] += moved
         ss[nearest, cols] += moved
-        # a new size ages the other points; a size measured again only its own point, so that a
-        # steady plan neither forgets its slope nor loses its average over windows
+        # a new size ages the other points (both averages: one at a size the plan comes back to
+        # after a while must not outweigh the windows then); a size measured again only its own
+        # point, so that a steady plan neither forgets its slope nor loses its average over windows
         w[:, ~again] *= FORGET
+        ns[:, ~again] *= FORGET
         w[w < MIN_WEIGHT] = 0.0
         # the slot of the point measured again, else an empty one (forgetting left at least one)
         slot = np.where(again, nearest, np.argmax(w == 0, axis=0))
         kept = np.where(again, FORGET * w[slot, cols], 0.0)
         merged = (kept * ts[slot, cols] + t) / (kept + 1.0)
-        # the long average: many windows shrink the timing noise (the slowest of thousands of
-        # workers' errors sets the step), but lag a drifting speed; the short one follows it, and
-        # a gap between the two beyond the noise restarts the long one from the short
+        # the long average: many windows shrink the timing noise, but trail a drifting speed,
+        # which the short one follows: a gap beyond DRIFT to the same side as the last window's
+        # is a drift (one window's outlier leaves one such gap), and the long one restarts from
+        # the short one, with its weight
         held_n = np.where(again, REPEAT * ns[slot, cols], 0.0)
         steady = (held_n * ss[slot, cols] + t) / (held_n + 1.0)
-        drifted = np.abs(steady - merged) > DRIFT * merged
+        side = np.sign(steady - merged) * (np.abs(steady - merged) > DRIFT * merged)
+        drifted = (side != 0) & (np.where(again, gap[slot, cols], 0.0) == side)
         steady = np.where(drifted, merged, steady)
         held_n = np.where(drifted, kept, held_n)
         w[slot, cols], bs[slot, cols], ts[slot, cols] = kept + 1.0, b, merged
-        ss[slot, cols], ns[slot, cols] = steady, held_n + 1.0
-        self.weight[:, ranks], self.batch[:, ranks], self.time[:, ranks] = w, bs, ts
-        self.steady[:, ranks], self.count[:, ranks] = ss, ns
+        ss[slot, cols], ns[slot, cols], gap[slot, cols] = steady, held_n + 1.0, np.where(drifted, 0.0, side)
+        if not whole:
+            for stored, worked in zip(points, (w, bs, ts, ss, ns, gap)):
+                stored[:, ranks] = worked
         self.newest[ranks] = np.stack([b, steady], axis=1)
         self._lines[ranks] = _fit(w, bs, ss, b, steady) if self.affine else _through_origin(b, steady)
 
