@@ -45,7 +45,9 @@ MIN_WEIGHT = 0.02  # points weighing less are dropped
 REPEAT = 0.8  # weight left to a point's long average when its size is measured again
 DRIFT = 0.03  # relative gap between a point's two averages that, twice running, is taken as drift
 # points a worker can hold at once: the newest, and those a new size has aged fewer times than
-# takes the heaviest (a size measured again and again weighs up to 1 / (1 - FORGET)) below MIN_WEIGHT
+# takes the heaviest (a size measured again and again weighs up to 1 / (1 - FORGET)) below
+# MIN_WEIGHT; a plan that keeps going back to old sizes can hold more, and then a new size
+# takes the lightest point's slot
 SLOTS = 1 + math.floor(math.log(MIN_WEIGHT * (1 - FORGET)) / math.log(FORGET))
 
 
@@ -121,8 +123,8 @@ class TimeModels:
         w[:, ~again] *= FORGET
         ns[:, ~again] *= FORGET
         w[w < MIN_WEIGHT] = 0.0
-        # the slot of the point measured again, else an empty one (forgetting left at least one)
-        slot = np.where(again, nearest, np.argmax(w == 0, axis=0))
+        # the slot of the point measured again, else an empty one, else the lightest point's
+        slot = np.where(again, nearest, np.argmin(w, axis=0))
         kept = np.where(again, FORGET * w[slot, cols], 0.0)
         merged = (kept * ts[slot, cols] + t) / (kept + 1.0)
         # the long average: many windows shrink the timing noise, but trail a drifting speed,

@@ -206,7 +206,7 @@ def test_every_plan_on_the_way_is_valid(cluster):
 # -- the deadband ----------------------------------------------------------------------
 
 def noisy_windows(a, c, total, seed, deadband, windows=50, amplitude=0.03):
-    """Converge on exact times, then `windows` windows with +-3 % multiplicative noise:
+    """Converge on exact times, then `windows` windows with +-`amplitude` multiplicative noise:
     (plan changes, the furthest any worker got from the converged plan)."""
     cluster = Cluster(a, c, total)
     for _ in range(12):
@@ -421,19 +421,31 @@ def test_a_speed_change_restarts_the_long_average():
 
 
 @settings(max_examples=60, deadline=None)
-@given(times=st.lists(st.floats(50.0, 200.0), min_size=1, max_size=30))
-def test_the_long_average_stays_near_the_short_one(times):
-    """At most DRIFT apart once the gap has been seen twice; after one window, as far as a
-    single window can move the short one from it."""
+@given(times=st.lists(st.floats(100.0, 140.0), min_size=1, max_size=30))
+def test_two_gaps_to_one_side_restart_the_long_average(times):
+    """After every window the long average is within DRIFT of the short one, or parted from
+    it for the first time to that side (a second gap to the same side restarts it)."""
     model = TimeModel()
-    for t in times:
-        model.observe(100, t)
     points = model._models
-    held = points.weight > 0
-    steady, short = points.steady[held], points.time[held]
-    assert np.all(np.abs(steady - short) <= np.maximum(DRIFT * short, short))
-    assert np.all((np.abs(steady - short) <= DRIFT * short * (1 + 1e-12)) | (points.parted[held] != 0))
-    assert model.predict(100) == pytest.approx(steady[0])
+    for t in times:
+        before = points.parted[0, 0]
+        model.observe(100, t)
+        gap = points.steady[0, 0] - points.time[0, 0]
+        if abs(gap) > DRIFT * points.time[0, 0] * (1 + 1e-12):
+            assert np.sign(gap) != before and points.parted[0, 0] == np.sign(gap)
+        assert model.predict(100) == pytest.approx(points.steady[0, 0])
+
+
+def test_gaps_to_alternate_sides_are_noise():
+    """Windows 15 % slow and fast by turns part the two averages to either side in turn: no
+    drift, so the long average holds near the mean where the short one swings."""
+    model = TimeModel()
+    for _ in range(10):
+        model.observe(100, 120.0)
+    for k in range(20):
+        model.observe(100, 120 * (1.15 if k % 2 else 0.85))
+        assert abs(model.predict(100) / 120 - 1) < 0.04
+    assert abs(model._models.time[0, 0] / 120 - 1) > 0.04  # the short one, swinging
 
 
 def test_a_size_the_plan_comes_back_to_takes_the_new_window_at_its_aged_weight():
@@ -454,7 +466,7 @@ def test_a_size_the_plan_comes_back_to_takes_the_new_window_at_its_aged_weight()
 
 def test_a_worker_holds_every_point_its_weights_keep():
     """A size measured again and again weighs up to 1 / (1 - FORGET): SLOTS leaves room for
-    it and every lighter point above MIN_WEIGHT, so that a new size never overwrites one."""
+    it and every lighter point above MIN_WEIGHT that new sizes keep aging."""
     models = TimeModels(1, affine=False)
     for b in (10, 20, 30, 40, 50, 60, 70):
         models.observe([0], [b], [0.01 * b])
@@ -464,6 +476,22 @@ def test_a_worker_holds_every_point_its_weights_keep():
     models.observe([0], [140], [1.4])
     held = sorted(models.batch[models.weight[:, 0] > 0, 0].tolist())
     assert held == [80, 90, 100, 110, 120, 130, 140]
+
+
+def test_with_every_slot_held_a_new_size_takes_the_lightest_points():
+    """A plan that goes back to each old size keeps all of them heavy: a new size then takes
+    the lightest point's slot, not the first one's."""
+    models = TimeModels(1, affine=False)
+    sizes = [100, 120, 140, 160, 180, 200, 220]
+    for i, b in enumerate(sizes):
+        models.observe([0], [b], [0.01 * b])
+        for old in sizes[:i]:
+            models.observe([0], [old], [0.01 * old])
+    assert np.all(models.weight > 0)
+    lightest = models.batch[np.argmin(models.weight[:, 0]), 0]
+    models.observe([0], [240], [2.4])
+    held = sorted(models.batch[:, 0].tolist())
+    assert held == sorted(set(sizes + [240]) - {lightest}) and lightest != 100
 
 
 def test_a_plan_moving_by_a_few_samples_keeps_its_fit_and_averages_its_noise():
@@ -531,9 +559,12 @@ def test_many_workers_model_as_each_alone(data, n, affine):
     worked on in place), holds what n models of one worker fed the same hold."""
     many, alone = TimeModels(n, affine), [TimeModels(1, affine) for _ in range(n)]
     speed = data.draw(st.lists(st.floats(1e-3, 10.0), min_size=n, max_size=n))
-    for _ in range(12):
+    # a few sizes, some within 5 % of each other: points measured again, moved along the line,
+    # parted averages and restarts, as well as new sizes and dropped points
+    sizes = st.sampled_from([20, 21, 40, 42, 80, 84, 160, 200])
+    for _ in range(20):
         ranks = data.draw(st.one_of(st.just(list(range(n))), st.permutations(range(n)).map(lambda p: p[:max(1, len(p) - 1)])))
-        batches = data.draw(st.lists(st.integers(1, 200), min_size=len(ranks), max_size=len(ranks)))
+        batches = data.draw(st.lists(sizes, min_size=len(ranks), max_size=len(ranks)))
         noise = data.draw(st.lists(st.floats(0.7, 1.3), min_size=len(ranks), max_size=len(ranks)))
         times = [speed[r] * (2 + b) * e for r, b, e in zip(ranks, batches, noise)]
         many.observe(ranks, batches, times)
@@ -542,7 +573,8 @@ def test_many_workers_model_as_each_alone(data, n, affine):
     for name in ("batch", "time", "weight", "steady", "count", "parted"):
         np.testing.assert_array_equal(getattr(many, name), np.hstack([getattr(m, name) for m in alone]), name)
     measured = np.flatnonzero(many.measured(np.arange(n)))
-    np.testing.assert_array_equal(many.lines(measured), np.vstack([alone[r].lines([0]) for r in measured]))
+    # (the fit sums a worker's slots: numpy may order a column's sum differently from an array's)
+    np.testing.assert_allclose(many.lines(measured), np.vstack([alone[r].lines([0]) for r in measured]), rtol=1e-12)
 
 
 # -- the scheduler's bookkeeping --------------------------------------------------------------
