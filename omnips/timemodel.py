@@ -6,21 +6,22 @@ two or more batch sizes far enough apart, it is a weighted least-squares fit
 (older points weigh less: the worker's speed may drift); otherwise the line
 through the origin and the points' weighted mean (a = 0: constant throughput),
 and for the paper's rule, or a fit whose time does not grow with the batch, the
-one through the newest point. A size measured again
-is averaged into its point, the earlier windows weighing less, and leaves the
-other points as they were: a plan that holds still keeps the slope it learnt and
-measures its point ever more precisely. Each point keeps two averages over the
-windows measured at it: a short one (the earlier windows keep FORGET of their
-weight) and a long one (REPEAT), which the fit uses. With independent noise from
-window to window the long one's error is 0.58 of the short one's (0.33 of a
-single window's): the slowest of thousands of workers' errors sets a BSP step.
-It trails a drifting speed by about four windows' drift where the short one
-trails by one; where the two part by more than DRIFT, to the same side in two
-windows running, the long one restarts from the short one (one window's outlier
-does not restart it). Once a line is fitted, a size within
-half MIN_SPREAD of a point is that point measured again, moved along the line: a
-plan that moves by a few samples each window (thousands of workers' noise moves
-some every time) averages as well as one that holds still.
+one through the newest point. A size measured again is averaged into its point,
+the earlier windows weighing less, and leaves the other points as they were: a
+plan that holds still keeps the slope it learnt and measures its point ever more
+precisely. Each point keeps two averages over the windows measured at it: a
+short one (the earlier windows keep FORGET of their weight) and a long one
+(REPEAT), which the fit uses. With noise independent from window to window and
+well under DRIFT, the long one's error is 0.58 of the short one's (0.33 of a
+single window's): the slowest of thousands of workers' errors sets a BSP step. It
+trails a drifting speed by about four windows' drift where the short one trails
+by one; where the two part by more than DRIFT to the same side at two
+measurements of the size running, the long one restarts from the short one (one
+window's outlier does not restart it). A new size ages both averages of the
+other points. Once a line is fitted, a size within half MIN_SPREAD of a point is
+that point measured again, moved along the line: a plan that moves by a few
+samples each window (thousands of workers' noise moves some every time) averages
+as well as one that holds still.
 
 A measurement far from a trustworthy prediction means the worker's speed changed
 (throttling, another job on the machine, an emulated slowdown). Such changes
