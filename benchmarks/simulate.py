@@ -26,7 +26,10 @@ the time the controller is told does). Reported per N and kind of noise:
 * adjustments to converge at the start and after the speed change: plan changes
   until the plan's noise-free step time is within 5 % of the oracle plan's;
 * the controller's CPU time per decision (one `replan`), median and max, and per
-  worker report (`on_step` and `ready`, as the scheduler calls them), mean.
+  worker report (`on_step` and `ready`, as the scheduler calls them), mean;
+* at the largest N, a slow drift instead of the change (the quarter slows down a
+  little every step), against the oracle that follows it, with the time models as
+  they are and with their long averages kept as the short ones are (the baseline).
 
     python benchmarks/simulate.py [--workers 4,64,1024,4096] [--noise 0.05] [--steps 240] [--no-probe]
 
@@ -34,6 +37,7 @@ Prints a table and writes it to benchmarks/results/simulate.md.
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -49,6 +53,7 @@ sys.path.insert(0, str(HERE))
 from report import machine_lines, publish  # noqa: E402
 
 from omnips.batching import PROBE_BATCHES, BatchPlan, equal_time, initial_batches, integerize  # noqa: E402
+from omnips import timemodel  # noqa: E402
 from omnips.job import JobSpec  # noqa: E402
 from scheduler.control import BatchControl  # noqa: E402
 
@@ -59,6 +64,9 @@ KINDS = ("jitter", "timer")
 # 2.5 ms leaves the plan to the controller, and 128 samples a worker leave whole samples
 # (rounding) no say in it either: what remains is the controller's own error
 SCENARIOS = (((2.0, 10.0), 32), ((0.5, 2.5), 32), ((0.5, 2.5), 128))
+# slowdowns a window for the drift table: the long averages trail 0.2 % by about four windows'
+# drift without restarting; 1 % parts the two averages by about 3 % (DRIFT), at the edge
+DRIFTS = (0.002, 0.01)
 
 
 def oracle_plan(lines: np.ndarray, total: int) -> np.ndarray:
@@ -68,7 +76,9 @@ def oracle_plan(lines: np.ndarray, total: int) -> np.ndarray:
 
 
 def simulate(n: int, steps: int, noise: float, kind: str, adjust_every: int, seed: int,
-             fixed_ms: tuple[float, float], per_worker: int, probe: bool = True) -> dict:
+             fixed_ms: tuple[float, float], per_worker: int, probe: bool = True, drift: float = 0.0) -> dict:
+    """One run. `drift` > 0: from mid-run the quarter of the workers slows down by that
+    fraction every step (compounding) instead of becoming 3x slower at once."""
     rng = np.random.default_rng(seed)
     total = per_worker * n
     a = rng.uniform(fixed_ms[0] / 1000, fixed_ms[1] / 1000, n)  # fixed cost per step, s
@@ -93,10 +103,10 @@ def simulate(n: int, steps: int, noise: float, kind: str, adjust_every: int, see
     for step in range(steps):
         while pending and pending[0][0] <= step:
             plan = pending.pop(0)[1]  # the workers switch; the controller has had it since it decided
-        if step in (0, change_at):
+        if step in (0, change_at) or (drift and step > change_at):
             f = 1.0 / speed
-            if step == change_at:
-                f[slowed] *= 3.0
+            if step >= change_at:
+                f[slowed] *= (1.0 + drift) ** (step - change_at) if drift else 3.0
             lines = np.stack([f * a, f * c], axis=1)
             best = oracle_plan(lines, total)
             best_s = lines[:, 0] + lines[:, 1] * best
@@ -160,6 +170,29 @@ def summarise(r: dict) -> dict:
             "decision_max_ms": 1000 * max(d) if d else 0.0, "report_us": 1e6 * r["report_s"]}
 
 
+def drift_summary(r: dict) -> dict:
+    """A drift run from the drift's start on: efficiency against the oracle plan (which follows
+    the drift at once), the plan's noise-free step time over the oracle's in its last fifth,
+    and the plan changes."""
+    drifting = slice(r["change_at"], r["steps"])
+    tail = (r["steps"] - r["change_at"]) // 5
+    return {"vs_oracle": r["oracle"][drifting].sum() / r["step"][drifting].sum(),
+            "settled": float(np.median((r["clean"] / r["oracle_clean"])[r["steps"] - tail:])),
+            "changes": sum(1 for c in r["changes"] if c >= r["change_at"])}
+
+
+@contextlib.contextmanager
+def short_averages_only():
+    """The time models with their long averages kept as the short ones are (REPEAT = FORGET):
+    as they fitted before they had long ones, the baseline for the drift table."""
+    saved = timemodel.REPEAT
+    timemodel.REPEAT = timemodel.FORGET
+    try:
+        yield
+    finally:
+        timemodel.REPEAT = saved
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", default="4,64,1024,4096")
@@ -185,6 +218,21 @@ def main(argv=None) -> int:
                       f"decision {s['decision_ms']:.2f} ms (max {s['decision_max_ms']:.2f}), "
                       f"{s['report_us']:.1f} us a report", flush=True)
                 rows.append(s)
+    # a slow drift instead of the speed change, at the largest size: what the long averages cost
+    # where they trail, against models with short ones only, in the same runs otherwise
+    fixed, per_worker = SCENARIOS[-1]
+    n = max(int(v) for v in args.workers.split(","))
+    drift_rows = []
+    for per_window in DRIFTS:
+        for kind in KINDS:
+            for model in ("long", "short"):
+                with contextlib.nullcontext() if model == "long" else short_averages_only():
+                    d = drift_summary(simulate(n, args.steps, args.noise, kind, args.adjust_every, args.seed, fixed,
+                                               per_worker, args.probe, drift=per_window / args.adjust_every))
+                print(f"drift {per_window:.1%} a window, {n} workers, {kind}, {model} averages: "
+                      f"{d['vs_oracle']:.3f} of the oracle plan, settled {d['settled']:.3f}, {d['changes']} plan changes",
+                      flush=True)
+                drift_rows.append((per_window, kind, model, d))
     lines = [
         "# The controller simulated at scale (BSP, modelled workers)", "",
         *machine_lines(),
@@ -220,7 +268,18 @@ def main(argv=None) -> int:
               "over the last fifth of each phase, of the plan's noise-free step time over the oracle plan's (what "
               "the time models' errors cost once converged: the slowest of N workers' errors sets the step). Steps "
               "on the old plan: from the speed change to the first step that runs a plan decided after it. "
-              "Decision: one `replan`; a report: `on_step` and `ready`, as the scheduler calls them for every report."]
+              "Decision: one `replan`; a report: `on_step` and `ready`, as the scheduler calls them for every report.",
+              "", f"## A slow drift instead ({n} workers, a {fixed[0]:g}..{fixed[1]:g} ms, {per_worker} samples a worker)", "",
+              f"From step {args.steps // 2} the same quarter of the workers slows down by the given fraction a window "
+              f"(of {args.adjust_every} steps, compounding every step) instead of becoming 3x slower at once; the oracle "
+              "plan follows the drift at every step. Long averages: the time models as they are; short: their long "
+              "averages kept as the short ones are (REPEAT = FORGET), as they fitted before they had long ones, in "
+              "runs otherwise the same.", "",
+              "| drift a window | noise | averages | efficiency of the oracle plan, from the drift's start | "
+              "settled plan's step time, of the oracle's (last fifth) | plan changes |",
+              "|---:|---|---|---:|---:|---:|"]
+    for per_window, kind, model, d in drift_rows:
+        lines.append(f"| {per_window:.1%} | {kind} | {model} | {d['vs_oracle']:.3f} | {d['settled']:.3f} | {d['changes']} |")
     publish(lines, args.out)
     return 0
 

@@ -3,7 +3,10 @@
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from omnips import timemodel
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -36,6 +39,27 @@ def test_the_table_has_a_row_per_scenario_and_kind_of_noise(tmp_path, flags, sta
     assert simulate.main(["--workers", "4,8", "--steps", "40", *flags, "--out", str(out)]) == 0
     text = out.read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert len(rows) == len(simulate.SCENARIOS) * 2 * len(simulate.KINDS)
-    assert all(len(row.split("|")) == 15 for row in rows)  # 13 columns
+    main = [row for row in rows if len(row.split("|")) == 15]  # 13 columns
+    drift = [row for row in rows if len(row.split("|")) == 8]  # 6 columns
+    assert len(main) == len(simulate.SCENARIOS) * 2 * len(simulate.KINDS)
+    assert len(drift) == len(simulate.DRIFTS) * len(simulate.KINDS) * 2  # long and short averages
+    assert len(rows) == len(main) + len(drift)
     assert start in text
+
+
+def test_a_drift_slows_the_quarter_step_by_step_and_the_oracle_follows():
+    r = simulate.simulate(8, 60, 0.0, "timer", 5, 0, (0.5, 2.5), 32, drift=0.01)
+    # 2 of 8 workers 1.01 ** 29 = 1.33x slower by the end: the oracle moves samples to the others,
+    # whose equal time grows by a few % (not step by step: whole samples move now and then)
+    assert r["oracle_clean"][-1] > 1.01 * r["oracle_clean"][29]
+    d = simulate.drift_summary(r)
+    assert d["changes"] >= 1 and 0.5 < d["vs_oracle"] <= 1.0 + 1e-9
+
+
+def test_short_averages_only_is_the_long_one_kept_as_the_short_one():
+    with simulate.short_averages_only():
+        models = timemodel.TimeModels(1)
+        for t in (1.0, 1.2, 0.9, 1.1, 1.0):
+            models.observe([0], [10], [t])
+        np.testing.assert_array_equal(models.steady, models.time)
+    assert timemodel.REPEAT != timemodel.FORGET  # restored
