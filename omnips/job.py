@@ -62,13 +62,11 @@ class JobSpec:
 
     def check(self) -> None:
         """Raise ValueError naming the first setting that cannot work."""
-        _one_of("mode", self.mode, MODES)
-        _one_of("optimizer", self.optimizer, OPTIMIZERS)
-        _one_of("batching", self.batching, BATCHINGS)
-        _one_of("controller", self.controller, CONTROLLERS)
-        _one_of("staleness-lr", self.staleness_lr, STALENESS_LR)
-        _one_of("nan-policy", self.nan_policy, NAN_POLICIES)
-        _one_of("wire-dtype", self.wire_dtype, WIRE_DTYPES)
+        for name, allowed in (("mode", MODES), ("optimizer", OPTIMIZERS), ("batching", BATCHINGS),
+                              ("controller", CONTROLLERS), ("staleness_lr", STALENESS_LR),
+                              ("nan_policy", NAN_POLICIES), ("wire_dtype", WIRE_DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{_flag(name)} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
         if self.adjust_every < 2:
             raise ValueError(f"--adjust-every must be >= 2 (the first step after a change is not measured), "
                              f"not {self.adjust_every}")
@@ -160,11 +158,6 @@ def same_job(saved, job: JobSpec) -> bool:
         return JobSpec.from_dict(saved) == job
     except ValueError:
         return False
-
-
-def _one_of(name, value, allowed):
-    if value not in allowed:
-        raise ValueError(f"--{name} must be one of {', '.join(allowed)}, not {value!r}")
 
 
 def _flag(name: str) -> str:

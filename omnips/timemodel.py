@@ -68,16 +68,18 @@ class TimeModels:
         self.steady = np.zeros((SLOTS, n), dtype=np.float64)
         self.count = np.zeros((SLOTS, n), dtype=np.float64)
         self.parted = np.zeros((SLOTS, n), dtype=np.float64)
-        self.newest = np.zeros((n, 2), dtype=np.float64)  # (batch, time) of the newest point; batch 0: none
         self._lines = np.zeros((n, 2), dtype=np.float64)  # each row's (a, c), fitted when it changes
+        # whether each worker holds a point (kept apart from `weight`: a decision asks it of
+        # every worker several times)
+        self._measured = np.zeros(n, dtype=bool)
 
     def reset(self, ranks) -> None:
         """Forget everything measured of `ranks` (a new worker took them)."""
         self.weight[:, ranks] = 0.0
-        self.newest[ranks] = 0.0
+        self._measured[ranks] = False
 
     def measured(self, ranks) -> np.ndarray:
-        return self.newest[ranks, 0] > 0
+        return self._measured[ranks]
 
     def observe(self, ranks, batches, seconds) -> None:
         """One measurement per rank in `ranks` (distinct); ValueError, and nothing
@@ -143,7 +145,7 @@ class TimeModels:
         if not whole:
             for stored, worked in zip(points, (w, bs, ts, ss, ns, gap)):
                 stored[:, ranks] = worked
-        self.newest[ranks] = np.stack([b, steady], axis=1)
+        self._measured[ranks] = True
         self._lines[ranks] = _fit(w, bs, ss, b, steady) if self.affine else _through_origin(b, steady)
 
     def trusted_at(self, ranks, batches) -> np.ndarray:

@@ -127,12 +127,11 @@ class Scheduler:
     # -- lifecycle ----------------------------------------------------------------
     def serve(self) -> int:
         try:
-            endpoint = self.endpoint
-            self.announce(f"omnips scheduler listening on {endpoint}", flush=True)
+            self.announce(f"omnips scheduler listening on {self.endpoint}", flush=True)
             if self.resume is not None:
                 self.run.event("resume", step=self.resume.step, checkpoint=str(self.resume.path))
                 log.info("resuming from checkpoint %s (step %d)", self.resume.path, self.resume.step)
-            self.run.event("start", endpoint=endpoint, clock_t0=self.run.t0, num_params=self.flat.size,
+            self.run.event("start", endpoint=self.endpoint, clock_t0=self.run.t0, num_params=self.flat.size,
                            train_size=self.progress.train_size,
                            test_size=self.test_size, budget_samples=self.progress.budget,
                            budget_epochs=self.progress.budget / self.progress.train_size)

@@ -280,7 +280,7 @@ class ShardCore:
         finite, its parts were checked as they came)."""
         if segments is None:
             segments = [(0, msg.data)] if msg.batch else []
-        refusal = self._check_push(peer, msg, segments)
+        refusal = self._check_fields(peer, msg, sum(values.size for _, values in segments))
         if refusal:
             return [refusal]
         segments = self._float32(msg.rank, segments)
@@ -296,9 +296,6 @@ class ShardCore:
             self._pending_gen = msg.gen
             return self._release_gen_pulls(now) + self._try_complete(now)
         return self._apply_asp(peer, msg, segments, now) + self._release_pulls(now)
-
-    def _check_push(self, peer, msg: Push, segments: list) -> Outgoing | None:
-        return self._check_fields(peer, msg, sum(values.size for _, values in segments))
 
     def _check_fields(self, peer, msg: Push, size: int | None = None) -> Outgoing | None:
         """The checks of a push, with its `size` once whole: each of its parts passes the

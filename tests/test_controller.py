@@ -23,11 +23,6 @@ class TimeModel:
     def __init__(self, affine: bool = True):
         self._models = TimeModels(1, affine)
 
-    @property
-    def newest(self) -> tuple[int, float] | None:
-        b, t = self._models.newest[0]
-        return (int(b), float(t)) if b else None
-
     def observe(self, batch: int, seconds: float) -> None:
         self._models.observe([0], [batch], [seconds])
 
