@@ -29,7 +29,10 @@ the time the controller is told does). Reported per N and kind of noise:
   worker report (`on_step` and `ready`, as the scheduler calls them), mean;
 * at the largest N, a slow drift instead of the change (the quarter slows down a
   little every step), against the oracle that follows it, with the time models as
-  they are and with their long averages kept as the short ones are (the baseline).
+  they are and with their long averages kept as the short ones are (the baseline);
+* at 3 to 16 workers, a transient slowdown instead (1.3x for 3 windows), with plans
+  the deadband holds back taken once they persist and with the deadband alone (the
+  baseline): whether the plan comes back to the best one afterwards.
 
     python benchmarks/simulate.py [--workers 4,64,1024,4096] [--noise 0.05] [--steps 240] [--no-probe]
 
@@ -38,6 +41,7 @@ Prints a table and writes it to benchmarks/results/simulate.md.
 
 import argparse
 import contextlib
+import math
 import os
 import statistics
 import sys
@@ -55,6 +59,7 @@ from report import machine_lines, publish  # noqa: E402
 from omnips.batching import PROBE_BATCHES, BatchPlan, equal_time, initial_batches, integerize  # noqa: E402
 from omnips import timemodel  # noqa: E402
 from omnips.job import JobSpec  # noqa: E402
+from scheduler import control  # noqa: E402
 from scheduler.control import BatchControl  # noqa: E402
 
 COMM_S = 0.005
@@ -67,6 +72,10 @@ SCENARIOS = (((2.0, 10.0), 32), ((0.5, 2.5), 32), ((0.5, 2.5), 128))
 # slowdowns a window for the drift table: the long averages trail 0.2 % by about four windows'
 # drift without restarting; 1 % parts the two averages by about 3 % (DRIFT), at the edge
 DRIFTS = (0.002, 0.01)
+# a transient slowdown for the small-cluster table: long enough for the plan to follow it, small
+# enough that the plan it leaves behind is within the deadband of the best one
+TRANSIENT_SLOWDOWN, TRANSIENT_WINDOWS = 1.3, 3
+TRANSIENT_WORKERS = (3, 4, 8, 16)
 
 
 def oracle_plan(lines: np.ndarray, total: int) -> np.ndarray:
@@ -76,9 +85,11 @@ def oracle_plan(lines: np.ndarray, total: int) -> np.ndarray:
 
 
 def simulate(n: int, steps: int, noise: float, kind: str, adjust_every: int, seed: int,
-             fixed_ms: tuple[float, float], per_worker: int, probe: bool = True, drift: float = 0.0) -> dict:
+             fixed_ms: tuple[float, float], per_worker: int, probe: bool = True, drift: float = 0.0,
+             transient: int = 0) -> dict:
     """One run. `drift` > 0: from mid-run the quarter of the workers slows down by that
-    fraction every step (compounding) instead of becoming 3x slower at once."""
+    fraction every step (compounding) instead of becoming 3x slower at once. `transient` > 0:
+    they are TRANSIENT_SLOWDOWN slower for that many steps only, then as fast as before."""
     rng = np.random.default_rng(seed)
     total = per_worker * n
     a = rng.uniform(fixed_ms[0] / 1000, fixed_ms[1] / 1000, n)  # fixed cost per step, s
@@ -96,16 +107,18 @@ def simulate(n: int, steps: int, noise: float, kind: str, adjust_every: int, see
         control.probed({rank: (list(PROBE_BATCHES), [t[rank] for t in told]) for rank in range(n)}, {})
         plan = control.plan
     change_at = steps // 2
-    slowed = rng.choice(n, n // 4, replace=False)
+    slowed = rng.choice(n, max(1, n // 4), replace=False)
     pending: list[tuple[int, BatchPlan]] = []
     decisions_s, changes_at, report_s = [], [], 0.0
     rec = {k: [] for k in ("step", "oracle", "ideal", "oracle_ideal", "clean", "oracle_clean")}
     for step in range(steps):
         while pending and pending[0][0] <= step:
             plan = pending.pop(0)[1]  # the workers switch; the controller has had it since it decided
-        if step in (0, change_at) or (drift and step > change_at):
+        if step in (0, change_at, change_at + transient) or (drift and step > change_at):
             f = 1.0 / speed
-            if step >= change_at:
+            if transient:
+                f[slowed] *= TRANSIENT_SLOWDOWN if change_at <= step < change_at + transient else 1.0
+            elif step >= change_at:
                 f[slowed] *= (1.0 + drift) ** (step - change_at) if drift else 3.0
             lines = np.stack([f * a, f * c], axis=1)
             best = oracle_plan(lines, total)
@@ -170,15 +183,27 @@ def summarise(r: dict) -> dict:
             "decision_max_ms": 1000 * max(d) if d else 0.0, "report_us": 1e6 * r["report_s"]}
 
 
-def drift_summary(r: dict) -> dict:
-    """A drift run from the drift's start on: efficiency against the oracle plan (which follows
-    the drift at once), the plan's noise-free step time over the oracle's in its last fifth,
-    and the plan changes."""
+def since_change(r: dict) -> dict:
+    """A drift or transient run from its start on: efficiency against the oracle plan (which
+    follows the speeds at once), the plan's noise-free step time over the oracle's in its last
+    fifth, and the plan changes."""
     drifting = slice(r["change_at"], r["steps"])
     tail = (r["steps"] - r["change_at"]) // 5
     return {"vs_oracle": r["oracle"][drifting].sum() / r["step"][drifting].sum(),
             "settled": float(np.median((r["clean"] / r["oracle_clean"])[r["steps"] - tail:])),
             "changes": sum(1 for c in r["changes"] if c >= r["change_at"])}
+
+
+@contextlib.contextmanager
+def deadband_only():
+    """A plan the deadband holds back is never taken, however long it is proposed: the
+    controller before it took lasting gains, the baseline for the transient table."""
+    saved = control.PERSIST
+    control.PERSIST = math.inf
+    try:
+        yield
+    finally:
+        control.PERSIST = saved
 
 
 @contextlib.contextmanager
@@ -227,12 +252,29 @@ def main(argv=None) -> int:
         for kind in KINDS:
             for model in ("long", "short"):
                 with contextlib.nullcontext() if model == "long" else short_averages_only():
-                    d = drift_summary(simulate(n, args.steps, args.noise, kind, args.adjust_every, args.seed, fixed,
+                    d = since_change(simulate(n, args.steps, args.noise, kind, args.adjust_every, args.seed, fixed,
                                                per_worker, args.probe, drift=per_window / args.adjust_every))
                 print(f"drift {per_window:.1%} a window, {n} workers, {kind}, {model} averages: "
                       f"{d['vs_oracle']:.3f} of the oracle plan, settled {d['settled']:.3f}, {d['changes']} plan changes",
                       flush=True)
                 drift_rows.append((per_window, kind, model, d))
+    # a transient slowdown on small clusters: whether the plan comes back to the best one after
+    # it, with held-back plans taken once they persist and with the deadband alone
+    fixed, per_worker = SCENARIOS[-1]
+    transient_rows = []
+    for n in TRANSIENT_WORKERS:
+        for kind in KINDS:
+            for rule in ("persist", "deadband"):
+                with contextlib.nullcontext() if rule == "persist" else deadband_only():
+                    runs = [since_change(simulate(n, args.steps, args.noise, kind, args.adjust_every, seed, fixed,
+                                                  per_worker, args.probe,
+                                                  transient=TRANSIENT_WINDOWS * args.adjust_every))
+                            for seed in range(args.seed, args.seed + 4)]
+                t = {k: float(np.mean([d[k] for d in runs])) for k in ("vs_oracle", "settled")}
+                t["changes"] = [d["changes"] for d in runs]
+                print(f"transient, {n} workers, {kind}, {rule}: {t['vs_oracle']:.3f} of the oracle plan, "
+                      f"settled {t['settled']:.4f}, plan changes {t['changes']}", flush=True)
+                transient_rows.append((n, kind, rule, t))
     lines = [
         "# The controller simulated at scale (BSP, modelled workers)", "",
         *machine_lines(),
@@ -280,6 +322,19 @@ def main(argv=None) -> int:
               "|---:|---|---|---:|---:|---:|"]
     for per_window, kind, model, d in drift_rows:
         lines.append(f"| {per_window:.1%} | {kind} | {model} | {d['vs_oracle']:.3f} | {d['settled']:.3f} | {d['changes']} |")
+    lines += ["", f"## A transient slowdown on small clusters (a {fixed[0]:g}..{fixed[1]:g} ms, {per_worker} samples a "
+              f"worker, seeds {args.seed}-{args.seed + 3})", "",
+              f"From step {args.steps // 2} a quarter of the workers (one of 3) is {TRANSIENT_SLOWDOWN:g}x slower for "
+              f"{TRANSIENT_WINDOWS} windows, then as fast as before; the oracle plan follows at once. Held back "
+              f"taken: the controller as it is, a plan the deadband holds back is taken once {control.PERSIST} "
+              f"decisions running propose it, at least {control.MIN_GAIN:.1%} faster; deadband alone: never (the "
+              "baseline), in runs otherwise the same. Means over the seeds; plan changes per seed.", "",
+              "| workers | noise | held-back plans | efficiency of the oracle plan, from the slowdown's start | "
+              "settled plan's step time, of the oracle's (last fifth) | plan changes |",
+              "|---:|---|---|---:|---:|---|"]
+    for n, kind, rule, t in transient_rows:
+        lines.append(f"| {n} | {kind} | {'taken' if rule == 'persist' else 'deadband alone'} | {t['vs_oracle']:.3f} | "
+                     f"{t['settled']:.4f} | {', '.join(map(str, t['changes']))} |")
     publish(lines, args.out)
     return 0
 

@@ -1,5 +1,6 @@
 """Batch plans: how the global batch is split among workers. Pure functions, no I/O."""
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,6 +95,8 @@ class Decision:
     batches: tuple[int, ...] | None  # None: every change would be inside the deadband
     targets: tuple[float, ...]  # the real-valued equal-time plan
     predicted_s: float  # the slowest worker's predicted step time under `batches` (or the current ones)
+    held: tuple[int, ...] | None = None  # the plan the deadband held back, if it differs from the current one
+    held_s: float = math.nan  # the slowest worker's predicted step time under `held`
 
 
 def _line_arrays(lines) -> tuple[np.ndarray, np.ndarray]:
@@ -183,5 +186,6 @@ def decide(batches, lines, total: int, lo, hi, deadband: float) -> Decision:
         floor = np.broadcast_to(np.asarray(lo, dtype=np.float64), current.shape)[slowest]
         pinned = current[slowest] <= floor and new[slowest] <= floor and no_gain
         if small or marginal or pinned:
-            return Decision(None, tuple(targets.tolist()), now_s)
+            held = tuple(new) if np.any(np.asarray(new) != current) else None
+            return Decision(None, tuple(targets.tolist()), now_s, held, new_s)
     return Decision(tuple(new), tuple(targets.tolist()), new_s)

@@ -21,6 +21,10 @@ from omnips.job import JobSpec
 from omnips.timemodel import CHANGE, TimeModels
 
 CHANGE_STEPS = 3  # consecutive far-off steps that trigger an early re-plan
+# a plan the deadband holds back, proposed by this many decisions running and predicted this
+# much faster, is taken: the deadband stops noise from churning the plan, not a lasting gain
+PERSIST = 3
+MIN_GAIN = 0.005
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class BatchControl:
                 self._window[rank].clear()
         self._plan, self._batches = plan, batches
         self._active = np.flatnonzero(batches)
+        self._held_back: tuple[tuple[int, ...] | None, int] = (None, 0)  # (the plan, decisions in a row)
         self._expect()
 
     def _expect(self) -> None:
@@ -149,6 +154,8 @@ class BatchControl:
         sub = decide(self._batches[ranks], self._lines(ranks), self.job.global_batch,
                      self.min_batch, self._bounds[ranks],
                      0.0 if over or reason in ("memory", "membership") else self.job.deadband)
+        if self._persists(sub):
+            sub, reason = Decision(sub.held, sub.targets, sub.held_s), "held"
         targets = np.zeros(n)
         targets[ranks] = sub.targets
         decision = Decision(None if sub.batches is None else spread(sub.batches, ranks, n),
@@ -159,6 +166,17 @@ class BatchControl:
         else:
             self._expect()  # the models moved: so do the predictions
         return Adjustment(decision, tuple(times.tolist()), tuple(batches), reason)
+
+    def _persists(self, sub: Decision) -> bool:
+        """Whether the plan the deadband held back has now been proposed PERSIST times running,
+        each predicted MIN_GAIN faster than the plan in force. Noise proposes a different plan
+        from one window to the next; a lasting gain (a transient slowdown over, leaving the plan
+        a few % off) proposes the same one, which the deadband would otherwise hold off for good."""
+        lasting = sub.held is not None and sub.predicted_s >= sub.held_s * (1 + MIN_GAIN)
+        last, count = self._held_back
+        count = count + 1 if lasting and sub.held == last else int(lasting)
+        self._held_back = (sub.held, count)
+        return count >= PERSIST
 
     def probed(self, points: dict[int, tuple[list, list]], memory: dict[int, int]) -> tuple[Adjustment, list[int]]:
         """The start plan from every worker's probe passes (rank -> their batch sizes and

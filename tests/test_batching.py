@@ -280,12 +280,16 @@ def test_decide_deadband():
     # already balanced: nothing to do, and the prediction is for the current plan
     d = decide([32, 32], lines, 64, 1, 64, 0.05)
     assert d.batches is None and d.targets == (32.0, 32.0) and d.predicted_s == 32.0
+    assert d.held is None  # nothing held back: the plan it would take is the current one
     # worker 1 is 8 % slower: targets 33.23 / 30.77, 3.8 % off: inside a 5 % deadband, outside a 3 % one
     skew = [(0.0, 1.0), (0.0, 1.08)]
     d = decide([32, 32], skew, 64, 1, 64, 0.05)
     assert d.batches is None and d.targets == pytest.approx((64 / (1 + 1 / 1.08), 64 / 1.08 / (1 + 1 / 1.08)))
     assert d.predicted_s == pytest.approx(32 * 1.08)
+    # what the deadband held back, and how fast it is predicted to be
+    assert d.held == (33, 31) and d.held_s == pytest.approx(33.48)
     assert decide([32, 32], skew, 64, 1, 64, 0.03).batches == (33, 31)
+    assert decide([32, 32], skew, 64, 1, 64, 0.03).held is None
     # a decision outside the deadband that rounds back to the current plan is still a decision
     d = decide([33, 31], skew, 64, 1, 64, 0.0)
     assert d.batches == (33, 31)

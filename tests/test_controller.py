@@ -9,11 +9,11 @@ import pytest
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from omnips.batching import BatchPlan, decide, equal_time, initial_batches, integerize
+from omnips.batching import BatchPlan, Decision, decide, equal_time, initial_batches, integerize
 from omnips.job import JobSpec
 from omnips import timemodel
 from omnips.timemodel import DRIFT, REPEAT, TimeModels
-from scheduler.control import Adjustment, BatchControl
+from scheduler.control import MIN_GAIN, PERSIST, Adjustment, BatchControl
 
 
 class TimeModel:
@@ -660,7 +660,8 @@ def test_control_loop_converges_on_affine_workers(controller):
     """The job's --controller picks the time models: `affine` fits a + c*b and reaches the
     equal-time plan; `proportional` (the paper's rule) models each worker as its newest
     throughput, a line through the origin, and stops short of it, as the models alone do
-    (test_affine_controller_reaches_the_equal_time_plan_where_the_proportional_one_stops_short)."""
+    (test_affine_controller_reaches_the_equal_time_plan_where_the_proportional_one_stops_short),
+    until the deadband has held back the same gain PERSIST windows running."""
     a, c, total = [40.0, 2.0, 2.0], [0.5, 1.0, 2.0], 96
     ctl = control(num_workers=3, global_batch=total, adjust_every=3, controller=controller)
     for _ in range(6):
@@ -673,10 +674,67 @@ def test_control_loop_converges_on_affine_workers(controller):
         assert list(ctl.plan.batches) == exact_plan(a, c, total)
         np.testing.assert_allclose(lines, np.stack([a, c], axis=1))
     else:
-        assert list(ctl.plan.batches) == [25, 47, 24]
+        # (25, 47, 24) after two windows, then inside the deadband: 1.0 % slower than this one
+        assert list(ctl.plan.batches) == [24, 48, 24]
         times = [ai + ci * b for ai, ci, b in zip(a, c, ctl.plan.batches)]
         np.testing.assert_allclose(lines, [[0.0, t / b] for t, b in zip(times, ctl.plan.batches)])
-    assert ctl.adjustments == 2 and ctl.plan.gen == 2
+    assert ctl.adjustments == ctl.plan.gen == (2 if controller == "affine" else 3)
+
+
+def held_back(a, c, off, total=120):
+    """A control whose models know the exact lines a + c*b (from probe passes), put on the
+    plan `off` (as the scheduler hands one out), and a function running one window of exact
+    times on the plan in force and deciding."""
+    ctl = control(num_workers=len(a), global_batch=total)
+    ctl.probed({r: ([2, 4], [a[r] + 2 * c[r], a[r] + 4 * c[r]]) for r in range(len(a))}, {})
+    ctl.plan = BatchPlan(ctl.plan.gen + 1, off)
+
+    def window(first=False):
+        run_window(ctl, [ai + ci * b for ai, ci, b in zip(a, c, ctl.plan.batches)], first=first)
+        assert ctl.ready
+        return ctl.replan()
+    return ctl, window
+
+
+def test_a_gain_the_deadband_holds_back_is_taken_once_proposed_persist_windows_running():
+    # 41/40/39 runs 51 ms against 50 for 40/40/40 (2 %): every move is one sample, inside the deadband
+    ctl, window = held_back([0.010] * 3, [0.001] * 3, (41, 40, 39))
+    adjustments, gen = ctl.adjustments, ctl.plan.gen
+    for k in range(PERSIST - 1):
+        adj = window(first=k == 0)
+        assert adj.decision.batches is None and adj.reason == "window"
+        assert ctl.plan.batches == (41, 40, 39)
+    adj = window()
+    assert adj.reason == "held" and adj.decision.batches == (40, 40, 40) == ctl.plan.batches
+    assert adj.decision.predicted_s == pytest.approx(0.050)
+    assert ctl.adjustments == adjustments + 1 and ctl.plan.gen == gen + 1
+    for _ in range(2 * PERSIST):  # and there it stays
+        assert window(first=_ == 0).decision.batches is None and ctl.plan.batches == (40, 40, 40)
+
+
+def test_a_gain_under_min_gain_stays_held_back():
+    # 331 ms against 330 (0.3 %): a plan is not worth changing for that
+    assert 1 / 330 < MIN_GAIN
+    ctl, window = held_back([0.290] * 3, [0.001] * 3, (41, 40, 39))
+    for k in range(3 * PERSIST):
+        assert window(first=k == 0).decision.batches is None
+    assert ctl.plan.batches == (41, 40, 39)
+
+
+def test_a_held_back_plan_counts_only_while_the_same_plan_is_proposed_running():
+    ctl, window = held_back([0.010] * 3, [0.001] * 3, (41, 40, 39))
+    window(first=True)
+    ctl.plan = BatchPlan(ctl.plan.gen + 1, (41, 40, 39))  # a plan handed out: counting starts again
+    for k in range(PERSIST - 1):
+        assert window(first=k == 0).decision.batches is None
+    assert window().reason == "held"
+    # noise proposes another plan each time: each proposal starts the count again
+    ctl = control()
+    held = [Decision(None, (20.0,) * 3, 0.031, plan, 0.030)
+            for plan in [(20, 20, 20), (21, 20, 19), (20, 20, 20), (20, 20, 20), None, (20, 20, 20)]]
+    assert [ctl._persists(d) for d in held] == [False, False, False, False, False, False]
+    ctl = control()
+    assert [ctl._persists(held[0]) for _ in range(PERSIST)] == [False] * (PERSIST - 1) + [True]
 
 
 def test_limit_lowers_the_bound_and_replans_at_once():

@@ -40,10 +40,13 @@ def test_the_table_has_a_row_per_scenario_and_kind_of_noise(tmp_path, flags, sta
     text = out.read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
     main = [row for row in rows if len(row.split("|")) == 15]  # 13 columns
-    drift = [row for row in rows if len(row.split("|")) == 8]  # 6 columns
+    drift = [row for row in rows if len(row.split("|")) == 8 and "%" in row.split("|")[1]]  # 6 columns
+    transient = [row for row in rows if len(row.split("|")) == 8 and row.split("|")[1].strip().isdigit()]
     assert len(main) == len(simulate.SCENARIOS) * 2 * len(simulate.KINDS)
     assert len(drift) == len(simulate.DRIFTS) * len(simulate.KINDS) * 2  # long and short averages
-    assert len(rows) == len(main) + len(drift)
+    # held-back plans taken and the deadband alone, at each small size
+    assert len(transient) == len(simulate.TRANSIENT_WORKERS) * len(simulate.KINDS) * 2
+    assert len(rows) == len(main) + len(drift) + len(transient)
     assert start in text
 
 
@@ -52,7 +55,7 @@ def test_a_drift_slows_the_quarter_step_by_step_and_the_oracle_follows():
     # 2 of 8 workers 1.01 ** 29 = 1.33x slower by the end: the oracle moves samples to the others,
     # whose equal time grows by a few % (not step by step: whole samples move now and then)
     assert r["oracle_clean"][-1] > 1.01 * r["oracle_clean"][29]
-    d = simulate.drift_summary(r)
+    d = simulate.since_change(r)
     assert d["changes"] >= 1 and 0.5 < d["vs_oracle"] <= 1.0 + 1e-9
 
 
@@ -63,3 +66,19 @@ def test_short_averages_only_is_the_long_one_kept_as_the_short_one():
             models.observe([0], [10], [t])
         np.testing.assert_array_equal(models.steady, models.time)
     assert timemodel.REPEAT != timemodel.FORGET  # restored
+
+
+def test_a_transient_slows_the_quarter_for_its_steps_only_and_the_plan_follows_there_and_back():
+    r = simulate.simulate(4, 80, 0.0, "timer", 5, 0, (0.5, 2.5), 32, transient=15)
+    before, during, after = r["oracle_clean"][39], r["oracle_clean"][40:55], r["oracle_clean"][55:]
+    assert np.all(during > 1.01 * before) and np.all(after == before)
+    assert r["clean"][-1] == pytest.approx(r["oracle_clean"][-1])  # back on the best plan
+    assert len([c for c in r["changes"] if c >= 40]) >= 2  # there and back
+
+
+def test_deadband_only_never_takes_a_held_back_plan():
+    from test_controller import held_back
+    with simulate.deadband_only():
+        ctl, window = held_back([0.010] * 3, [0.001] * 3, (41, 40, 39))  # 2 % slower than 40/40/40
+        assert all(window(first=k == 0).decision.batches is None for k in range(10))
+    assert window().reason == "held"  # restored: proposed every window so far, it is taken now
