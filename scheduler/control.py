@@ -24,7 +24,7 @@ CHANGE_STEPS = 3  # consecutive far-off steps that trigger an early re-plan
 # a plan the deadband holds back, proposed by this many decisions running and predicted this
 # much faster, is taken: the deadband stops noise from churning the plan, not a lasting gain
 PERSIST = 3
-MIN_GAIN = 0.005
+MIN_GAIN = 0.01
 
 
 @dataclass(frozen=True)
