@@ -186,6 +186,7 @@ def decide(batches, lines, total: int, lo, hi, deadband: float) -> Decision:
         floor = np.broadcast_to(np.asarray(lo, dtype=np.float64), current.shape)[slowest]
         pinned = current[slowest] <= floor and new[slowest] <= floor and no_gain
         if small or marginal or pinned:
-            held = tuple(new) if np.any(np.asarray(new) != current) else None
-            return Decision(None, tuple(targets.tolist()), now_s, held, new_s)
+            if np.any(np.asarray(new) != current):
+                return Decision(None, tuple(targets.tolist()), now_s, tuple(new), new_s)
+            return Decision(None, tuple(targets.tolist()), now_s)
     return Decision(tuple(new), tuple(targets.tolist()), new_s)

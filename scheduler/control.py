@@ -25,6 +25,7 @@ CHANGE_STEPS = 3  # consecutive far-off steps that trigger an early re-plan
 # much faster, is taken: the deadband stops noise from churning the plan, not a lasting gain
 PERSIST = 3
 MIN_GAIN = 0.01
+RAN_PLANS = 8  # the plans whose measured step time is kept: a held-back plan measured slower stays held
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class BatchControl:
         self._measured_batch: list[int | None] = [None] * n
         self._stepped = np.zeros(n, dtype=bool)  # measured in a window of real steps (not only probed)
         self.adjustments = 0
+        self._ran: dict[tuple[int, ...], float] = {}  # plan -> its newest window's slowest median, oldest first
         self._plan: BatchPlan | None = None
         self.plan = plan
 
@@ -145,6 +147,8 @@ class BatchControl:
         times[measured] = self._median[measured]
         self.models.observe(measured, self._batches[measured], times[measured])
         self._stepped[measured] = True
+        if len(measured) == len(self._active):
+            self._remember(batches, float(times.max()))
         for window in self._window:
             window.clear()  # in place: 4096 new lists cost more (the collector runs) than clearing
         ranks = np.asarray(self._active if active is None else active, dtype=np.int64)
@@ -154,7 +158,7 @@ class BatchControl:
         sub = decide(self._batches[ranks], self._lines(ranks), self.job.global_batch,
                      self.min_batch, self._bounds[ranks],
                      0.0 if over or reason in ("memory", "membership") else self.job.deadband)
-        if self._persists(sub):
+        if self._persists(sub) and not self._ran_slower(spread(sub.held, ranks, n), batches):
             sub, reason = Decision(sub.held, sub.targets, sub.held_s), "held"
         targets = np.zeros(n)
         targets[ranks] = sub.targets
@@ -178,6 +182,19 @@ class BatchControl:
         self._held_back = (sub.held, count)
         return count >= PERSIST
 
+    def _remember(self, plan: tuple[int, ...], step_s: float) -> None:
+        self._ran.pop(plan, None)
+        self._ran[plan] = step_s
+        if len(self._ran) > RAN_PLANS:
+            del self._ran[next(iter(self._ran))]
+
+    def _ran_slower(self, plan: tuple[int, ...], current: tuple[int, ...]) -> bool:
+        """Whether `plan` ran before and its slowest worker was not measured MIN_GAIN faster
+        than the current plan's. The models' predictions can be wrong the same way every
+        window (a worker whose time is not a line in the batch): then they propose the same
+        plan again and again, and without this it and the current plan would take turns for good."""
+        return plan in self._ran and current in self._ran and self._ran[plan] * (1 + MIN_GAIN) > self._ran[current]
+
     def probed(self, points: dict[int, tuple[list, list]], memory: dict[int, int]) -> tuple[Adjustment, list[int]]:
         """The start plan from every worker's probe passes (rank -> their batch sizes and
         times): each worker's line through its probe points, within the batches its free
@@ -188,7 +205,9 @@ class BatchControl:
         for j in range(min(len(b) for b, _ in sizes)):
             self.models.observe(ranks, [b[j] for b, _ in sizes], [t[j] for _, t in sizes])
         refused = [rank for rank, bound in sorted(memory.items()) if not self._bound_memory(rank, bound)]
-        return self.replan("probe"), refused
+        adjustment = self.replan("probe")
+        self._held_back = (None, 0)  # the workers start on its plan: the windows count from there
+        return adjustment, refused
 
     def resize(self, active: list[int]) -> Adjustment:
         """Workers left or joined: re-plan for `active` at once. A worker new to its rank
@@ -198,6 +217,7 @@ class BatchControl:
         self._stepped[joined] = False
         for rank in joined:
             self._measured_batch[rank] = None
+        self._ran.clear()  # the plans measured were another set of workers'
         return self.replan("membership", active)
 
     @property

@@ -36,7 +36,7 @@ def test_the_probe_plans_the_first_step_and_without_it_equal_batches_take_an_adj
                                           (["--no-probe"], "- start: equal batches (--no-probe)")])
 def test_the_table_has_a_row_per_scenario_and_kind_of_noise(tmp_path, flags, start):
     out = tmp_path / "simulate.md"
-    assert simulate.main(["--workers", "4,8", "--steps", "40", *flags, "--out", str(out)]) == 0
+    assert simulate.main(["--workers", "4,8", "--steps", "40", "--tiled-cases", "3", *flags, "--out", str(out)]) == 0
     text = out.read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
     main = [row for row in rows if len(row.split("|")) == 15]  # 13 columns
@@ -46,7 +46,10 @@ def test_the_table_has_a_row_per_scenario_and_kind_of_noise(tmp_path, flags, sta
     assert len(drift) == len(simulate.DRIFTS) * len(simulate.KINDS) * 2  # long and short averages
     # held-back plans taken and the deadband alone, at each small size
     assert len(transient) == len(simulate.TRANSIENT_WORKERS) * len(simulate.KINDS) * 2
-    assert len(rows) == len(main) + len(drift) + len(transient)
+    tiled = [row for row in rows if len(row.split("|")) == 7]  # 5 columns
+    assert len(tiled) == 1 and tiled[0].startswith("| 3 |")
+    assert len(rows) == len(main) + len(drift) + len(transient) + len(tiled)
+    assert "## A slow drift instead (8 workers," in text  # at the largest size
     assert start in text
 
 
@@ -80,5 +83,14 @@ def test_deadband_only_never_takes_a_held_back_plan():
     from test_controller import held_back
     with simulate.deadband_only():
         ctl, window = held_back([0.010] * 3, [0.001] * 3, (41, 40, 39))  # 2 % slower than 40/40/40
-        assert all(window(first=k == 0).decision.batches is None for k in range(10))
+        assert all(window().decision.batches is None for k in range(10))
     assert window().reason == "held"  # restored: proposed every window so far, it is taken now
+
+
+def test_tiled_clusters_are_counted_both_ways():
+    t = simulate.tiled(6, 0)
+    assert t["cases"] == 6 and 0 <= t["back_and_forth"] <= 6 and t["faster"] + t["slower"] <= 6
+    assert 0.5 < t["mean"] < 1.5
+    # a cluster whose plans never change compares a plan with itself
+    plans, reasons = simulate.tiled_run(lambda rank, b: 0.001 * b, 2, 32, 5)
+    assert plans == [(16, 16)] and reasons == []
