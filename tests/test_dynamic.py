@@ -62,7 +62,7 @@ def test_a_plan_the_deadband_holds_back_is_taken_once_it_persists(run_job):
     # equal virtual devices, capacities 33:31: 68 ms against 66 for 32/32 (3 %), a one-sample
     # move on each worker, inside the deadband; three windows running propose it
     workers = [WorkerSpec(ms_per_step=2, ms_per_sample=2, capacity=c) for c in (33, 31)]
-    run = run_job([*BASE, "--adjust-every", "4", "--max-steps", "40", "--no-probe"], workers)
+    run = run_job([*BASE, "--adjust-every", "4", "--max-steps", "16", "--no-probe"], workers)
     assigns = _assigns(run)
     assert [(e["reason"], e["batches"]) for e in assigns] == [("start", [33, 31]), ("held", [32, 32])]
     assert run.summary["adjustments"] == 1 and run.summary["final_batches"] == [32, 32]
