@@ -190,9 +190,9 @@ def since_change(r: dict) -> dict:
     """A drift or transient run from its start on: efficiency against the oracle plan (which
     follows the speeds at once), the plan's noise-free step time over the oracle's in its last
     fifth, and the plan changes."""
-    drifting = slice(r["change_at"], r["steps"])
+    since = slice(r["change_at"], r["steps"])
     tail = (r["steps"] - r["change_at"]) // 5
-    return {"vs_oracle": r["oracle"][drifting].sum() / r["step"][drifting].sum(),
+    return {"vs_oracle": r["oracle"][since].sum() / r["step"][since].sum(),
             "settled": float(np.median((r["clean"] / r["oracle_clean"])[r["steps"] - tail:])),
             "changes": sum(1 for c in r["changes"] if c >= r["change_at"])}
 
@@ -243,27 +243,27 @@ def tiled(cases: int, seed: int, windows: int = 50) -> dict:
 
 
 @contextlib.contextmanager
+def _constant(module, name: str, value):
+    """`module.name` set to `value` for the block: the baselines are the controller with one
+    of its constants changed, in the same process."""
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+
+
 def deadband_only():
     """A plan the deadband holds back is never taken, however long it is proposed: the
     controller before it took lasting gains, the baseline for the transient table."""
-    saved = control.PERSIST
-    control.PERSIST = math.inf
-    try:
-        yield
-    finally:
-        control.PERSIST = saved
+    return _constant(control, "PERSIST", math.inf)
 
 
-@contextlib.contextmanager
 def short_averages_only():
     """The time models with their long averages kept as the short ones are (REPEAT = FORGET):
     as they fitted before they had long ones, the baseline for the drift table."""
-    saved = timemodel.REPEAT
-    timemodel.REPEAT = timemodel.FORGET
-    try:
-        yield
-    finally:
-        timemodel.REPEAT = saved
+    return _constant(timemodel, "REPEAT", timemodel.FORGET)
 
 
 def main(argv=None) -> int:
@@ -308,9 +308,8 @@ def main(argv=None) -> int:
                       f"{d['vs_oracle']:.3f} of the oracle plan, settled {d['settled']:.3f}, {d['changes']} plan changes",
                       flush=True)
                 drift_rows.append((per_window, kind, model, d))
-    # a transient slowdown on small clusters: whether the plan comes back to the best one after
-    # it, with held-back plans taken once they persist and with the deadband alone
-    fixed, per_worker = SCENARIOS[-1]
+    # a transient slowdown on small clusters (the same scenario): whether the plan comes back to
+    # the best one after it, with held-back plans taken once they persist and with the deadband alone
     transient_rows = []
     for size in TRANSIENT_WORKERS:
         for kind in KINDS:
@@ -385,8 +384,8 @@ def main(argv=None) -> int:
               "| workers | noise | held-back plans | efficiency of the oracle plan, from the slowdown's start | "
               "settled plan's step time, of the oracle's (last fifth) | plan changes |",
               "|---:|---|---|---:|---:|---|"]
-    for n, kind, rule, t in transient_rows:
-        lines.append(f"| {n} | {kind} | {'taken' if rule == 'persist' else 'deadband alone'} | {t['vs_oracle']:.3f} | "
+    for size, kind, rule, t in transient_rows:
+        lines.append(f"| {size} | {kind} | {'taken' if rule == 'persist' else 'deadband alone'} | {t['vs_oracle']:.3f} | "
                      f"{t['settled']:.4f} | {', '.join(map(str, t['changes']))} |")
     lines += ["", "## Workers whose time is not a line (held-back plans taken, against the deadband alone)", "",
               f"{tiles['cases']} clusters of 2-5 workers whose time steps up every 4, 8 or 16 samples (a GPU's tiles: "

@@ -62,7 +62,10 @@ class BatchControl:
     @plan.setter
     def plan(self, plan: BatchPlan) -> None:
         """A new plan (decided here, or handed out by the scheduler): a window measured at
-        another batch is dropped, and what the change check predicts is refreshed."""
+        another batch is dropped, and what the change check predicts is refreshed. The plan
+        in force handed out again (the scheduler sends each plan `replan` set) changes nothing."""
+        if plan == self._plan:
+            return
         batches = np.asarray(plan.batches)
         if self._plan is not None:
             for rank in np.flatnonzero(self._batches != batches).tolist():
