@@ -111,7 +111,8 @@ def equal_time(lines, total: int, lo, hi) -> np.ndarray:
     Water-filling solved exactly: the sum is piecewise linear and non-decreasing in
     T, with a kink where a worker reaches a bound (T = a_i + c_i*lo_i or a_i + c_i*hi_i).
     The sum at every sorted kink (a cumulative sum) finds the segment where it meets
-    `total`, so every worker inside its bounds gets the same predicted time T, O(n log n).
+    `total`, so every worker inside its bounds gets the same predicted time T, O(n log n);
+    O(n) when no bound binds.
     """
     a, c = _line_arrays(lines)
     lo = np.broadcast_to(np.asarray(lo, dtype=np.float64), a.shape)
@@ -120,6 +121,11 @@ def equal_time(lines, total: int, lo, hi) -> np.ndarray:
         raise ValueError("every time model needs a finite slope c > 0")
     if np.any(lo > hi) or lo.sum() > total or hi.sum() < total:
         raise ValueError(f"bounds cannot sum to {total}: lows sum to {lo.sum():g}, highs to {hi.sum():g}")
+    # no bound binding, as usual: T from the formula above, without sorting the kinks (half
+    # of a decision's time at 4096 workers)
+    real = ((total + (a / c).sum()) / (1.0 / c).sum() - a) / c
+    if np.all((real >= lo) & (real <= hi)):
+        return real
     kinks = np.concatenate([a + c * lo, a + c * hi])
     order = np.argsort(kinks, kind="stable")
     at = kinks[order]
@@ -154,12 +160,24 @@ def integerize(real, total: int, lo, hi, lines=None) -> list[int]:
         a, c = _line_arrays(lines)
         # the time after one sample more; or, taking samples off, the slowest first
         keys.append(a + c * (out + 1) if step > 0 else -(a + c * out))
-    order = np.lexsort(keys)
-    chosen = order[room[order]][:abs(spare)]
-    if len(chosen) < abs(spare):
+    eligible = np.flatnonzero(room)
+    if len(eligible) < abs(spare):
         raise ValueError(f"no integer split of {total} within the bounds")
-    out[chosen] += step
+    out[_first(eligible, abs(spare), keys)] += step
     return out.tolist()
+
+
+def _first(eligible: np.ndarray, k: int, keys: list) -> np.ndarray:
+    """The `k` of `eligible` that come first in `np.lexsort(keys)` order (the last key
+    primary), without sorting them all (a decision at 4096 workers spent a tenth of its time
+    sorting): those below the k-th primary value, then the ties at it in the full order."""
+    if k in (0, len(eligible)):
+        return eligible[:k]
+    primary = keys[-1][eligible]
+    cut = np.partition(primary, k - 1)[k - 1]
+    below, tied = eligible[primary < cut], eligible[primary == cut]
+    tied = tied[np.lexsort([key[tied] for key in keys[:-1]])]
+    return np.concatenate([below, tied[:k - len(below)]])
 
 
 def decide(batches, lines, total: int, lo, hi, deadband: float) -> Decision:

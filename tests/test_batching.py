@@ -229,6 +229,33 @@ def test_integerize_with_time_models_known_split():
     assert integerize([44.25, 19.75], 64, 1, 64, [(20.0, 1.0), (5.0, 3.0)]) == [44, 20]
 
 
+@settings(max_examples=200, deadline=None)
+@given(quarters=st.lists(st.integers(4, 40), min_size=1, max_size=24),
+       slopes=st.lists(st.integers(1, 2), min_size=24, max_size=24), extra=st.integers(-3, 3),
+       use_lines=st.booleans())
+def test_integerize_spends_the_spare_samples_in_key_order_ties_included(quarters, slopes, extra, use_lines):
+    """Against a plain sort of every worker by (time after one more sample, remainder,
+    rank): real batches in quarters and integer lines make ties common."""
+    real = np.array(quarters) / 4.0
+    n = len(real)
+    lines = [(float(s % 2), float(s)) for s in slopes[:n]]
+    base = np.floor(real + 1e-9).astype(int)  # (real >= 1)
+    spare = min(max(extra, -int(np.count_nonzero(base > 1))), n)  # what one step each can spend
+    total = int(base.sum()) + spare
+    out = integerize(real, total, 1, total, lines if use_lines else None)
+    step = 1 if spare > 0 else -1
+
+    def key(i):
+        a, c = lines[i]
+        when = (a + c * (base[i] + 1) if step > 0 else -(a + c * base[i]),) if use_lines else ()
+        return when + (-(real[i] - base[i]) if step > 0 else real[i] - base[i], i)
+
+    room = [i for i in range(n) if step > 0 or base[i] > 1]
+    expected = base.copy()
+    expected[sorted(room, key=key)[:abs(spare)]] += step
+    assert out == expected.tolist()
+
+
 def test_integerize_refuses_an_impossible_split():
     with pytest.raises(ValueError):
         integerize([1.5, 1.5], 3, 1, 1)
