@@ -1,5 +1,6 @@
 """End to end: a scheduler, servers and workers as real processes over loopback ZeroMQ."""
 
+import math
 import time
 
 import torch
@@ -29,10 +30,21 @@ def test_bsp_trains_digits_to_90_percent(run_job):
     # BSP evaluations read every shard at the same version: the step that ends the epoch
     assert all(len(set(e["versions"])) == 1 for e in evals)
     assert evals[-1]["versions"][0] == s["steps"]
+    assert all(math.isfinite(e["test_loss"]) and e["test_loss"] > 0 for e in evals)
+    assert s["final_test_loss"] == evals[-1]["test_loss"]
+    assert s["batching"] == "uniform" and s["global_batch"] == 64
+    # every report's fields, as the outputs list them
+    steps = [e for e in run.events if e["event"] == "step"]
+    assert len(steps) == 3 * s["steps"]
+    for e in steps:
+        assert e["batch"] in (21, 22) and e["mem_batch"] == 0  # no memory limit known
+        assert e["network_s"] >= 0 and e["wait_s"] >= 0 and math.isfinite(e["loss"]) and e["loss"] > 0
+    assert [e["epoch"] for e in steps] == sorted(e["epoch"] for e in steps) and steps[-1]["epoch"] == s["epochs"]
     assert (run.dir / "config.json").exists() and (run.dir / "model.pt").exists()
     # event times count from the start event's clock_t0, a reading of the host's monotonic clock
     t0 = run.events[0]["clock_t0"]
     assert run.events[0]["event"] == "start" and before < t0 and t0 + run.events[-1]["t"] < after
+    assert run.events[-1]["event"] == "end" and run.events[-1]["status"] == "completed"
 
 
 def test_asp_trains_digits_to_90_percent(run_job):
@@ -45,6 +57,10 @@ def test_asp_trains_digits_to_90_percent(run_job):
     assert s["staleness_max"] >= 1  # three asynchronous workers do see stale parameters
     steps = [e for e in run.events if e["event"] == "step"]
     assert all("staleness" in e for e in steps)
+    # ASP evaluates as the samples all workers consumed cross each epoch, then the final model
+    evals = [e for e in run.events if e["event"] == "eval"]
+    assert sorted(e["epoch"] for e in evals if not e["final"]) == [float(k) for k in range(1, 10)], evals
+    assert sum(e["final"] for e in evals) == 1 and s["final_test_loss"] == next(e for e in evals if e["final"])["test_loss"]
 
 
 def test_bsp_equals_single_process_training(run_job):

@@ -73,6 +73,9 @@ def test_a_worker_started_later_joins_at_a_step_boundary_and_gets_a_share(tmp_pa
     assert s["final_batches"] == [16, 16, 16] and s["worker_steps"][2] == steps_in_all - joined
     late = [e for e in run.events if e["event"] == "membership" and e.get("late")]
     assert [e["rank"] for e in late] == [2]
+    # the plan that seats it, decided before the step it joins at
+    seated = [e for e in run.events if e["event"] == "assign" and e["reason"] == "joined"]
+    assert len(seated) == 1 and seated[0]["batches"] == [16, 16, 16] and seated[0]["step"] <= joined, seated
 
 
 def test_a_killed_ssp_worker_does_not_hold_the_others(tmp_path):

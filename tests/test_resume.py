@@ -188,6 +188,8 @@ def test_a_resumed_job_keeps_its_settings_and_its_directory(tmp_path, capsys):
     # flags equal to the job's are fine: the launcher always names the cluster's size
     assert scheduler_main._given_job_flags(["--num-workers", "2", "--nesterov", "--port", "9"]) == \
         {"num_workers": 2, "nesterov": True}
+    # the checkpoint interval is not the job's: a resumed run takes it again, changed or not
+    assert scheduler_main._given_job_flags(["--checkpoint-every", "7"]) == {}
 
 
 def test_the_launcher_takes_a_resumed_jobs_cluster_size(tmp_path):
@@ -236,8 +238,12 @@ def test_a_killed_job_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(t
     assert not (run_dir / "summary.json").exists() and last_before < 80
     blocked = checkpoint.step_dir(run_dir / "checkpoints", 85)
     blocked.write_text("a file where checkpoint 85's directory would go: its writes fail")
+    abandoned = checkpoint.step_dir(run_dir / "checkpoints", 95)  # a future the resumed run never reaches
+    abandoned.mkdir()
+    (abandoned / checkpoint.shard_name(0)).write_bytes(b"half a shard")
 
     _resume(run_dir, "--checkpoint-every", str(EVERY))
+    assert not abandoned.exists()  # checkpoint directories newer than the one resumed from are deleted
     s = json.loads((run_dir / "summary.json").read_text())
     events = read_events(run_dir)
     (resume,) = [i for i, e in enumerate(events) if e["event"] == "resume"]
