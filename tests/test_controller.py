@@ -582,6 +582,19 @@ def control(num_workers=3, global_batch=60, adjust_every=4, **kw):
     return BatchControl(job, plan)
 
 
+def test_no_plan_goes_below_the_jobs_min_batch():
+    # worker 2 is 20x slower: the equal-time plan gives it 1.46 of 60 samples
+    lines = [(0.0, 0.001), (0.0, 0.001), (0.0, 0.020)]
+    for lo, slowest in ((1, 1), (8, 8)):
+        ctl = control(min_batch=lo)
+        ctl.probed({r: ([2, 4], [2 * c, 4 * c]) for r, (_, c) in enumerate(lines)}, {})
+        assert ctl.plan.batches[2] == slowest and sum(ctl.plan.batches) == 60, ctl.plan
+        for _ in range(3):  # and windows measured there keep it so
+            run_window(ctl, [a + c * b for (a, c), b in zip(lines, ctl.plan.batches)])
+            ctl.replan()
+            assert min(ctl.plan.batches) == ctl.plan.batches[2] == slowest and sum(ctl.plan.batches) == 60
+
+
 def run_window(ctl, times, first=True):
     """Each worker reports adjust_every - 1 measured steps (plus the unmeasured first)."""
     for rank, t in enumerate(times):

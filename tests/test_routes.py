@@ -63,10 +63,19 @@ def test_the_transport_flag_defaults_to_the_environment_and_refuses_other_values
     assert "OMNIPS_TRANSPORT='udp': use one of auto, tcp" in capsys.readouterr().err
 
 
-def test_a_bound_ipc_socket_lives_in_a_private_directory(tmp_path):
+def test_a_bound_ipc_socket_lives_in_a_private_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    killed = tmp_path / f"{transport.IPC_PREFIX}killed"  # a killed server's: the next bind sweeps it away
+    killed.mkdir(mode=0o700)
+    dead = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
+    dead.bind(str(killed / "sock"))
+    dead.close()
+    made = time.time() - 2 * transport.SWEEP_AFTER_S
+    os.utime(killed / "sock", (made, made))
     ctx = zmq.Context()
     endpoint, directory = transport.bind_ipc(transport.socket(ctx, zmq.ROUTER))
     try:
+        assert not killed.exists() and os.path.dirname(directory) == str(tmp_path)
         path = endpoint.removeprefix("ipc://")
         assert os.path.dirname(path) == directory and stat.S_IMODE(os.stat(directory).st_mode) == 0o700
         assert routes.can_open(path) and not routes.can_open(directory) and not routes.can_open(str(tmp_path / "x"))

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from omnips import security
-from omnips.launch import read_endpoint
+from omnips import security, transport
+from omnips.launch import LocalCluster, read_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_JOB = ["--max-steps", "15", "--global-batch", "32", "--seed", "2"]
@@ -77,3 +77,16 @@ def test_start_scripts_form_a_cluster(tmp_path):
             p.kill()
             p.wait()
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+
+
+def test_every_way_of_starting_a_role_sets_the_allocator(tmp_path, monkeypatch):
+    """The start scripts export transport.MALLOC_ENV, the local launcher hands it to every
+    process it starts, and each role applies the same through mallopt (glibc here)."""
+    for role in ("scheduler", "server", "worker"):
+        exported = dict(re.findall(r"(MALLOC_\w+)=(\S+)", (ROOT / "scripts" / f"start-{role}.sh").read_text()))
+        assert exported == transport.MALLOC_ENV, role
+    assert transport.tune_malloc()
+    started = []
+    monkeypatch.setattr("subprocess.Popen", lambda args, env, **kw: started.append(env))
+    LocalCluster(tmp_path, scheduler_args=[], num_servers=1, workers=[])._spawn("server0", "server", [])
+    assert started and all(started[0][k] == v for k, v in transport.MALLOC_ENV.items())
