@@ -132,7 +132,9 @@ def test_startup_errors_are_one_clear_line(tmp_path):
     port = holder.getsockname()[1]
     cases = {
         "wrong_address": (["-m", "worker", "--scheduler", f"tcp://127.0.0.1:{port}", "--ack-timeout", "1"],
-                          1, "did not acknowledge the registration"),
+                          1, "did not acknowledge the registration within 1 s"),
+        "server_wrong_address": (["-m", "server", "--scheduler", f"tcp://127.0.0.1:{port}", "--ack-timeout", "1"],
+                                 1, "did not acknowledge the registration within 1 s"),
         "port_in_use": (["-m", "scheduler", "--port", str(port), "--run-dir", str(tmp_path / "p")],
                         1, "port is in use"),
         "missing_dataset": (["-m", "scheduler", "--dataset", "no_such_pkg.data:load", "--run-dir", str(tmp_path / "d")],

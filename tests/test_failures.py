@@ -12,8 +12,8 @@ import torch
 
 from omnips.launch import LocalCluster, WorkerSpec
 
-from helpers import (JOB_TIMEOUT_S, assert_trained_as_one_process, error_lines, finish, in_log, start_cluster,
-                     stopped, wait_for_event, wait_for_steps)
+from helpers import (JOB_TIMEOUT_S, assert_trained_as_one_process, error_lines, finish, poll_until,
+                     start_cluster, stopped, wait_for_event, wait_for_steps)
 
 SLOW = ["--max-steps", "100000", "--global-batch", "8"]
 
@@ -89,25 +89,30 @@ def test_a_server_that_does_not_answer_ends_the_worker_after_its_server_timeout(
         assert f"ERROR no answer from server 0 at {endpoint} within 3 s" in log, log[-2000:]
 
 
-def test_a_worker_that_is_never_welcomed_gives_up_after_its_welcome_timeout(tmp_path):
+def test_a_server_and_a_worker_never_welcomed_give_up_after_their_welcome_timeout(tmp_path):
     run_dir = tmp_path / "run"
     worker = WorkerSpec(extra=("--welcome-timeout", "3"))
-    # the job needs a server, and none is started: the scheduler acknowledges the worker and never welcomes it
-    with LocalCluster(run_dir, [*SLOW, "--register-timeout", "60"], 1, [worker]) as cluster:
+    # the job needs two servers and one is started: the scheduler acknowledges the server and the
+    # worker and never welcomes them
+    with LocalCluster(run_dir, [*SLOW, "--register-timeout", "60"], 2, [worker],
+                      server_args=["--welcome-timeout", "3"]) as cluster:
         cluster.start_scheduler()
+        cluster.start_server("server0")
         cluster.add_worker(worker, 0)
-        in_log(run_dir / "logs" / "scheduler.log", "worker registered from")
+        poll_until(lambda: (run_dir / "logs" / "scheduler.log").read_text().count("registered from") == 2 or None,
+                   60, "the server and the worker registered")
         registered_at = time.monotonic()
-        code = cluster.procs["worker0"].wait(timeout=30)
+        codes = {name: cluster.procs[name].wait(timeout=30) for name in ("server0", "worker0")}
         gave_up_after = time.monotonic() - registered_at
-        assert cluster.poll() is None  # the scheduler still waits for its cluster: the worker gave up on its own
-    assert code == 1
-    assert 2 < gave_up_after < 3 + 10  # about the timeout, with room for a loaded host
-    log = (run_dir / "logs" / "worker0.log").read_text()
+        assert cluster.poll() is None  # the scheduler still waits for its cluster: the two gave up on their own
+    assert codes == {"server0": 1, "worker0": 1}
+    assert 2 < gave_up_after < 3 + 10  # about the timeout (after the later one registered), with room for a loaded host
     reason = (f"scheduler at {cluster.endpoint} did not complete the cluster (are all servers and workers "
               "started?) within 3 s")
-    assert error_lines(log) == [reason], log[-2000:]
-    assert "Traceback" not in log
+    for name in codes:
+        log = (run_dir / "logs" / f"{name}.log").read_text()
+        assert error_lines(log) == [reason], log[-2000:]
+        assert "Traceback" not in log
 
 
 def test_nan_policy_skip_drops_the_gradient_and_trains_on(run_job):
