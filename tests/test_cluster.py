@@ -66,12 +66,16 @@ def test_asp_trains_digits_to_90_percent(run_job):
 def test_bsp_equals_single_process_training(run_job):
     """S=2, N=3, unequal batches 10/20/34, SGD with momentum and weight decay, 20 steps;
     gradients sent in 2 KiB buckets while backward runs and replies read in parts of that
-    size by the next forward pass."""
+    size by the next forward pass; the third worker holds at most 8 samples in a pass
+    (--max-batch), so it computes its 34 in chunks."""
     args = ["--mode", "bsp", "--batching", "static", "--max-steps", "20", "--global-batch", "64",
             "--lr", "0.1", "--momentum", "0.9", "--weight-decay", "0.01", "--seed", "7"]
-    workers = [WorkerSpec(capacity=c, extra=("--bucket-size", "2K")) for c in (10, 20, 34)]
+    workers = [WorkerSpec(capacity=c, extra=("--bucket-size", "2K", *more))
+               for c, more in ((10, ()), (20, ()), (34, ("--max-batch", "8")))]
     run = run_job(args, workers, num_servers=2)
-    assert run.summary["final_batches"] == [10, 20, 34]  # the launcher asks for ranks in its order
+    # the launcher asks for ranks in its order; static batching keeps its split whatever a worker holds
+    assert run.summary["final_batches"] == [10, 20, 34]
+    assert {e["mem_batch"] for e in run.events if e["event"] == "step" and e["worker"] == 2} == {8}
     for s in range(2):  # every push and every reply of every step came in parts
         assert "60 pushes came in parts, 60 replies went in parts" in (run.dir / "logs" / f"server{s}.log").read_text()
     want = assert_trained_as_one_process(run.dir, steps=20, global_batch=64, lr=0.1, weight_decay=0.01, seed=7)

@@ -186,8 +186,14 @@ def test_the_builtin_resnet_gives_a_sample_the_same_output_in_any_batch(digits_t
 
 
 def test_model_args_reach_builtins(digits_train):
-    m = models.build("mlp", {"hidden": [7]}, digits_train, seed=0)
-    assert sum(p.numel() for p in m.parameters()) == 64 * 7 + 7 + 7 * 10 + 10
+    def size(name, args):
+        return sum(p.numel() for p in models.build(name, args, digits_train, seed=0).parameters())
+    assert size("mlp", {"hidden": [7]}) == 64 * 7 + 7 + 7 * 10 + 10
+    # a 3x3 convolution to 4 channels, pooled to 2x2, then the classifier
+    assert size("cnn", {"channels": [4]}) == (9 * 4 + 4) + (4 * 4 * 10 + 10)
+    # the stem (8 channels, GroupNorm), one block of two convolutions with their norms, the classifier
+    assert size("resnet", {"width": 8, "stages": [1]}) == (9 * 8 + 16) + 2 * (9 * 8 * 8 + 16) + (8 * 10 + 10)
+    assert size("resnet", {"width": 8, "stages": [2]}) == size("resnet", {"width": 8, "stages": [1]}) + 2 * (9 * 64 + 16)
 
 
 def test_cnn_needs_image_inputs():
