@@ -121,7 +121,7 @@ def equal_time(lines, total: int, lo, hi) -> np.ndarray:
         raise ValueError("every time model needs a finite slope c > 0")
     if np.any(lo > hi) or lo.sum() > total or hi.sum() < total:
         raise ValueError(f"bounds cannot sum to {total}: lows sum to {lo.sum():g}, highs to {hi.sum():g}")
-    # no bound binding, as usual: T from the formula above, without sorting the kinks (half
+    # no bound binding, as usual: T from the formula above, without sorting the kinks (a sixth
     # of a decision's time at 4096 workers)
     real = ((total + (a / c).sum()) / (1.0 / c).sum() - a) / c
     if np.all((real >= lo) & (real <= hi)):
