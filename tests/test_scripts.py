@@ -37,10 +37,11 @@ def test_the_demo_runs_its_job_and_prints_the_summary(tmp_path):
     assert re.search(r"^final_batches\s+\d+ \d+ \d+$", out.stdout, re.M), out.stdout
     assert re.search(r"epoch\s+0\.53/0\.5341 .* samples/s  test acc 0\.\d{3}$", out.stderr, re.M), out.stderr
     # worker i of the command line is rank i, on the virtual device of 1, 2 or 4 ms a sample: the
-    # plan is about the equal-time one of 3 ms + 1/2/4 ms a sample, 37/18/9 (the probe's timed
-    # sleeps carry the host's noise)
+    # plan is about the equal-time one of 3 ms + 1/2/4 ms a sample, 37/18/9 (the timed sleeps carry
+    # the host's noise, a few % of a step here)
     batches = json.loads((tmp_path / "run" / "summary.json").read_text())["final_batches"]
-    assert sum(batches) == 64 and all(abs(b - want) <= 2 for b, want in zip(batches, (37, 18, 9))), batches
+    assert sum(batches) == 64 and batches == sorted(batches, reverse=True), batches
+    assert all(abs(b - want) <= 4 for b, want in zip(batches, (37, 18, 9))), batches
     # plots are drawn at the end
     for name in ("batch", "compute", "throughput", "accuracy"):
         png = tmp_path / "run" / "plots" / f"{name}.png"
