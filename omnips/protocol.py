@@ -6,6 +6,7 @@ carries the protocol version `v`, the op, the message's fields and, when a data
 frame follows, its dtype tag and element count. No pickle: msgpack only.
 """
 
+import functools
 import reprlib
 import types
 from dataclasses import MISSING, dataclass, field, fields
@@ -387,15 +388,31 @@ def _measured(seconds: float) -> bool:
 
 
 def type_ok(value, tp) -> bool:
+    return _check(tp)(value)
+
+
+@functools.cache
+def _check(tp):
+    """A test of a header value against the field type `tp`: a number is an int or a float,
+    never a bool. Built once per type, as every message's every field is tested."""
     if isinstance(tp, types.UnionType):
-        return any(type_ok(value, arg) for arg in tp.__args__)
+        tests = tuple(_check(arg) for arg in tp.__args__)
+        return lambda value: any(test(value) for test in tests)
     if tp is type(None):
-        return value is None
+        return lambda value: value is None
     if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
     if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, tp)
+        return lambda value: isinstance(value, int) and not isinstance(value, bool)
+    return lambda value: isinstance(value, tp)
+
+
+@functools.cache
+def _header_fields(cls) -> tuple:
+    """(name, type, its test, required) of each field of `cls`, in order; the test None for
+    the data, which comes in its own frame."""
+    return tuple((f.name, f.type, None if f.name == "data" else _check(f.type), f.default is MISSING)
+                 for f in fields(cls))
 
 
 def encode(msg: Message) -> list:
@@ -446,18 +463,18 @@ def decode(frames: list) -> Message:
     if len(frames) != want:
         raise ProtocolError("bad_frames", f"{cls.OP} takes {want} frame(s), got {len(frames)}")
     kwargs = {}
-    for f in fields(cls):
-        if f.name == "data":
+    for name, tp, ok, required in _header_fields(cls):
+        if ok is None:
             kwargs["data"] = _decode_data(header, _frame_bytes(frames[1]))
             continue
-        if f.name not in header:
-            if f.default is not MISSING:  # optional field, left to its default
+        if name not in header:
+            if not required:  # optional field, left to its default
                 continue
-            raise ProtocolError("bad_field", f"{cls.OP} lacks field {f.name!r}")
-        value = header[f.name]
-        if not type_ok(value, f.type):
-            raise ProtocolError("bad_field", f"{cls.OP}.{f.name} has type {type(value).__name__}, expected {f.type}")
-        kwargs[f.name] = value
+            raise ProtocolError("bad_field", f"{cls.OP} lacks field {name!r}")
+        value = header[name]
+        if not ok(value):
+            raise ProtocolError("bad_field", f"{cls.OP}.{name} has type {type(value).__name__}, expected {tp}")
+        kwargs[name] = value
     msg = cls(**kwargs)
     try:
         msg.check()
