@@ -68,7 +68,11 @@ class RunDir:
 
     def event(self, kind: str, **fields) -> None:
         record = {"event": kind, "t": round(self.clock() - self.t0, 6), **fields}
-        self._events.write(json.dumps(finite(record), allow_nan=False) + "\n")
+        try:  # as a rule every number is finite: no walk through the record (the scheduler writes one a report)
+            line = json.dumps(record, allow_nan=False)
+        except ValueError:
+            line = json.dumps(finite(record), allow_nan=False)
+        self._events.write(line + "\n")
 
     def flush(self) -> None:
         self._events.flush()
