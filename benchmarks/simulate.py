@@ -34,7 +34,9 @@ the time the controller is told does). Reported per N and kind of noise:
   the deadband holds back taken once they persist and with the deadband alone (the
   baseline): whether the plan comes back to the best one afterwards;
 * small clusters whose time is not a line in the batch (it steps up every few
-  samples), the same two ways: how often plans go back and forth, and which ends faster.
+  samples), the same two ways: how often plans go back and forth, and which ends faster;
+* at the largest N, what each worker report costs the scheduler besides the controller:
+  decoding it and writing its metrics line.
 
     python benchmarks/simulate.py [--workers 4,64,1024,4096] [--noise 0.05] [--steps 240] [--no-probe]
 
@@ -47,6 +49,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,8 +62,9 @@ sys.path.insert(0, str(HERE))
 from report import machine_lines, publish  # noqa: E402
 
 from omnips.batching import PROBE_BATCHES, BatchPlan, equal_time, initial_batches, integerize  # noqa: E402
-from omnips import timemodel  # noqa: E402
+from omnips import protocol, timemodel  # noqa: E402
 from omnips.job import JobSpec  # noqa: E402
+from omnips.metrics import RunDir  # noqa: E402
 from scheduler import control  # noqa: E402
 from scheduler.control import BatchControl  # noqa: E402
 
@@ -242,6 +246,26 @@ def tiled(cases: int, seed: int, windows: int = 50) -> dict:
             "slower": int(np.sum(r > 1.001)), "mean": float(r.mean())}
 
 
+def report_path(n: int, steps: int = 10) -> dict:
+    """CPU a worker report costs the scheduler besides the controller, per report over `steps`
+    steps of `n` workers: decoding it (protocol.decode, every check included) and writing its
+    `step` line to metrics.jsonl, as the scheduler does with each."""
+    frames = [protocol.encode(protocol.Report(rank=r, step=0, batch=32, compute_s=0.1, network_s=0.01,
+                                              wait_s=0.001, loss=2.3, mem_free=1 << 30, sample_bytes=1000))
+              for r in range(n)] * steps
+    start = time.process_time()
+    reports = [protocol.decode(f) for f in frames]
+    decode_s = time.process_time() - start
+    with tempfile.TemporaryDirectory() as tmp:
+        run = RunDir(Path(tmp))
+        start = time.process_time()
+        for r in reports:
+            run.step(r, 1.5)
+        run.close()
+        event_s = time.process_time() - start
+    return {"n": n, "decode_us": 1e6 * decode_s / len(frames), "event_us": 1e6 * event_s / len(frames)}
+
+
 @contextlib.contextmanager
 def _constant(module, name: str, value):
     """`module.name` set to `value` for the block: the baselines are the controller with one
@@ -326,6 +350,10 @@ def main(argv=None) -> int:
                 transient_rows.append((size, kind, rule, t))
     tiles = tiled(args.tiled_cases, args.seed)
     print(f"tiled workers: {tiles}", flush=True)
+    path = report_path(n)
+    controller_us = max(s["report_us"] for s in rows if s["n"] == n)
+    path["total_us"] = path["decode_us"] + path["event_us"] + controller_us
+    print(f"a report through the scheduler: {path}", flush=True)
     lines = [
         "# The controller simulated at scale (BSP, modelled workers)", "",
         *machine_lines(),
@@ -395,6 +423,15 @@ def main(argv=None) -> int:
               "| clusters | back and forth | final plan faster | slower | mean ratio |", "|---:|---:|---:|---:|---:|",
               f"| {tiles['cases']} | {tiles['back_and_forth']} | {tiles['faster']} | {tiles['slower']} | "
               f"{tiles['mean']:.4f} |"]
+    lines += ["", f"## A report through the scheduler ({n} workers)", "",
+              "What the scheduler spends on each worker report besides the controller (the main table's CPU a "
+              f"report, the largest at {n} workers): decoding it (protocol.decode, every check included) and writing "
+              f"its `step` line to metrics.jsonl; CPU per report over {n} workers x 10 steps, and per step of all "
+              f"{n} (one process handles every report).", "",
+              "| decode, us | metrics line, us | controller, us | a report, us | a step's reports, ms |",
+              "|---:|---:|---:|---:|---:|",
+              f"| {path['decode_us']:.1f} | {path['event_us']:.1f} | {controller_us:.1f} | {path['total_us']:.1f} | "
+              f"{path['total_us'] * n / 1000:.3g} |"]
     publish(lines, args.out)
     return 0
 

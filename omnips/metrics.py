@@ -74,6 +74,12 @@ class RunDir:
             line = json.dumps(finite(record), allow_nan=False)
         self._events.write(line + "\n")
 
+    def step(self, r, epoch: float) -> None:
+        """A worker's report (protocol.Report) as its `step` line, at the job's `epoch`."""
+        self.event("step", worker=r.rank, step=r.step, batch=r.batch, epoch=epoch, compute_s=r.compute_s,
+                   network_s=r.network_s, wait_s=r.wait_s, loss=r.loss, staleness=r.staleness,
+                   mem_batch=r.mem_batch, mem_free=r.mem_free, sample_bytes=r.sample_bytes)
+
     def flush(self) -> None:
         self._events.flush()
 

@@ -500,10 +500,7 @@ class Scheduler:
             if self.progress.all_done and self.job.mode != "bsp":
                 self._ask_eval(EvalPoint(self.progress.samples / self.progress.train_size, None), final=True)
             return
-        self.run.event("step", worker=r.rank, step=r.step, batch=r.batch, epoch=self.progress.epochs,
-                       compute_s=r.compute_s, network_s=r.network_s, wait_s=r.wait_s, loss=r.loss,
-                       staleness=r.staleness, mem_batch=r.mem_batch, mem_free=r.mem_free,
-                       sample_bytes=r.sample_bytes)
+        self.run.step(r, self.progress.epochs)
         if self.checkpoints is not None and self.job.mode != "bsp" and not self.registry.plan.stop:
             updates = sum(w.steps for w in self.progress.workers)
             if self.checkpoints.due(updates):

@@ -46,10 +46,14 @@ def test_the_table_has_a_row_per_scenario_and_kind_of_noise(tmp_path, flags, sta
     assert len(drift) == len(simulate.DRIFTS) * len(simulate.KINDS) * 2  # long and short averages
     # held-back plans taken and the deadband alone, at each small size
     assert len(transient) == len(simulate.TRANSIENT_WORKERS) * len(simulate.KINDS) * 2
-    tiled = [row for row in rows if len(row.split("|")) == 7]  # 5 columns
-    assert len(tiled) == 1 and tiled[0].startswith("| 3 |")
-    assert len(rows) == len(main) + len(drift) + len(transient) + len(tiled)
-    assert "## A slow drift instead (8 workers," in text  # at the largest size
+    tiled = [row for row in rows if len(row.split("|")) == 7 and row.startswith("| 3 |")]  # 5 columns
+    assert len(tiled) == 1
+    # what a report costs the scheduler: decode, metrics line, controller, their sum, a step's worth
+    (path,) = [[float(v) for v in row.split("|")[1:-1]] for row in rows if len(row.split("|")) == 7 and row not in tiled]
+    assert all(v > 0 for v in path) and path[3] == pytest.approx(sum(path[:3]), abs=0.2)
+    assert path[4] == pytest.approx(path[3] * 8 / 1000, abs=0.5)
+    assert len(rows) == len(main) + len(drift) + len(transient) + len(tiled) + 1
+    assert "## A slow drift instead (8 workers," in text and "## A report through the scheduler (8 workers)" in text
     assert start in text
 
 
