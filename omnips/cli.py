@@ -230,7 +230,7 @@ class Progress:
         frac = min(1.0, self.epoch / total) if total else 0.0
         bar = "#" * int(frac * 30)
         acc = f"{self.accuracy:.3f}" if self.accuracy is not None else "-"
-        return f"[{bar:<30}] epoch {self.epoch:6.2f}/{total:.4g}  {rate:8.0f} samples/s  test acc {acc}"
+        return f"[{bar:<30}] epoch {self.epoch:6.2f}/{round(total, 4):g}  {rate:8.0f} samples/s  test acc {acc}"
 
     def update(self, final: bool = False) -> None:
         if not self.enabled:

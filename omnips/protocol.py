@@ -411,7 +411,8 @@ def _check(tp):
 def _header_fields(cls) -> tuple:
     """(name, type, its test, required) of each field of `cls`, in order; the test None for
     the data, which comes in its own frame."""
-    return tuple((f.name, f.type, None if f.name == "data" else _check(f.type), f.default is MISSING)
+    return tuple((f.name, f.type, None if f.name == "data" else _check(f.type),
+                  f.default is MISSING and f.default_factory is MISSING)
                  for f in fields(cls))
 
 

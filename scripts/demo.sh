@@ -5,6 +5,6 @@
 # these); OMNIPS_NO_SETUP=1 skips the install (a second run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -n "${OMNIPS_NO_SETUP:-}" ] || bash scripts/setup.sh
+[ "${OMNIPS_NO_SETUP:-0}" = 1 ] || bash scripts/setup.sh
 exec "${PYTHON:-python3}" scripts/launch_local.py --num-servers 2 --num-workers 3 \
     --emulate-ms-per-step 3 --emulate-ms-per-sample 1 2 4 --mode bsp --batching dynamic --epochs 10 "$@"

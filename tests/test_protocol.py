@@ -11,9 +11,8 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from omnips import protocol
-from omnips.protocol import (MAX_HEADER_BYTES, Ack, Heartbeat, Init, Params, Probe, ProtocolError, Pull, Push, Report,
-                             Welcome,
-                             decode, encode)
+from omnips.protocol import (MAX_HEADER_BYTES, Ack, Heartbeat, Init, Params, Plan, Probe, ProtocolError, Pull, Push,
+                             Report, Welcome, decode, encode)
 
 from protocol_helpers import ANY_MESSAGE, SAMPLE, STRATEGIES, assert_same_message, mutate
 
@@ -114,6 +113,9 @@ def test_optional_fields_take_their_defaults():
     assert got == Report(rank=1, step=2, batch=3, compute_s=0.5, network_s=0.25, wait_s=0, loss=1.5,
                          staleness=0, done=False)
     assert decode(frames_with({"v": protocol.VERSION, "op": "pull", "req": 7})) == Pull(req=7, at=None)
+    # a field whose default is made fresh for each message is optional too
+    plan = decode(frames_with({"v": protocol.VERSION, "op": "plan", "gen": 2, "batches": [3, 4]}))
+    assert plan == Plan(gen=2, batches=[3, 4], stop=False, departed=[])
 
 
 # -- refusals ------------------------------------------------------------------------

@@ -116,6 +116,7 @@ def test_a_resumed_run_dir_continues_after_an_event_with_an_integer_time(tmp_pat
     (tmp_path / "metrics.jsonl").write_text('{"event": "start", "t": 2}\n')
     assert RunDir(tmp_path, clock=lambda: 10.0, resume=True).t0 == 8.0
 
+
 def test_an_event_writes_nan_and_infinities_as_null(tmp_path):
     """JSON has no words for them: an event carrying one is still one valid line."""
     run = RunDir(tmp_path / "run", clock=lambda: 1.0)

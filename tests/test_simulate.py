@@ -51,7 +51,7 @@ def test_the_table_has_a_row_per_scenario_and_kind_of_noise(tmp_path, flags, sta
     # what a report costs the scheduler: decode, metrics line, controller, their sum, a step's worth
     (path,) = [[float(v) for v in row.split("|")[1:-1]] for row in rows if len(row.split("|")) == 7 and row not in tiled]
     assert all(v > 0 for v in path) and path[3] == pytest.approx(sum(path[:3]), abs=0.2)
-    assert path[4] == pytest.approx(path[3] * 8 / 1000, abs=0.5)
+    assert path[4] == pytest.approx(path[3] * 8 / 1000, rel=0.02)
     assert len(rows) == len(main) + len(drift) + len(transient) + len(tiled) + 1
     assert "## A slow drift instead (8 workers," in text and "## A report through the scheduler (8 workers)" in text
     assert start in text
