@@ -84,3 +84,13 @@ def test_a_joiners_welcome_says_where_it_starts():
     worker(reg, b"c")
     w = reg.worker_welcome(reg.joined[0], join_gen=3, start_step=17)
     assert w.rank == 2 and (w.cluster["join_gen"], w.cluster["start_step"]) == (3, 17)
+
+
+def test_workers_share_the_memory_of_their_host_and_device():
+    """A GPU's memory is split among the workers on it, the host's RAM among those on its CPU."""
+    reg = registry(num_workers=5, global_batch=20)
+    server(reg)
+    for peer, host, device in ((b"a", "h", "cuda:0"), (b"b", "h", "cuda:0"), (b"c", "h", "cuda:1"),
+                               (b"d", "h", "cpu"), (b"e", "g", "cuda:0")):
+        reg.register(peer, Register(role="worker", host=host, device=device))
+    assert [reg.sharing(rank) for rank in range(5)] == [2, 2, 1, 1, 1]
