@@ -33,6 +33,9 @@ the time the controller is told does). Reported per N and kind of noise:
 * at 3 to 16 workers, a transient slowdown instead (1.3x for 3 windows), with plans
   the deadband holds back taken once they persist and with the deadband alone (the
   baseline): whether the plan comes back to the best one afterwards;
+* at 8 to 256 workers, held-back plans taken as the controller does and with the same
+  plan only (the baseline): whether the plan settles closer to the best one, and at how
+  many more plan changes;
 * small clusters whose time is not a line in the batch (it steps up every few
   samples), the same two ways: how often plans go back and forth, and which ends faster;
 * at the largest N, what each worker report costs the scheduler besides the controller:
@@ -82,6 +85,7 @@ DRIFTS = (0.002, 0.01)
 # enough that the plan it leaves behind is within the deadband of the best one
 TRANSIENT_SLOWDOWN, TRANSIENT_WINDOWS = 1.3, 3
 TRANSIENT_WORKERS = (3, 4, 8, 16)
+WIDE_WORKERS = (8, 16, 64, 256)  # held-back plans that differ from one decision to the next (up to the largest N)
 TILED_CASES = 1000
 
 
@@ -278,6 +282,12 @@ def _constant(module, name: str, value):
         setattr(module, name, saved)
 
 
+def same_plan_only():
+    """Held-back plans taken only when the same one persists, never several each WIDE_GAIN
+    faster: the baseline for the table of mid-size clusters."""
+    return _constant(control, "WIDE_GAIN", math.inf)
+
+
 def deadband_only():
     """A plan the deadband holds back is never taken, however long it is proposed: the
     controller before it took lasting gains, the baseline for the transient table."""
@@ -348,6 +358,18 @@ def main(argv=None) -> int:
                 print(f"transient, {size} workers, {kind}, {rule}: {t['vs_oracle']:.3f} of the oracle plan, "
                       f"settled {t['settled']:.4f}, plan changes {t['changes']}", flush=True)
                 transient_rows.append((size, kind, rule, t))
+    # mid-size clusters, noise alone: held-back plans taken as they are and with the same plan only
+    wide_rows = []
+    for size in [w for w in WIDE_WORKERS if w <= n]:
+        for kind in KINDS:
+            for rule in ("wide", "same"):
+                with contextlib.nullcontext() if rule == "wide" else same_plan_only():
+                    runs = [simulate(size, args.steps, args.noise, kind, args.adjust_every, seed, fixed, per_worker,
+                                     args.probe) for seed in range(args.seed, args.seed + 4)]
+                w = {k: float(np.mean([summarise(r)[k] for r in runs])) for k in ("calm_vs_oracle", "settled")}
+                w["changes"] = float(np.mean([len(r["changes"]) for r in runs]))
+                print(f"held-back plans, {size} workers, {kind}, {rule}: {w}", flush=True)
+                wide_rows.append((size, kind, rule, w))
     tiles = tiled(args.tiled_cases, args.seed)
     print(f"tiled workers: {tiles}", flush=True)
     path = report_path(n)
@@ -415,6 +437,19 @@ def main(argv=None) -> int:
     for size, kind, rule, t in transient_rows:
         lines.append(f"| {size} | {kind} | {'taken' if rule == 'persist' else 'deadband alone'} | {t['vs_oracle']:.3f} | "
                      f"{t['settled']:.4f} | {', '.join(map(str, t['changes']))} |")
+    lines += ["", f"## Held-back plans on mid-size clusters (a {fixed[0]:g}..{fixed[1]:g} ms, {per_worker} samples a "
+              f"worker, seeds {args.seed}-{args.seed + 3})", "",
+              "From tens of workers on, the plan the deadband holds back moves by a sample here and there from one "
+              "decision to the next (the worst of many models' errors), so the same plan rarely persists. As it "
+              f"is: also taken once {control.PERSIST} decisions running hold back plans predicted at least "
+              f"{control.WIDE_GAIN:.0%} faster, whichever they are; same plan only: not (the baseline), in runs "
+              "otherwise the same. Over the steps from the first convergence to the speed change (noise alone); "
+              "settled: the last fifth of each phase; plan changes over the whole run. Means over the seeds.", "",
+              "| workers | noise | held-back plans | efficiency of the oracle plan, noise alone | settled plan's step "
+              "time, of the oracle's | plan changes |", "|---:|---|---|---:|---:|---:|"]
+    for size, kind, rule, w in wide_rows:
+        lines.append(f"| {size} | {kind} | {'as it is' if rule == 'wide' else 'same plan only'} | "
+                     f"{w['calm_vs_oracle']:.4f} | {w['settled']:.4f} | {w['changes']:.1f} |")
     lines += ["", "## Workers whose time is not a line (held-back plans taken, against the deadband alone)", "",
               f"{tiles['cases']} clusters of 2-5 workers whose time steps up every 4, 8 or 16 samples (a GPU's tiles: "
               "part of a sample's cost is paid per started tile), exact times, 50 decisions each, from equal "

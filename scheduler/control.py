@@ -25,6 +25,11 @@ CHANGE_STEPS = 3  # consecutive far-off steps that trigger an early re-plan
 # much faster, is taken: the deadband stops noise from churning the plan, not a lasting gain
 PERSIST = 3
 MIN_GAIN = 0.01
+# as are held-back plans predicted this much faster that many decisions running, whichever they
+# are: from tens of workers on, the worst of many models' errors moves a sample or two from one
+# decision to the next, so that the same plan rarely comes up twice (at 64 workers the plan
+# stayed 2 % off the best one for good)
+WIDE_GAIN = 0.02
 RAN_PLANS = 8  # the plans whose measured step time is kept: a held-back plan measured slower stays held
 
 
@@ -72,7 +77,8 @@ class BatchControl:
                 self._window[rank].clear()
         self._plan, self._batches = plan, batches
         self._active = np.flatnonzero(batches)
-        self._held_back: tuple[tuple[int, ...] | None, int] = (None, 0)  # (the plan, decisions in a row)
+        # (the plan held back last, decisions in a row proposing it, decisions in a row proposing any at WIDE_GAIN)
+        self._held_back: tuple[tuple[int, ...] | None, int, int] = (None, 0, 0)
         self._expect()
 
     def _expect(self) -> None:
@@ -176,14 +182,17 @@ class BatchControl:
 
     def _persists(self, sub: Decision) -> bool:
         """Whether the plan the deadband held back has now been proposed PERSIST times running,
-        each predicted MIN_GAIN faster than the plan in force. Noise proposes a different plan
-        from one window to the next; a lasting gain (a transient slowdown over, leaving the plan
-        a few % off) proposes the same one, which the deadband would otherwise hold off for good."""
-        lasting = sub.held is not None and sub.predicted_s >= sub.held_s * (1 + MIN_GAIN)
-        last, count = self._held_back
-        count = count + 1 if lasting and sub.held == last else int(lasting)
-        self._held_back = (sub.held, count)
-        return count >= PERSIST
+        each predicted MIN_GAIN faster than the plan in force, or PERSIST held-back plans running
+        (whichever) each WIDE_GAIN faster. Noise proposes a different plan from one window to the
+        next; a lasting gain (a transient slowdown over, leaving the plan a few % off) proposes
+        the same one, or on many workers much the same one, which the deadband would otherwise
+        hold off for good."""
+        gain = sub.predicted_s / sub.held_s - 1 if sub.held is not None else 0.0
+        last, same, wide = self._held_back
+        same = same + 1 if gain >= MIN_GAIN and sub.held == last else int(gain >= MIN_GAIN)
+        wide = wide + 1 if gain >= WIDE_GAIN else 0
+        self._held_back = (sub.held, same, wide)
+        return same >= PERSIST or wide >= PERSIST
 
     def _remember(self, plan: tuple[int, ...], step_s: float) -> None:
         self._ran.pop(plan, None)
@@ -209,7 +218,7 @@ class BatchControl:
             self.models.observe(ranks, [b[j] for b, _ in sizes], [t[j] for _, t in sizes])
         refused = [rank for rank, bound in sorted(memory.items()) if not self._bound_memory(rank, bound)]
         adjustment = self.replan("probe")
-        self._held_back = (None, 0)  # the workers start on its plan: the windows count from there
+        self._held_back = (None, 0, 0)  # the workers start on its plan: the windows count from there
         return adjustment, refused
 
     def resize(self, active: list[int]) -> Adjustment:
