@@ -87,6 +87,7 @@ TRANSIENT_SLOWDOWN, TRANSIENT_WINDOWS = 1.3, 3
 TRANSIENT_WORKERS = (3, 4, 8, 16)
 WIDE_WORKERS = (8, 16, 64, 256)  # held-back plans that differ from one decision to the next (up to the largest N)
 TILED_CASES = 1000
+SEEDS = 4  # runs averaged in a row of the transient and mid-size tables
 
 
 def oracle_plan(lines: np.ndarray, total: int) -> np.ndarray:
@@ -238,8 +239,8 @@ def tiled(cases: int, seed: int, windows: int = 50) -> dict:
         def times(rank, b):
             return a[rank] + c[rank] * ((1 - share) * b + share * tile * math.ceil(b / tile))
         runs = []
-        for rule in ("persist", "deadband"):
-            with contextlib.nullcontext() if rule == "persist" else deadband_only():
+        for _, context in as_it_is_and(deadband_only):
+            with context():
                 runs.append(tiled_run(times, n, total, windows))
         (plans, reasons), (alone, _) = runs
         returns = sum(1 for i, plan in enumerate(plans) if plan in plans[:i])
@@ -268,6 +269,12 @@ def report_path(n: int, steps: int = 10) -> dict:
         run.close()
         event_s = time.process_time() - start
     return {"n": n, "decode_us": 1e6 * decode_s / len(frames), "event_us": 1e6 * event_s / len(frames)}
+
+
+def as_it_is_and(baseline) -> tuple:
+    """The controller as it is, then with `baseline` in force: (whether the baseline, a
+    context for the runs) each, for the tables that set one against the other."""
+    return (False, contextlib.nullcontext), (True, baseline)
 
 
 @contextlib.contextmanager
@@ -314,12 +321,21 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=HERE / "results" / "simulate.md")
     args = p.parse_args(argv)
     start, load = time.monotonic(), os.getloadavg()[0]
+
+    def run(size, kind, seed=args.seed, scenario=SCENARIOS[-1], **change):
+        """One simulation with the command line's settings, in `scenario` (the last by default)."""
+        fixed, per_worker = scenario
+        return simulate(size, args.steps, args.noise, kind, args.adjust_every, seed, fixed, per_worker, args.probe,
+                        **change)
+
+    def over_seeds(size, kind, **change):
+        return [run(size, kind, seed, **change) for seed in range(args.seed, args.seed + SEEDS)]
+
     rows = []
     for fixed, per_worker in SCENARIOS:
         for n in [int(v) for v in args.workers.split(",")]:
             for kind in KINDS:
-                s = summarise(simulate(n, args.steps, args.noise, kind, args.adjust_every, args.seed, fixed,
-                                       per_worker, args.probe))
+                s = summarise(run(n, kind, scenario=(fixed, per_worker)))
                 s["fixed"], s["per_worker"] = fixed, per_worker
                 print(f"a {fixed[0]:g}..{fixed[1]:g} ms, {per_worker} samples a worker, {n} workers, {kind}: efficiency {s['vs_ideal']:.3f} of "
                       f"nobody-waits, {s['vs_oracle']:.3f} of the oracle plan ({s['calm_vs_oracle']:.3f} before the change; it makes "
@@ -334,10 +350,10 @@ def main(argv=None) -> int:
     drift_rows = []
     for per_window in DRIFTS:
         for kind in KINDS:
-            for model in ("long", "short"):
-                with contextlib.nullcontext() if model == "long" else short_averages_only():
-                    d = since_change(simulate(n, args.steps, args.noise, kind, args.adjust_every, args.seed, fixed,
-                                               per_worker, args.probe, drift=per_window / args.adjust_every))
+            for short, context in as_it_is_and(short_averages_only):
+                with context():
+                    d = since_change(run(n, kind, drift=per_window / args.adjust_every))
+                model = "short" if short else "long"
                 print(f"drift {per_window:.1%} a window, {n} workers, {kind}, {model} averages: "
                       f"{d['vs_oracle']:.3f} of the oracle plan, settled {d['settled']:.3f}, {d['changes']} plan changes",
                       flush=True)
@@ -347,29 +363,25 @@ def main(argv=None) -> int:
     transient_rows = []
     for size in TRANSIENT_WORKERS:
         for kind in KINDS:
-            for rule in ("persist", "deadband"):
-                with contextlib.nullcontext() if rule == "persist" else deadband_only():
-                    runs = [since_change(simulate(size, args.steps, args.noise, kind, args.adjust_every, seed, fixed,
-                                                  per_worker, args.probe,
-                                                  transient=TRANSIENT_WINDOWS * args.adjust_every))
-                            for seed in range(args.seed, args.seed + 4)]
+            for alone, context in as_it_is_and(deadband_only):
+                with context():
+                    runs = [since_change(r) for r in over_seeds(size, kind, transient=TRANSIENT_WINDOWS * args.adjust_every)]
                 t = {k: float(np.mean([d[k] for d in runs])) for k in ("vs_oracle", "settled")}
                 t["changes"] = [d["changes"] for d in runs]
-                print(f"transient, {size} workers, {kind}, {rule}: {t['vs_oracle']:.3f} of the oracle plan, "
-                      f"settled {t['settled']:.4f}, plan changes {t['changes']}", flush=True)
-                transient_rows.append((size, kind, rule, t))
+                print(f"transient, {size} workers, {kind}, deadband alone {alone}: {t['vs_oracle']:.3f} of the oracle "
+                      f"plan, settled {t['settled']:.4f}, plan changes {t['changes']}", flush=True)
+                transient_rows.append((size, kind, alone, t))
     # mid-size clusters, noise alone: held-back plans taken as they are and with the same plan only
     wide_rows = []
     for size in [w for w in WIDE_WORKERS if w <= n]:
         for kind in KINDS:
-            for rule in ("wide", "same"):
-                with contextlib.nullcontext() if rule == "wide" else same_plan_only():
-                    runs = [simulate(size, args.steps, args.noise, kind, args.adjust_every, seed, fixed, per_worker,
-                                     args.probe) for seed in range(args.seed, args.seed + 4)]
+            for same, context in as_it_is_and(same_plan_only):
+                with context():
+                    runs = over_seeds(size, kind)
                 w = {k: float(np.mean([summarise(r)[k] for r in runs])) for k in ("calm_vs_oracle", "settled")}
                 w["changes"] = float(np.mean([len(r["changes"]) for r in runs]))
-                print(f"held-back plans, {size} workers, {kind}, {rule}: {w}", flush=True)
-                wide_rows.append((size, kind, rule, w))
+                print(f"held-back plans, {size} workers, {kind}, same plan only {same}: {w}", flush=True)
+                wide_rows.append((size, kind, same, w))
     tiles = tiled(args.tiled_cases, args.seed)
     print(f"tiled workers: {tiles}", flush=True)
     path = report_path(n)
@@ -424,7 +436,7 @@ def main(argv=None) -> int:
     for per_window, kind, model, d in drift_rows:
         lines.append(f"| {per_window:.1%} | {kind} | {model} | {d['vs_oracle']:.3f} | {d['settled']:.3f} | {d['changes']} |")
     lines += ["", f"## A transient slowdown on small clusters (a {fixed[0]:g}..{fixed[1]:g} ms, {per_worker} samples a "
-              f"worker, seeds {args.seed}-{args.seed + 3})", "",
+              f"worker, seeds {args.seed}-{args.seed + SEEDS - 1})", "",
               f"From step {args.steps // 2} a quarter of the workers (one of 3) is {TRANSIENT_SLOWDOWN:g}x slower for "
               f"{TRANSIENT_WINDOWS} windows, then as fast as before; the oracle plan follows at once. Held back "
               f"taken: the controller as it is, a plan the deadband holds back is taken once {control.PERSIST} "
@@ -434,11 +446,11 @@ def main(argv=None) -> int:
               "| workers | noise | held-back plans | efficiency of the oracle plan, from the slowdown's start | "
               "settled plan's step time, of the oracle's (last fifth) | plan changes |",
               "|---:|---|---|---:|---:|---|"]
-    for size, kind, rule, t in transient_rows:
-        lines.append(f"| {size} | {kind} | {'taken' if rule == 'persist' else 'deadband alone'} | {t['vs_oracle']:.3f} | "
+    for size, kind, alone, t in transient_rows:
+        lines.append(f"| {size} | {kind} | {'deadband alone' if alone else 'taken'} | {t['vs_oracle']:.3f} | "
                      f"{t['settled']:.4f} | {', '.join(map(str, t['changes']))} |")
     lines += ["", f"## Held-back plans on mid-size clusters (a {fixed[0]:g}..{fixed[1]:g} ms, {per_worker} samples a "
-              f"worker, seeds {args.seed}-{args.seed + 3})", "",
+              f"worker, seeds {args.seed}-{args.seed + SEEDS - 1})", "",
               "From tens of workers on, the plan the deadband holds back moves by a sample here and there from one "
               "decision to the next (the worst of many models' errors), so the same plan rarely persists. As it "
               f"is: also taken once {control.PERSIST} decisions running hold back plans predicted at least "
@@ -447,8 +459,8 @@ def main(argv=None) -> int:
               "settled: the last fifth of each phase; plan changes over the whole run. Means over the seeds.", "",
               "| workers | noise | held-back plans | efficiency of the oracle plan, noise alone | settled plan's step "
               "time, of the oracle's | plan changes |", "|---:|---|---|---:|---:|---:|"]
-    for size, kind, rule, w in wide_rows:
-        lines.append(f"| {size} | {kind} | {'as it is' if rule == 'wide' else 'same plan only'} | "
+    for size, kind, same, w in wide_rows:
+        lines.append(f"| {size} | {kind} | {'same plan only' if same else 'as it is'} | "
                      f"{w['calm_vs_oracle']:.4f} | {w['settled']:.4f} | {w['changes']:.1f} |")
     lines += ["", "## Workers whose time is not a line (held-back plans taken, against the deadband alone)", "",
               f"{tiles['cases']} clusters of 2-5 workers whose time steps up every 4, 8 or 16 samples (a GPU's tiles: "

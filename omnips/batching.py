@@ -192,19 +192,21 @@ def decide(batches, lines, total: int, lo, hi, deadband: float) -> Decision:
     targets = equal_time(lines, total, lo, hi)
     current = np.asarray(batches, dtype=np.float64)
     a, c = _line_arrays(lines)
-    now_s = float((a + c * current).max())
+    now = a + c * current
+    now_s = float(now.max())
     new = integerize(targets, total, lo, hi, lines)
-    new_s = float((a + c * np.asarray(new)).max())
+    new_batches = np.asarray(new)
+    new_s = float((a + c * new_batches).max())
     if deadband > 0:
         gap = np.abs(targets - current)
         small = np.all((gap < deadband * current) | (gap <= 0.5))
         no_gain = now_s <= new_s * (1 + deadband)
         marginal = np.all(gap < np.maximum(deadband * current, 1.0)) and no_gain
-        slowest = int(np.argmax(a + c * current))
+        slowest = int(np.argmax(now))
         floor = np.broadcast_to(np.asarray(lo, dtype=np.float64), current.shape)[slowest]
         pinned = current[slowest] <= floor and new[slowest] <= floor and no_gain
         if small or marginal or pinned:
-            if np.any(np.asarray(new) != current):
+            if np.any(new_batches != current):
                 return Decision(None, tuple(targets.tolist()), now_s, tuple(new), new_s)
             return Decision(None, tuple(targets.tolist()), now_s)
     return Decision(tuple(new), tuple(targets.tolist()), new_s)
