@@ -10,6 +10,7 @@ import socket as pysocket
 import time
 from pathlib import Path
 
+import torch
 import zmq
 
 from omnips import protocol, security, transport
@@ -49,7 +50,7 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
             log.warning("%s: clients on this host connect over tcp", exc)
         link = SchedulerLink(ctx, scheduler, keys=keys)
         welcome = link.register(Register(role="server", host=pysocket.gethostname(), endpoint=endpoint, ipc=ipc,
-                                         pid=os.getpid(), token=token), ack_timeout_s, welcome_timeout_s)
+                                         threads=torch.get_num_threads(), pid=os.getpid(), token=token), ack_timeout_s, welcome_timeout_s)
         job = JobSpec.from_dict(welcome.job)
         cluster = link.cluster_fields(welcome, range=list, dead_after_s=float, heartbeat_s=float, num_trained=int,
                                       num_params=int, checkpoint_dir=str, restore=str)

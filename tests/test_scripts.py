@@ -88,9 +88,11 @@ def test_start_scripts_form_a_cluster(tmp_path):
         endpoint = read_endpoint(sched.stdout, timeout_s=60)
         assert endpoint is not None, sched.stderr.read()
         role_env = {**env, "OMNIPS_SCHEDULER": endpoint}
+        many = str(os.cpu_count() + 1)  # never torch's default, which is at most the cores
         procs = [subprocess.Popen(["bash", str(ROOT / "scripts" / f"start-{role}.sh"), *extra], env=role_env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                 for role, extra in [("server", []), ("worker", ["--threads", "1"]), ("worker", ["--threads", "1"])]]
+                 for role, extra in [("server", ["--threads", many]), ("worker", ["--threads", "1"]),
+                                     ("worker", ["--threads", many])]]
         assert sched.wait(timeout=150) == 0, sched.stderr.read()
         assert all(p.wait(timeout=30) == 0 for p in procs)
     finally:
@@ -98,6 +100,11 @@ def test_start_scripts_form_a_cluster(tmp_path):
             p.kill()
             p.wait()
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+    # each process's --threads reached torch: the count it registered with is torch's own
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    threads = {(e["role"], e["pid"]): e["threads"] for e in events if e["event"] == "membership"}
+    assert threads == {("server", procs[0].pid): int(many), ("worker", procs[1].pid): 1,
+                       ("worker", procs[2].pid): int(many)}
 
 
 def test_every_way_of_starting_a_role_sets_the_allocator(tmp_path, monkeypatch):
