@@ -104,10 +104,17 @@ def test_free_memory_bounds_a_workers_batch(run_job):
     assert "out of memory" not in (run.dir / "logs" / "worker0.log").read_text()  # bounded before, not after
 
 
-def test_ssp_keeps_workers_within_the_staleness_bound(run_job):
-    workers = [WorkerSpec(ms_per_step=2), WorkerSpec(ms_per_step=12)]
-    run = run_job(["--mode", "ssp", "--staleness", "2", "--max-steps", "40", "--global-batch", "32"], workers)
+def test_ssp_keeps_workers_within_the_staleness_bound_under_the_controller(run_job):
+    """The slow worker's fixed 12 ms a step is more than the fast one's whole step could be
+    (2 ms + 0.1 ms a sample): the controller gives it the least batch, and the fast worker
+    still runs ahead, as far as the bound lets it."""
+    workers = [WorkerSpec(ms_per_step=2, ms_per_sample=0.1), WorkerSpec(ms_per_step=12, ms_per_sample=0.1)]
+    run = run_job(["--mode", "ssp", "--staleness", "2", "--max-steps", "40", "--global-batch", "32", "--batching",
+                   "dynamic", "--adjust-every", "6"], workers)
     assert run.summary["status"] == "completed"
+    assigns = _assigns(run)
+    assert assigns[1]["reason"] == "probe" and all(e["batches"] == [31, 1] for e in assigns[1:]), assigns
+    assert run.summary["final_batches"] == [31, 1]
     latest = {0: -1, 1: -1}
     for e in run.events:
         if e["event"] == "step":
