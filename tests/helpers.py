@@ -8,11 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import zmq
 
-from omnips import checkpoint, data, models
+from omnips import checkpoint, data, models, protocol, transport
 from omnips.checkpoint import FileInfo
 from omnips.job import JobSpec
 from omnips.launch import LocalCluster
+from omnips.link import SchedulerLink
+from omnips.protocol import Heartbeat
 from omnips.metrics import read_events
 
 JOB_TIMEOUT_S = 150
@@ -165,3 +168,28 @@ def make_checkpoint(root, step, complete=True, servers=2):
         checkpoint.write_manifest(directory, step, CHECKPOINT_JOB.to_dict(), shards, [step, step],
                                   [64 * step, 64 * step])
     return directory
+
+
+@contextmanager
+def stand_in(**link_kw):
+    """(link, send, clock, recv): a link made with `link_kw`, heartbeats every 0.2 s, connected
+    to a stand-in scheduler; send(msg) sends it a message from there, recv() reads the next
+    one it sent (10 s at most); clock[0] is its time."""
+    ctx = zmq.Context()
+    try:
+        router = transport.socket(ctx, zmq.ROUTER)
+        endpoint = transport.bind(router, "127.0.0.1", 0)
+        clock = [0.0]
+        link = SchedulerLink(ctx, endpoint, clock=lambda: clock[0], **link_kw)
+        link.heartbeat_s = 0.2
+        link.send(Heartbeat())  # the stand-in learns whom to answer
+        assert router.poll(10_000), "the link did not connect"
+        peer = transport.recv_frames(router)[0].bytes
+
+        def recv():
+            assert router.poll(10_000), "nothing came from the link"
+            return protocol.decode(transport.recv_frames(router)[1:])
+
+        yield link, lambda msg: transport.send(router, msg, to=peer), clock, recv
+    finally:
+        ctx.destroy(linger=0)

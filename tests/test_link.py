@@ -5,11 +5,10 @@ import threading
 import time
 
 import pytest
-import zmq
+from helpers import stand_in
 from shard_helpers import make_core
 
-from omnips import transport
-from omnips.link import LinkError, SchedulerLink
+from omnips.link import LinkError
 from omnips.protocol import Heartbeat, Shutdown
 from server import checkpointer, service
 from server.outbox import Outbox
@@ -109,16 +108,9 @@ def test_an_echo_still_awaited_is_asked_again_with_the_next_heartbeat(linked):
 def test_before_its_welcome_a_process_gives_up_on_a_silent_scheduler_after_30_s():
     """The roles make their link without --dead-after (the scheduler sends it in the welcome):
     while the cluster forms, 30 s of silence end the wait."""
-    ctx = zmq.Context()
-    try:
-        router = transport.socket(ctx, zmq.ROUTER)
-        clock = [0.0]
-        link = SchedulerLink(ctx, transport.bind(router, "127.0.0.1", 0), clock=lambda: clock[0])
-        link.heartbeat_s = 0.2
+    with stand_in() as (link, _, clock, _):
         clock[0] = 29.9
         link.check_alive()
         clock[0] = 30.6
         with pytest.raises(LinkError, match=r"^no word from the scheduler at tcp://127\.0\.0\.1:\d+ for 31 s: giving up$"):
             link.check_alive()
-    finally:
-        ctx.destroy(linger=0)
