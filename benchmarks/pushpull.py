@@ -354,18 +354,25 @@ def _reap(proc: subprocess.Popen, grace_s: float) -> None:
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pids) -> float:
-    """User + system CPU seconds these processes have used so far, every thread (Linux /proc)."""
-    ticks = 0
+def cpu_seconds(pids) -> np.ndarray:
+    """User + system CPU seconds these processes have used so far, every thread (Linux /proc):
+    [ZeroMQ's I/O threads, every other thread]."""
+    split = np.zeros(2)
     for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            after_name = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces; state is field 3
-        ticks += int(after_name[11]) + int(after_name[12])  # fields 14 and 15: utime, stime
-    return ticks / CLOCK_TICKS
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    name, after_name = f.read().split("(", 1)[1].rsplit(")", 1)  # the name may hold spaces
+            except FileNotFoundError:  # a thread that ended meanwhile: its time is in neither reading
+                continue
+            fields = after_name.split()  # state is field 3
+            split[0 if name.startswith("ZMQbg/IO") else 1] += int(fields[11]) + int(fields[12])  # 14 and 15: utime, stime
+    return split / CLOCK_TICKS
 
 
-def cpu_per_call(fn, calls: int, pids) -> tuple[float, float]:
-    """(CPU seconds of `pids` together, wall seconds) per call of `fn()`, over `calls` calls."""
+def cpu_per_call(fn, calls: int, pids) -> tuple[np.ndarray, float]:
+    """(CPU seconds of `pids` together, [ZeroMQ I/O threads, others], and wall seconds) per
+    call of `fn()`, over `calls` calls."""
     cpu, start = cpu_seconds(pids), time.perf_counter()
     for _ in range(calls):
         fn()
@@ -592,16 +599,21 @@ def cpu_section(rows: list[dict]) -> list[str]:
     overlapping the transfer."""
     cores = os.cpu_count()
     lines = ["", "## CPU per round trip (every process of each side, every thread)", "",
-             f"| configuration | omnips CPU ms | omnips cores busy | raw ZeroMQ CPU ms | raw cores busy "
-             f"| omnips CPU over raw's, ms | omnips CPU / {cores} cores, over raw's wall |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| configuration | omnips CPU ms | its ZeroMQ I/O threads | its other threads | omnips cores busy "
+             "| raw ZeroMQ CPU ms | its ZeroMQ I/O threads | raw cores busy | omnips CPU over raw's, ms "
+             f"| omnips CPU / {cores} cores, over raw's wall |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        (cpu, wall), (raw_cpu, raw_wall) = r["cpu"], r["raw_cpu"]
-        lines.append(f"| {r['config']} | {ms(cpu)} | {cpu / wall:.2f} | {ms(raw_cpu)} | {raw_cpu / raw_wall:.2f} "
+        (split, wall), (raw_split, raw_wall) = r["cpu"], r["raw_cpu"]
+        cpu, raw_cpu = split.sum(), raw_split.sum()
+        lines.append(f"| {r['config']} | {ms(cpu)} | {ms(split[0])} | {ms(split[1])} | {cpu / wall:.2f} "
+                     f"| {ms(raw_cpu)} | {ms(raw_split[0])} | {raw_cpu / raw_wall:.2f} "
                      f"| {ms(cpu - raw_cpu)} | {cpu / cores / raw_wall:.2f}x |")
     lines += ["", "Each configuration measured over as many round trips as it timed, right after them, first "
               "omnips's (this process, the scheduler and the servers: utime + stime from /proc) and then raw "
-              "ZeroMQ's (this process and its peer), not interleaved. Cores busy: CPU "
+              "ZeroMQ's (this process and its peer), not interleaved. ZeroMQ's I/O threads move the bytes "
+              "(the raw round trip's whole work); the other threads are the processes' own: omnips's main "
+              "threads check, update and copy. Cores busy: CPU "
               "time over wall time. The last column is a floor: a round trip can not take less wall time than "
               f"its CPU time spread over all {cores} cores, so it is the least omnips / raw ratio this much work "
               "allows on this machine, however well it overlaps the transfer."]
