@@ -226,11 +226,11 @@ class Progress:
         self._window = recent
         span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
         rate = sum(b for _, b in recent[1:]) / span if span > 0 else 0.0
-        total = self.budget_epochs or 0.0
-        frac = min(1.0, self.epoch / total) if total else 0.0
-        bar = "#" * int(frac * 30)
+        total = self.budget_epochs
+        bar = "#" * int(min(1.0, self.epoch / total) * 30) if total else ""
+        budget = f"{round(total, 4):g}" if total else "?"  # "?" until the scheduler's start event
         acc = f"{self.accuracy:.3f}" if self.accuracy is not None else "-"
-        return f"[{bar:<30}] epoch {self.epoch:6.2f}/{round(total, 4):g}  {rate:8.0f} samples/s  test acc {acc}"
+        return f"[{bar:<30}] epoch {self.epoch:6.2f}/{budget}  {rate:8.0f} samples/s  test acc {acc}"
 
     def update(self, final: bool = False) -> None:
         if not self.enabled:

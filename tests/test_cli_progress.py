@@ -1,0 +1,28 @@
+"""The launcher's one-line progress view, read from a run's metrics.jsonl as it grows."""
+
+import io
+import json
+
+from omnips.cli import Progress
+
+
+def test_the_progress_line_follows_the_events_and_says_when_the_budget_is_not_known_yet(tmp_path):
+    out = io.StringIO()
+    view = Progress(tmp_path, out=out)
+
+    def shown(*records, tail=""):
+        with open(tmp_path / "metrics.jsonl", "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+            f.write(tail)
+        view.update(final=True)  # not a terminal: one line each time
+        return out.getvalue().splitlines()[-1]
+
+    assert shown() == f"[{'':30}] epoch   0.00/?         0 samples/s  test acc -"  # before the start event
+    assert shown({"event": "start", "t": 0.0, "budget_epochs": 4.5}).endswith("epoch   0.00/4.5         0 samples/s  test acc -")
+    # samples/s over the last 5 s of steps: the first step's batch only opens the window
+    line = shown({"event": "step", "t": 1.0, "batch": 64, "epoch": 0.5},
+                 {"event": "step", "t": 2.0, "batch": 64, "epoch": 1.5},
+                 {"event": "eval", "t": 2.5, "test_accuracy": 0.8125})
+    assert line == f"[{'#' * 10:<30}] epoch   1.50/4.5        64 samples/s  test acc 0.812"
+    assert shown(tail='{"event": "step", "t": 3.0, "ba') == line  # a line written half waits to be whole
+    assert shown(tail='tch": 64, "epoch": 2.5}\n').startswith(f"[{'#' * 16:<30}] epoch   2.50/4.5        64 ")
