@@ -36,6 +36,8 @@ the time the controller is told does). Reported per N and kind of noise:
 * at 8 to 256 workers, held-back plans taken as the controller does and with the same
   plan only (the baseline): whether the plan settles closer to the best one, and at how
   many more plan changes;
+* at 64 workers and the largest N, a first step at a new batch size charged 5 % (and
+  how much longer it took on this machine's CPU): what the plan changes cost;
 * small clusters whose time is not a line in the batch (it steps up every few
   samples), the same two ways: how often plans go back and forth, and which ends faster;
 * at the largest N, what each worker report costs the scheduler besides the controller:
@@ -87,7 +89,12 @@ TRANSIENT_SLOWDOWN, TRANSIENT_WINDOWS = 1.3, 3
 TRANSIENT_WORKERS = (3, 4, 8, 16)
 WIDE_WORKERS = (8, 16, 64, 256)  # held-back plans that differ from one decision to the next (up to the largest N)
 TILED_CASES = 1000
-SEEDS = 4  # runs averaged in a row of the transient and mid-size tables
+SEEDS = 4  # runs averaged in a row of the transient, mid-size and warm-up tables
+# a worker's first step on a new batch size, charged in the warm-up table: above what a first
+# step after a change cost here (warm_up_cost: -1..4 % on the CPU, within its noise); a GPU
+# that tunes its kernels for each new shape can take far longer
+WARMUP = 0.05
+WARMUP_WORKERS = (64,)  # and the largest N
 
 
 def oracle_plan(lines: np.ndarray, total: int) -> np.ndarray:
@@ -98,10 +105,12 @@ def oracle_plan(lines: np.ndarray, total: int) -> np.ndarray:
 
 def simulate(n: int, steps: int, noise: float, kind: str, adjust_every: int, seed: int,
              fixed_ms: tuple[float, float], per_worker: int, probe: bool = True, drift: float = 0.0,
-             transient: int = 0) -> dict:
+             transient: int = 0, warmup: float = 0.0) -> dict:
     """One run. `drift` > 0: from mid-run the quarter of the workers slows down by that
     fraction every step (compounding) instead of becoming 3x slower at once. `transient` > 0:
-    they are TRANSIENT_SLOWDOWN slower for that many steps only, then as fast as before."""
+    they are TRANSIENT_SLOWDOWN slower for that many steps only, then as fast as before.
+    `warmup` > 0: a worker's first step on a new batch size takes that fraction longer (the
+    oracle's too, when its plan changes)."""
     rng = np.random.default_rng(seed)
     total = per_worker * n
     a = rng.uniform(fixed_ms[0] / 1000, fixed_ms[1] / 1000, n)  # fixed cost per step, s
@@ -121,10 +130,12 @@ def simulate(n: int, steps: int, noise: float, kind: str, adjust_every: int, see
     change_at = steps // 2
     slowed = rng.choice(n, max(1, n // 4), replace=False)
     pending: list[tuple[int, BatchPlan]] = []
-    decisions_s, changes_at, report_s = [], [], 0.0
+    decisions_s, changes_at, moved, report_s = [], [], [], 0.0
+    ran = oracle_ran = None  # the batches of the step before: a worker whose batch changed warms up
     rec = {k: [] for k in ("step", "oracle", "ideal", "oracle_ideal", "clean", "oracle_clean")}
     for step in range(steps):
         while pending and pending[0][0] <= step:
+            moved.append(sum(x != y for x, y in zip(plan.batches, pending[0][1].batches)))
             plan = pending.pop(0)[1]  # the workers switch; the controller has had it since it decided
         if step in (0, change_at, change_at + transient) or (drift and step > change_at):
             f = 1.0 / speed
@@ -140,13 +151,17 @@ def simulate(n: int, steps: int, noise: float, kind: str, adjust_every: int, see
         factor = 1.0 + rng.uniform(-noise, noise, n)
         jitter = factor if kind == "jitter" else 1.0
         device, oracle_device = true_s * jitter, best_s * jitter
+        if warmup and ran is not None:
+            device *= 1.0 + warmup * (b != ran)
+            oracle_device *= 1.0 + warmup * (best != oracle_ran)
+        ran, oracle_ran = b, best
         rec["step"].append(device.max() + COMM_S)
         rec["oracle"].append(oracle_device.max() + COMM_S)
         rec["ideal"].append(total / np.sum(b / device) + COMM_S)  # every worker at its own throughput
         rec["oracle_ideal"].append(total / np.sum(best / oracle_device) + COMM_S)
         rec["clean"].append(true_s.max())
         rec["oracle_clean"].append(best_s.max())
-        told = (true_s * factor).tolist()
+        told = (device if kind == "jitter" else device * factor).tolist()
         start = time.process_time()
         for rank in range(n):
             control.on_step(rank, plan.batches[rank], told[rank])
@@ -160,8 +175,42 @@ def simulate(n: int, steps: int, noise: float, kind: str, adjust_every: int, see
             if control.plan != before:
                 pending.append((step + 2, control.plan))
                 changes_at.append(step)
-    return {"n": n, "kind": kind, "steps": steps, "changes": changes_at, "decisions_s": decisions_s,
+    return {"n": n, "kind": kind, "steps": steps, "changes": changes_at, "moved": moved, "decisions_s": decisions_s,
             "report_s": report_s / (n * steps), "change_at": change_at, **{k: np.array(v) for k, v in rec.items()}}
+
+
+def warm_up_cost(reps: int = 15) -> list[tuple[str, float]]:
+    """How much longer a forward and backward pass takes on its first step at a new batch size
+    than on the steps after it, on this machine's CPU (one torch thread): (case, fraction) for
+    the digits MLP and a 6.3 M-parameter MLP, each at a batch moved by one sample and by a
+    quarter. Medians over `reps` changes each way."""
+    import torch
+
+    from omnips import data, models
+
+    torch.set_num_threads(1)
+    cases = []
+    for name, ds_args, model_args, b in (("digits MLP", {}, {}, 36),
+                                         ("6.3 M MLP", {"n": 256, "features": 1024}, {"hidden": [2048, 2048]}, 80)):
+        train, _ = data.load("digits" if name.startswith("digits") else "synthetic", ds_args)
+        model, (x, y) = models.build("mlp", model_args, train, 0), train.tensors
+
+        def step(size):
+            start = time.perf_counter()
+            model.zero_grad(set_to_none=False)
+            torch.nn.functional.cross_entropy(model(x[:size]), y[:size]).backward()
+            return time.perf_counter() - start
+
+        for _ in range(10):
+            step(b)
+        for other in (b + 1, b + b // 4):
+            first, steady = [], []
+            for _ in range(reps):
+                for size in (b, other):
+                    first.append(step(size))
+                    steady.append(statistics.median(step(size) for _ in range(5)))
+            cases.append((f"{name}, {b} and {other} samples", statistics.median(first) / statistics.median(steady) - 1))
+    return cases
 
 
 def converged_after(r: dict, start: int, end: int) -> tuple[int | None, int]:
@@ -316,6 +365,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-probe", dest="probe", action="store_false",
                    help="start from equal batches instead of the probe's plan (the scheduler's --no-probe)")
+    p.add_argument("--warm-up-reps", type=int, default=15,
+                   help="batch-size changes each way timed for the first step at a new size")
     p.add_argument("--tiled-cases", type=int, default=TILED_CASES,
                    help="clusters in the table of workers whose time is not a line")
     p.add_argument("--out", type=Path, default=HERE / "results" / "simulate.md")
@@ -382,6 +433,19 @@ def main(argv=None) -> int:
                 w["changes"] = float(np.mean([len(r["changes"]) for r in runs]))
                 print(f"held-back plans, {size} workers, {kind}, same plan only {same}: {w}", flush=True)
                 wide_rows.append((size, kind, same, w))
+    # a first step at a new batch size charged (a warm-up): what the plan changes cost
+    warm_rows = []
+    for size in sorted({*(w for w in WARMUP_WORKERS if w < n), n}):
+        for kind in KINDS:
+            for warmup in (0.0, WARMUP):
+                runs = over_seeds(size, kind, warmup=warmup)
+                w = {k: float(np.mean([summarise(r)[k] for r in runs])) for k in ("calm_vs_oracle", "vs_oracle")}
+                w["changes"] = float(np.mean([len(r["changes"]) for r in runs]))
+                w["moved"] = float(np.mean([np.mean(r["moved"]) if r["moved"] else 0.0 for r in runs]))
+                print(f"warm-up {warmup:.0%}, {size} workers, {kind}: {w}", flush=True)
+                warm_rows.append((size, kind, warmup, w))
+    warm_measured = warm_up_cost(args.warm_up_reps)
+    print(f"first step at a new batch size: {warm_measured}", flush=True)
     tiles = tiled(args.tiled_cases, args.seed)
     print(f"tiled workers: {tiles}", flush=True)
     path = report_path(n)
@@ -462,6 +526,19 @@ def main(argv=None) -> int:
     for size, kind, same, w in wide_rows:
         lines.append(f"| {size} | {kind} | {'same plan only' if same else 'as it is'} | "
                      f"{w['calm_vs_oracle']:.4f} | {w['settled']:.4f} | {w['changes']:.1f} |")
+    lines += ["", f"## Plan changes charged (a {fixed[0]:g}..{fixed[1]:g} ms, {per_worker} samples a worker, seeds "
+              f"{args.seed}-{args.seed + SEEDS - 1})", "",
+              "Elsewhere a plan change costs nothing. Here a worker's first step on a new batch size takes "
+              f"{WARMUP:.0%} longer (the oracle plan's workers too, when the speed change moves it), in runs otherwise "
+              "the same. Measured on this machine's CPU, one torch thread, the first forward and backward pass at a "
+              "new size took longer than the passes after it by " + ", ".join(
+                  f"{v:.1%} ({case})" for case, v in warm_measured) + ". Workers moved: per plan change. Means over "
+              "the seeds.", "",
+              "| workers | noise | first step at a new size | efficiency of the oracle plan, noise alone | "
+              "efficiency of the oracle plan | plan changes | workers moved |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for size, kind, warmup, w in warm_rows:
+        lines.append(f"| {size} | {kind} | +{warmup:.0%} | {w['calm_vs_oracle']:.4f} | {w['vs_oracle']:.4f} | "
+                     f"{w['changes']:.1f} | {w['moved']:.0f} |")
     lines += ["", "## Workers whose time is not a line (held-back plans taken, against the deadband alone)", "",
               f"{tiles['cases']} clusters of 2-5 workers whose time steps up every 4, 8 or 16 samples (a GPU's tiles: "
               "part of a sample's cost is paid per started tile), exact times, 50 decisions each, from equal "

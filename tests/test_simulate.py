@@ -1,6 +1,7 @@
 """benchmarks/simulate.py: the controller driven with modelled workers reports what it claims."""
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -25,6 +26,19 @@ def test_without_noise_the_plan_settles_on_the_oracles_and_follows_a_change_at_o
     assert s["old_plan_steps"] == 4
 
 
+def test_a_warm_up_is_charged_on_the_first_step_at_a_new_size_and_decides_nothing():
+    """Exact times: with a first step at a new size 50 % longer, the run decides as without
+    (the controller measures no first step at a size), and only the steps where workers
+    switched batches take longer: the plan's after each change, the oracle's at the speed change."""
+    plain, warm = (simulate.simulate(4, 80, 0.0, "timer", 5, 0, (0.5, 2.5), 32, warmup=w) for w in (0.0, 0.5))
+    assert warm["changes"] == plain["changes"] and warm["moved"] == plain["moved"] and plain["changes"]
+    switched = [c + 2 for c in plain["changes"]]  # a plan runs from the step after next
+    assert np.flatnonzero(warm["step"] != plain["step"]).tolist() == switched
+    assert all(1 < w / p <= 1.5 for w, p in zip(warm["step"][switched], plain["step"][switched]))
+    assert np.flatnonzero(warm["oracle"] != plain["oracle"]).tolist() == [plain["change_at"]]
+    assert all(0 < m <= 4 for m in plain["moved"])
+
+
 def test_the_probe_plans_the_first_step_and_without_it_equal_batches_take_an_adjustment():
     probed, equal = (simulate.simulate(4, 80, 0.0, "timer", 5, 0, (0.5, 2.5), 32, probe) for probe in (True, False))
     # exact passes of 2 and 4 samples give the true lines: the oracle's plan from step 0 on
@@ -38,7 +52,8 @@ def test_the_probe_plans_the_first_step_and_without_it_equal_batches_take_an_adj
                                           (["--no-probe"], "- start: equal batches (--no-probe)")])
 def test_the_table_has_a_row_per_scenario_and_kind_of_noise(tmp_path, flags, start):
     out = tmp_path / "simulate.md"
-    assert simulate.main(["--workers", "4,8", "--steps", "40", "--tiled-cases", "3", *flags, "--out", str(out)]) == 0
+    assert simulate.main(["--workers", "4,8", "--steps", "40", "--tiled-cases", "3", "--warm-up-reps", "1", *flags,
+                          "--out", str(out)]) == 0
     text = out.read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
     main = [row for row in rows if len(row.split("|")) == 15]  # 13 columns
@@ -46,6 +61,10 @@ def test_the_table_has_a_row_per_scenario_and_kind_of_noise(tmp_path, flags, sta
     transient = [row for row in rows if len(row.split("|")) == 8 and row.split("|")[1].strip().isdigit()
                  and row.split("|")[3].strip() in ("taken", "deadband alone")]
     wide = [row for row in rows if len(row.split("|")) == 8 and row.split("|")[3].strip() in ("as it is", "same plan only")]
+    warm = [row for row in rows if len(row.split("|")) == 9 and row.split("|")[3].strip() in ("+0%", "+5%")]
+    assert len(warm) == len(simulate.KINDS) * 2  # at 8 workers only: none of WARMUP_WORKERS is below it
+    # the first step at a new size, as measured here: each model, moved by a sample and by a quarter
+    assert re.search(r"by -?[\d.]+% \(digits MLP, 36 and 37 samples\), .* -?[\d.]+% \(6\.3 M MLP, 80 and 100 samples\)", text)
     assert len(main) == len(simulate.SCENARIOS) * 2 * len(simulate.KINDS)
     assert len(drift) == len(simulate.DRIFTS) * len(simulate.KINDS) * 2  # long and short averages
     # held-back plans taken and the deadband alone, at each small size
@@ -57,7 +76,7 @@ def test_the_table_has_a_row_per_scenario_and_kind_of_noise(tmp_path, flags, sta
     assert all(v > 0 for v in path) and path[3] == pytest.approx(sum(path[:3]), abs=0.2)
     assert path[4] == pytest.approx(path[3] * 8 / 1000, rel=0.02)
     assert [row.split("|")[1].strip() for row in wide] == ["8"] * 2 * len(simulate.KINDS)  # the sizes up to 8
-    assert len(rows) == len(main) + len(drift) + len(transient) + len(wide) + len(tiled) + 1
+    assert len(rows) == len(main) + len(drift) + len(transient) + len(wide) + len(warm) + len(tiled) + 1
     assert "## A slow drift instead (8 workers," in text and "## A report through the scheduler (8 workers)" in text
     assert start in text
 
