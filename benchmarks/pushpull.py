@@ -355,19 +355,33 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pids) -> np.ndarray:
-    """User + system CPU seconds these processes have used so far, every thread (Linux /proc):
-    [ZeroMQ's I/O threads, every other thread]."""
+    """User + system CPU seconds these processes have used so far (Linux /proc):
+    [ZeroMQ's I/O threads, every other thread]. The total is the process's own count, which
+    keeps the time of threads that have ended; the I/O threads live as long as the process."""
     split = np.zeros(2)
     for pid in pids:
+        total = _ticks(f"/proc/{pid}/stat")
+        io = 0
         for tid in os.listdir(f"/proc/{pid}/task"):
             try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    name, after_name = f.read().split("(", 1)[1].rsplit(")", 1)  # the name may hold spaces
-            except FileNotFoundError:  # a thread that ended meanwhile: its time is in neither reading
+                if _name(f"/proc/{pid}/task/{tid}/comm").startswith("ZMQbg/IO"):
+                    io += _ticks(f"/proc/{pid}/task/{tid}/stat")
+            except FileNotFoundError:  # a thread that ended meanwhile (not an I/O thread)
                 continue
-            fields = after_name.split()  # state is field 3
-            split[0 if name.startswith("ZMQbg/IO") else 1] += int(fields[11]) + int(fields[12])  # 14 and 15: utime, stime
+        split += io, total - io
     return split / CLOCK_TICKS
+
+
+def _name(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+def _ticks(path: str) -> int:
+    """utime + stime from a /proc stat file."""
+    with open(path) as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces; state is field 3
+    return int(fields[11]) + int(fields[12])  # fields 14 and 15
 
 
 def cpu_per_call(fn, calls: int, pids) -> tuple[np.ndarray, float]:

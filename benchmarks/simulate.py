@@ -91,7 +91,7 @@ WIDE_WORKERS = (8, 16, 64, 256)  # held-back plans that differ from one decision
 TILED_CASES = 1000
 SEEDS = 4  # runs averaged in a row of the transient, mid-size and warm-up tables
 # a worker's first step on a new batch size, charged in the warm-up table: above what a first
-# step after a change cost here (warm_up_cost: -1..4 % on the CPU, within its noise); a GPU
+# step after a change cost here (warm_up_cost: -4..+5 % on the CPU, within its noise); a GPU
 # that tunes its kernels for each new shape can take far longer
 WARMUP = 0.05
 WARMUP_WORKERS = (64,)  # and the largest N
@@ -206,7 +206,7 @@ def warm_up_cost(reps: int = 15) -> list[tuple[str, float]]:
         for other in (b + 1, b + b // 4):
             first, steady = [], []
             for _ in range(reps):
-                for size in (b, other):
+                for size in (other, b):  # after the warm-up at b: each timed first step is a change
                     first.append(step(size))
                     steady.append(statistics.median(step(size) for _ in range(5)))
             cases.append((f"{name}, {b} and {other} samples", statistics.median(first) / statistics.median(steady) - 1))
@@ -441,7 +441,7 @@ def main(argv=None) -> int:
                 runs = over_seeds(size, kind, warmup=warmup)
                 w = {k: float(np.mean([summarise(r)[k] for r in runs])) for k in ("calm_vs_oracle", "vs_oracle")}
                 w["changes"] = float(np.mean([len(r["changes"]) for r in runs]))
-                w["moved"] = float(np.mean([np.mean(r["moved"]) if r["moved"] else 0.0 for r in runs]))
+                w["moved"] = float(np.mean([np.mean(r["moved"]) for r in runs if r["moved"]] or [0.0]))
                 print(f"warm-up {warmup:.0%}, {size} workers, {kind}: {w}", flush=True)
                 warm_rows.append((size, kind, warmup, w))
     warm_measured = warm_up_cost(args.warm_up_reps)

@@ -15,8 +15,8 @@ from omnips.checkpoint import FileInfo
 from omnips.job import JobSpec
 from omnips.launch import LocalCluster
 from omnips.link import SchedulerLink
-from omnips.protocol import Heartbeat
 from omnips.metrics import read_events
+from omnips.protocol import Heartbeat
 
 JOB_TIMEOUT_S = 150
 

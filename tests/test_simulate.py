@@ -27,9 +27,9 @@ def test_without_noise_the_plan_settles_on_the_oracles_and_follows_a_change_at_o
 
 
 def test_a_warm_up_is_charged_on_the_first_step_at_a_new_size_and_decides_nothing():
-    """Exact times: with a first step at a new size 50 % longer, the run decides as without
-    (the controller measures no first step at a size), and only the steps where workers
-    switched batches take longer: the plan's after each change, the oracle's at the speed change."""
+    """Exact times: with a first step at a new size 50 % longer, the run decides as without,
+    and only the steps where workers switched batches take longer: the plan's after each
+    change, the oracle's at the speed change."""
     plain, warm = (simulate.simulate(4, 80, 0.0, "timer", 5, 0, (0.5, 2.5), 32, warmup=w) for w in (0.0, 0.5))
     assert warm["changes"] == plain["changes"] and warm["moved"] == plain["moved"] and plain["changes"]
     switched = [c + 2 for c in plain["changes"]]  # a plan runs from the step after next
@@ -117,19 +117,22 @@ def test_deadband_only_never_takes_a_held_back_plan():
 
 def test_tiled_clusters_are_counted_both_ways(monkeypatch):
     """tiled's counts over crafted runs (A: an equal split, B and C: one sample moved either
-    way): case 0 goes back and forth (3 held-back plans taken, 2 returns); case 1 takes one;
-    case 2 returns twice but takes only 2 held-back plans: not back and forth."""
+    way, D: two): case 0 goes back and forth (3 held-back plans taken, 2 returns); case 1 takes
+    one; case 2 returns twice but takes only 2 held-back plans, case 3 takes 3 but never
+    returns: neither goes back and forth."""
     crafted = iter([
         ("ABAB", ["held"] * 3), ("A", []),
         ("AC", ["held"]), ("AB", ["window"]),
         ("ABAB", ["held", "window", "held"]), ("A", []),
+        ("ABCD", ["held"] * 3), ("A", []),
     ])
     finals, ratios = [], []
 
     def run(times, n, total, windows):
         letters, reasons = next(crafted)
         a = [total // n] * (n - 1) + [total - total // n * (n - 1)]
-        plan = {"A": a, "B": [a[0] + 1, *a[1:-1], a[-1] - 1], "C": [a[0] - 1, *a[1:-1], a[-1] + 1]}
+        plan = {"A": a, "B": [a[0] + 1, *a[1:-1], a[-1] - 1], "C": [a[0] - 1, *a[1:-1], a[-1] + 1],
+                "D": [a[0] + 2, *a[1:-1], a[-1] - 2]}
         plans = [tuple(plan[x]) for x in letters]
         if control.PERSIST == math.inf:  # the deadband alone's run, second: the case's ratio
             ratios.append(max(map(times, range(n), finals[-1])) / max(map(times, range(n), plans[-1])))
@@ -138,11 +141,11 @@ def test_tiled_clusters_are_counted_both_ways(monkeypatch):
         return plans, reasons
 
     monkeypatch.setattr(simulate, "tiled_run", run)
-    t = simulate.tiled(3, 0)
-    assert len(ratios) == 3 and t["cases"] == 3 and t["back_and_forth"] == 1
+    t = simulate.tiled(4, 0)
+    assert len(ratios) == 4 and t["cases"] == 4 and t["back_and_forth"] == 1
     assert min(ratios) < 0.999 and max(ratios) > 1.001  # seed 0's draws put the cases on both sides
     assert (t["faster"], t["slower"]) == (sum(r < 0.999 for r in ratios), sum(r > 1.001 for r in ratios))
-    assert t["mean"] == pytest.approx(sum(ratios) / 3)
+    assert t["mean"] == pytest.approx(sum(ratios) / 4)
     # and a real cluster whose plans never change compares a plan with itself
     monkeypatch.undo()
     plans, reasons = simulate.tiled_run(lambda rank, b: 0.001 * b, 2, 32, 5)
