@@ -190,9 +190,10 @@ def warm_up_cost(reps: int = 15) -> list[tuple[str, float]]:
 
     torch.set_num_threads(1)
     cases = []
-    for name, ds_args, model_args, b in (("digits MLP", {}, {}, 36),
-                                         ("6.3 M MLP", {"n": 256, "features": 1024}, {"hidden": [2048, 2048]}, 80)):
-        train, _ = data.load("digits" if name.startswith("digits") else "synthetic", ds_args)
+    for name, dataset, ds_args, model_args, b in (
+            ("digits MLP", "digits", {}, {}, 36),
+            ("6.3 M MLP", "synthetic", {"n": 256, "features": 1024}, {"hidden": [2048, 2048]}, 80)):
+        train, _ = data.load(dataset, ds_args)
         model, (x, y) = models.build("mlp", model_args, train, 0), train.tensors
 
         def step(size):
@@ -242,6 +243,15 @@ def summarise(r: dict) -> dict:
             "oracle_vs_ideal": r["oracle_ideal"][steady].sum() / r["oracle"][steady].sum(),
             "decision_ms": 1000 * statistics.median(d) if d else 0.0,
             "decision_max_ms": 1000 * max(d) if d else 0.0, "report_us": 1e6 * r["report_s"]}
+
+
+def seed_means(runs: list[dict], keys: tuple) -> dict:
+    """Over the seeds' runs: the mean of each of summarise's `keys` (each run summarised
+    once), and of the plan changes."""
+    summaries = [summarise(r) for r in runs]
+    means = {k: float(np.mean([s[k] for s in summaries])) for k in keys}
+    means["changes"] = float(np.mean([len(r["changes"]) for r in runs]))
+    return means
 
 
 def since_change(r: dict) -> dict:
@@ -428,9 +438,7 @@ def main(argv=None) -> int:
         for kind in KINDS:
             for same, context in as_it_is_and(same_plan_only):
                 with context():
-                    runs = over_seeds(size, kind)
-                w = {k: float(np.mean([summarise(r)[k] for r in runs])) for k in ("calm_vs_oracle", "settled")}
-                w["changes"] = float(np.mean([len(r["changes"]) for r in runs]))
+                    w = seed_means(over_seeds(size, kind), ("calm_vs_oracle", "settled"))
                 print(f"held-back plans, {size} workers, {kind}, same plan only {same}: {w}", flush=True)
                 wide_rows.append((size, kind, same, w))
     # a first step at a new batch size charged (a warm-up): what the plan changes cost
@@ -439,8 +447,7 @@ def main(argv=None) -> int:
         for kind in KINDS:
             for warmup in (0.0, WARMUP):
                 runs = over_seeds(size, kind, warmup=warmup)
-                w = {k: float(np.mean([summarise(r)[k] for r in runs])) for k in ("calm_vs_oracle", "vs_oracle")}
-                w["changes"] = float(np.mean([len(r["changes"]) for r in runs]))
+                w = seed_means(runs, ("calm_vs_oracle", "vs_oracle"))
                 w["moved"] = float(np.mean([np.mean(r["moved"]) for r in runs if r["moved"]] or [0.0]))
                 print(f"warm-up {warmup:.0%}, {size} workers, {kind}: {w}", flush=True)
                 warm_rows.append((size, kind, warmup, w))

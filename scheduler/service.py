@@ -391,7 +391,8 @@ class Scheduler:
     def _membership(self, m, change: str = "joined", **more) -> None:
         i = m.info
         self.run.event("membership", change=change, role=m.role, rank=m.rank, host=i.host, pid=i.pid,
-                       device=i.device, threads=i.threads, capacity=i.capacity, endpoint=i.endpoint, ipc=i.ipc, **more)
+                       device=i.device, threads=i.threads, capacity=i.capacity, endpoint=i.endpoint, ipc=i.ipc,
+                       **more)
 
     def _join(self, member) -> None:
         """A worker took a vacant rank in the running job: a plan that gives it a share, then

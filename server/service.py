@@ -49,8 +49,9 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
             ipc = ""
             log.warning("%s: clients on this host connect over tcp", exc)
         link = SchedulerLink(ctx, scheduler, keys=keys)
-        welcome = link.register(Register(role="server", host=pysocket.gethostname(), endpoint=endpoint, ipc=ipc,
-                                         threads=torch.get_num_threads(), pid=os.getpid(), token=token), ack_timeout_s, welcome_timeout_s)
+        me = Register(role="server", host=pysocket.gethostname(), endpoint=endpoint, ipc=ipc,
+                      threads=torch.get_num_threads(), pid=os.getpid(), token=token)
+        welcome = link.register(me, ack_timeout_s, welcome_timeout_s)
         job = JobSpec.from_dict(welcome.job)
         cluster = link.cluster_fields(welcome, range=list, dead_after_s=float, heartbeat_s=float, num_trained=int,
                                       num_params=int, checkpoint_dir=str, restore=str)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from omnips import security, transport
 from omnips.launch import LocalCluster, read_endpoint
+from omnips.metrics import read_events
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_JOB = ["--max-steps", "15", "--global-batch", "32", "--seed", "2"]
@@ -101,8 +102,7 @@ def test_start_scripts_form_a_cluster(tmp_path):
             p.wait()
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
     # each process's --threads reached torch: the count it registered with is torch's own
-    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    threads = {(e["role"], e["pid"]): e["threads"] for e in events if e["event"] == "membership"}
+    threads = {(e["role"], e["pid"]): e["threads"] for e in read_events(tmp_path / "run") if e["event"] == "membership"}
     assert threads == {("server", procs[0].pid): int(many), ("worker", procs[1].pid): 1,
                        ("worker", procs[2].pid): int(many)}
 
