@@ -506,8 +506,8 @@ def main(argv=None) -> int:
               "|---:|---|---|---:|---:|---:|"]
     for per_window, kind, model, d in drift_rows:
         lines.append(f"| {per_window:.1%} | {kind} | {model} | {d['vs_oracle']:.3f} | {d['settled']:.3f} | {d['changes']} |")
-    lines += ["", f"## A transient slowdown on small clusters (a {fixed[0]:g}..{fixed[1]:g} ms, {per_worker} samples a "
-              f"worker, seeds {args.seed}-{args.seed + SEEDS - 1})", "",
+    over = f"(a {fixed[0]:g}..{fixed[1]:g} ms, {per_worker} samples a worker, seeds {args.seed}-{args.seed + SEEDS - 1})"
+    lines += ["", f"## A transient slowdown on small clusters {over}", "",
               f"From step {args.steps // 2} a quarter of the workers (one of 3) is {TRANSIENT_SLOWDOWN:g}x slower for "
               f"{TRANSIENT_WINDOWS} windows, then as fast as before; the oracle plan follows at once. Held back "
               f"taken: the controller as it is, a plan the deadband holds back is taken once {control.PERSIST} "
@@ -520,8 +520,7 @@ def main(argv=None) -> int:
     for size, kind, alone, t in transient_rows:
         lines.append(f"| {size} | {kind} | {'deadband alone' if alone else 'taken'} | {t['vs_oracle']:.3f} | "
                      f"{t['settled']:.4f} | {', '.join(map(str, t['changes']))} |")
-    lines += ["", f"## Held-back plans on mid-size clusters (a {fixed[0]:g}..{fixed[1]:g} ms, {per_worker} samples a "
-              f"worker, seeds {args.seed}-{args.seed + SEEDS - 1})", "",
+    lines += ["", f"## Held-back plans on mid-size clusters {over}", "",
               "From tens of workers on, the plan the deadband holds back moves by a sample here and there from one "
               "decision to the next (the worst of many models' errors), so the same plan rarely persists. As it "
               f"is: also taken once {control.PERSIST} decisions running hold back plans predicted at least "
@@ -533,8 +532,7 @@ def main(argv=None) -> int:
     for size, kind, same, w in wide_rows:
         lines.append(f"| {size} | {kind} | {'same plan only' if same else 'as it is'} | "
                      f"{w['calm_vs_oracle']:.4f} | {w['settled']:.4f} | {w['changes']:.1f} |")
-    lines += ["", f"## Plan changes charged (a {fixed[0]:g}..{fixed[1]:g} ms, {per_worker} samples a worker, seeds "
-              f"{args.seed}-{args.seed + SEEDS - 1})", "",
+    lines += ["", f"## Plan changes charged {over}", "",
               "Elsewhere a plan change costs nothing. Here a worker's first step on a new batch size takes "
               f"{WARMUP:.0%} longer (the oracle plan's workers too, when the speed change moves it), in runs otherwise "
               "the same. Measured on this machine's CPU, one torch thread, the first forward and backward pass at a "
