@@ -16,6 +16,7 @@ OPTIMIZERS = ("sgd", "adam")
 BATCHINGS = ("uniform", "static", "dynamic")
 CONTROLLERS = ("affine", "proportional")
 STALENESS_LR = ("none", "inverse")
+ASYNC_CORRECTIONS = ("momentum", "lookahead", "dc", "gap", "none")  # server/asynchrony.py
 NAN_POLICIES = ("fail", "skip")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 # The job travels in msgpack messages, whose integers are at most int64.
@@ -56,6 +57,7 @@ class JobSpec:
     max_batch: int | None = None
     staleness: int = 3  # ssp: how many steps a worker may run ahead of the slowest
     staleness_lr: str = "none"
+    async_correction: str = "momentum"  # asp/ssp: how updates allow for their staleness (server/asynchrony.py)
     nan_policy: str = "fail"  # a worker's non-finite gradient: end the job, or drop that gradient
     wire_dtype: str = "float32"  # pushes and their replies travel in it; servers keep float32 (omnips/wire.py)
     seed: int = 0
@@ -64,6 +66,7 @@ class JobSpec:
         """Raise ValueError naming the first setting that cannot work."""
         for name, allowed in (("mode", MODES), ("optimizer", OPTIMIZERS), ("batching", BATCHINGS),
                               ("controller", CONTROLLERS), ("staleness_lr", STALENESS_LR),
+                              ("async_correction", ASYNC_CORRECTIONS),
                               ("nan_policy", NAN_POLICIES), ("wire_dtype", WIRE_DTYPES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{_flag(name)} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")

@@ -34,17 +34,37 @@ class SGD:
         self.param, self.momentum, self.nesterov, self.weight_decay = param, momentum, nesterov, weight_decay
         self.buf = torch.zeros_like(param) if momentum else None
         self._first = True
-        self._lr, self._first_now = 0.0, True  # the current step's
+        self._lr, self._first_now, self._momentum = 0.0, True, momentum  # the current step's
 
-    def begin(self, lr: float) -> None:
+    @property
+    def decay(self) -> float:
+        """The momentum, as every optimizer names the factor its running average decays by."""
+        return self.momentum
+
+    @staticmethod
+    def gain(decay: float) -> float:
+        """How far a constant unit gradient moves a value per step in the long run, / lr."""
+        return 1 / (1 - decay)
+
+    def begin(self, lr: float, decay: float | None = None) -> None:
+        """A step at `lr`, with momentum `decay` instead of the recipe's (an asynchronous
+        correction: server/asynchrony.py)."""
         self._lr, self._first_now, self._first = lr, self._first, False
+        self._momentum = self.momentum if decay is None else decay
 
     def apply(self, grads: list[tuple[int, torch.Tensor]]) -> None:
         for lo, grad in grads:
             hi = lo + grad.numel()
-            torch._fused_sgd_([self.param[lo:hi]], [grad], [self.buf[lo:hi]] if self.momentum else [],
-                              weight_decay=self.weight_decay, momentum=self.momentum, lr=self._lr, dampening=0.0,
+            buffered = self.momentum and self._momentum  # the kernel takes no buffer at momentum 0
+            torch._fused_sgd_([self.param[lo:hi]], [grad], [self.buf[lo:hi]] if buffered else [],
+                              weight_decay=self.weight_decay, momentum=self._momentum, lr=self._lr, dampening=0.0,
                               nesterov=self.nesterov, maximize=False, is_first_step=self._first_now)
+            if self.momentum and not buffered:  # what the buffer holds after a step at momentum 0
+                self.buf[lo:hi].copy_(grad)
+
+    def direction(self, out: torch.Tensor) -> None:
+        """The last step's change of each value, less its sign: lr * the momentum buffer."""
+        torch.mul(self.buf, self._lr, out=out)
 
     def state(self) -> tuple[dict, dict]:
         """(scalars, buffers): what the next steps depend on besides the parameter."""
@@ -68,16 +88,29 @@ class Adam:
         self._denom = torch.empty_like(param)
         self._tmp = torch.empty_like(param) if weight_decay else None
         self.steps = 0
-        self._step_size, self._bias_correction2_sqrt = 0.0, 1.0  # the current step's
+        self._step_size, self._bias_correction2_sqrt, self._beta1 = 0.0, 1.0, betas[0]  # the current step's
 
-    def begin(self, lr: float) -> None:
+    @property
+    def decay(self) -> float:
+        return self.betas[0]
+
+    @staticmethod
+    def gain(decay: float) -> float:
+        """How far a constant gradient moves a value per step in the long run, / lr: Adam's
+        steps are normalised, whatever beta1 is."""
+        return 1.0
+
+    def begin(self, lr: float, decay: float | None = None) -> None:
+        """A step at `lr`, with beta1 `decay` instead of the recipe's (an asynchronous
+        correction: server/asynchrony.py; its bias correction then takes decay ** steps)."""
         beta1, beta2 = self.betas
+        self._beta1 = beta1 if decay is None else decay
         self.steps += 1
-        self._step_size = lr / (1 - beta1 ** self.steps)
+        self._step_size = lr / (1 - self._beta1 ** self.steps)
         self._bias_correction2_sqrt = (1 - beta2 ** self.steps) ** 0.5
 
     def apply(self, grads: list[tuple[int, torch.Tensor]]) -> None:
-        beta1, beta2 = self.betas
+        beta1, beta2 = self._beta1, self.betas[1]
         for lo, grad in grads:
             hi = lo + grad.numel()
             param, exp_avg, exp_avg_sq = self.param[lo:hi], self.exp_avg[lo:hi], self.exp_avg_sq[lo:hi]
@@ -87,6 +120,10 @@ class Adam:
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             denom = torch.sqrt(exp_avg_sq, out=self._denom[lo:hi]).div_(self._bias_correction2_sqrt).add_(self.eps)
             param.addcdiv_(exp_avg, denom, value=-self._step_size)
+
+    def direction(self, out: torch.Tensor) -> None:
+        """The last step's change of each value, less its sign."""
+        torch.div(self.exp_avg, self._denom, out=out).mul_(self._step_size)
 
     def state(self) -> tuple[dict, dict]:
         return {"steps": self.steps}, {"exp_avg": self.exp_avg.numpy().copy(),

@@ -43,6 +43,7 @@ from omnips.job import JobSpec, same_job
 from omnips.protocol import MAX_PARTS, Ack, Checkpoint, Error, Init, Message, Params, Plan, Pull, Push, Saved
 from omnips.wire import WireDtype, name_of
 
+from . import asynchrony
 from .assembly import Assembler, PartRefused
 from .segments import ALIGN, aligned
 
@@ -79,6 +80,7 @@ class _Due:
     """A step taken whose values are not all written yet."""
 
     grads: list  # (weight, segments sorted by offset, their offsets): the gradient is the weighted sum, in order
+    rank: int = -1  # ASP/SSP: the worker whose push it applies
     done: int = 0  # values [0, done) hold the step
     narrow: bool = False  # a reply carries the step in the wire dtype: narrow each range too
 
@@ -96,6 +98,7 @@ class ShardCore:
         self.values = aligned_zeros(self.n)
         self._agg = aligned_zeros(self.n) if job.mode == "bsp" else None
         self._opt = optim.make(job, torch.from_numpy(self.values[:self.trained]))
+        self._async = asynchrony.make(job.async_correction if job.mode != "bsp" else "none", self.trained)
         self.wire = WireDtype(job.wire_dtype)
         self._widened: dict[int, np.ndarray] = {}  # float32 buffers for narrow pushes, one per BSP rank
         self._wire_values = self.wire.buffer(self.n)  # the shard narrowed for push replies (None: float32)
@@ -182,7 +185,7 @@ class ShardCore:
         if due is None or hi <= due.done:
             return
         lo, hi = due.done, min(self.n, -(-hi // ALIGN) * ALIGN)
-        self._write(due.grads, lo, hi)
+        self._write(due.grads, lo, hi, due.rank)
         if due.narrow:
             self.wire.narrow(self.values[lo:hi], self._wire_values[lo:hi])
         due.done = hi
@@ -209,6 +212,7 @@ class ShardCore:
                     self._gone[rank] = (last, plan.gen)
                 self._owner.pop(rank, None)
                 self._last_step.pop(rank, None)
+                self._async.forget(rank)
                 self._joiners.add(rank)
         if plan.stop:  # the job is ending: nobody waits for the slowest any more
             held, self._held = self._held, []
@@ -419,7 +423,9 @@ class ShardCore:
             lr = self.job.lr * msg.batch / self._b_ref
             if self.job.staleness_lr == "inverse":
                 lr /= 1 + staleness
-            self._take_step([(1.0, segments)], lr)
+            self._async.observe(staleness)
+            lr, decay = self._async.step(lr, self._b_ref / self.job.global_batch, self._opt)
+            self._take_step([(1.0, segments)], lr, decay, msg.rank)
             self.version += 1
             self.updates += 1
             self.staleness_sum += staleness
@@ -441,16 +447,17 @@ class ShardCore:
         self._held = [h for h in self._held if h[1].step - slowest > self.job.staleness]
         return [self._reply(p_peer, p, now - t) for p_peer, p, t in ready]
 
-    def _take_step(self, grads: list, lr: float) -> None:
-        """An optimizer step on the weighted sum of `grads`, (weight, segments) pairs; ready()
+    def _take_step(self, grads: list, lr: float, decay: float | None = None, rank: int = -1) -> None:
+        """An optimizer step on the weighted sum of `grads`, (weight, segments) pairs (with
+        momentum `decay`, None: the recipe's; `rank`: the pushing worker in ASP/SSP); ready()
         writes its values."""
         self.ready(self.n)
         self._writes += 1
         if self.trained:
-            self._opt.begin(lr)
-        self._due = _Due([(weight, segments, [a for a, _ in segments]) for weight, segments in grads])
+            self._opt.begin(lr, decay)
+        self._due = _Due([(weight, segments, [a for a, _ in segments]) for weight, segments in grads], rank)
 
-    def _write(self, grads: list, lo: int, hi: int) -> None:
+    def _write(self, grads: list, lo: int, hi: int, rank: int) -> None:
         """Values [lo, hi) of the step on `grads`: the optimizer's update, while buffer slots
         simply take the gradient's values."""
         (weight, segments, starts), *more = grads
@@ -465,7 +472,9 @@ class ShardCore:
             segments = [(lo, self._agg[lo:hi])]
         t = self.trained
         if lo < t:
-            self._opt.apply([(a, torch.from_numpy(values[:t - a])) for a, values in segments if a < t])
+            grad = [(a, self._async.gradient(rank, a, values[:t - a], self.values)) for a, values in segments if a < t]
+            self._opt.apply([(a, torch.from_numpy(values)) for a, values in grad])
+            self._async.updated(lo, hi, self.values)
         for a, values in segments:
             if a + values.size > t:
                 np.copyto(self.values[max(a, t):a + values.size], values[max(0, t - a):])
@@ -478,7 +487,7 @@ class ShardCore:
             meta={"job": self.job.to_dict(), "size": self.n, "trained": self.trained, "version": self.version,
                   "updates": self.updates, "staleness": [self.staleness_sum, self.staleness_max],
                   "last_step": [self._last_step.get(r, -1) for r in range(self.job.num_workers)],
-                  "optimizer": scalars},
+                  "optimizer": scalars, "asynchrony": self._async.state()},
             arrays={"values": self.frozen(), **{f"opt.{k}": v for k, v in buffers.items()}})
 
     def frozen(self) -> np.ndarray:
@@ -511,6 +520,7 @@ class ShardCore:
         if self._wire_values is not None:  # replies in the wire dtype alias this one
             self._wire_values = self.wire.buffer(self.n)
             self._wire_version = None
+        self._async.detach()
         self.detached += 1
 
     def rewind(self) -> None:
@@ -521,6 +531,7 @@ class ShardCore:
         self._pending_gen = None
         self._held, self._pulls, self._gen_pulls = [], [], []
         self._parts.clear()
+        self._async.forget()
         self._owner.clear()
         self._gone.clear()
         self._joiners.clear()
@@ -555,7 +566,8 @@ class ShardCore:
         buffers = {k.removeprefix("opt."): v for k, v in arrays.items() if k != "values"}
         if any(not k.startswith("opt.") for k in arrays if k != "values"):
             raise ValueError(f"the saved shard holds unknown arrays: {sorted(arrays)}")
-        self._opt.load_state(m["optimizer"], buffers)  # checks before it changes anything
+        self._async.load_state(m.get("asynchrony"))  # checks before it changes anything, as does:
+        self._opt.load_state(m["optimizer"], buffers)
         np.copyto(self.values, values)
         self._writes += 1
         self._wire_version = None
@@ -579,6 +591,9 @@ class ShardCore:
     def _reply(self, peer, push: Push, held_s) -> Outgoing:
         """The answer to `push`: the shard after its step, in the parts the worker asked for
         (larger where it asked for more than MAX_PARTS)."""
+        if self._async.tracks_sent:
+            self.ready(self.n)
+            self._async.sent(push.rank, self.values)
         out = self._params(peer, push.step, held_s, push.gen)
         part = max(push.reply_part, -(-self.n // MAX_PARTS)) if push.reply_part else 0
         if not 0 < part < self.n:
@@ -599,6 +614,15 @@ class ShardCore:
         writes them). Replies alias it (zero-copy, tracked), as they alias `values` in
         float32: the server waits for them to leave before handling anything that can change
         the values."""
+        if self._async.moves_replies:  # look-ahead values, derived from the whole step
+            self.ready(self.n)
+            data = self._async.reply(self.values, self._opt, self.version)
+            if data is not self.values:
+                if self.wire.exact:
+                    return data
+                self.wire.narrow(data, self._wire_values)
+                self._wire_version = None  # it holds other values than the shard's
+                return self._wire_values
         if self.wire.exact:
             return self.values
         due = self._due

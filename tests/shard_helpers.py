@@ -13,10 +13,10 @@ SCHED = b"scheduler"
 
 def make_core(mode="bsp", n=6, num_trained=None, lo=0, num_workers=3, global_batch=32, lr=0.1,
               momentum=0.9, weight_decay=0.01, nesterov=False, init=None, now=0.0, staleness=3, wire_dtype="float32",
-              optimizer="sgd", max_steps=None):
+              optimizer="sgd", max_steps=None, async_correction=JobSpec.async_correction):
     job = JobSpec(mode=mode, num_workers=num_workers, global_batch=global_batch, lr=lr, momentum=momentum,
                   weight_decay=weight_decay, nesterov=nesterov, staleness=staleness, wire_dtype=wire_dtype,
-                  optimizer=optimizer, max_steps=max_steps)
+                  optimizer=optimizer, max_steps=max_steps, async_correction=async_correction)
     job.check()
     core = ShardCore(job, lo, lo + n, lo + n if num_trained is None else num_trained)
     if init is not None:
@@ -47,6 +47,7 @@ def snapshot(core: ShardCore) -> dict:
         "momentum": None if buf is None else buf.clone().numpy(),
         "updates": core.updates,
         "staleness": (core.staleness_sum, core.staleness_max),
+        "asynchrony": core._async.state(),
     }
 
 

@@ -220,7 +220,7 @@ def test_bad_init_is_refused(msg, code):
 def test_asp_scales_lr_by_batch_and_records_staleness():
     x0 = np.array([1, -2, 3, 0.5, 7, 8], dtype=np.float32)  # 4 trained slots, 2 buffer slots
     core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=0.1, momentum=0.9, weight_decay=0.01,
-                     init=x0)
+                     init=x0, async_correction="none")
     ref = SgdRef(x0[:4], 0.9, 0.01)
     b_ref = 24 / 3
     rng = np.random.default_rng(3)

@@ -1,0 +1,220 @@
+"""Asynchronous updates that train with a BSP recipe (ASP and SSP, `--async-correction`).
+
+A gradient pushed in ASP was computed on values `staleness` updates old: with N workers
+of equal speed about N - 1. Such delays act like momentum of about s / (1 + s), s the
+mean staleness (Mitliagkas et al. 2016, "Asynchrony begets momentum"), on top of the
+optimizer's own, so a recipe with momentum 0.9 overshoots and trains nothing. Each
+correction works on one shard alone, from what that shard sees (no traffic between
+shards per update):
+
+- `momentum`: an update's momentum (SGD) or beta1 (Adam) is the recipe's less the
+  implicit momentum s / (1 + s), at least 0, and its learning rate keeps most of the
+  step BSP takes per sample (MomentumCorrection);
+- `lookahead` (DANA, Hakimi et al. 2019): a reply carries the values moved ahead along
+  the optimizer's momentum by the s updates expected before the worker's next gradient
+  lands, so that the gradient is computed near where it will be applied;
+- `dc` (DC-ASGD, Zheng et al. 2017): the gradient plus lambda * g * g * (values now -
+  values sent to that worker);
+- `gap` (Gap-Aware, Barkai et al. 2020): each value's gradient divided by max(1, gap / C),
+  gap = |values now - values sent to that worker|, C the mean size of one update of it;
+- `none`: each update is the optimizer's, as in BSP.
+
+s is a running mean of the staleness this shard measured. With staleness 0 throughout
+(one worker) every correction leaves the update and the reply bit-for-bit as they are.
+"""
+
+import numpy as np
+import torch
+
+from omnips.flat import aligned_empty, aligned_zeros
+
+KEEP_STEP = 0.7  # of the recipe's long-run step per sample that the momentum correction keeps
+MEAN_SPAN = 32  # updates the running mean of staleness averages over, about
+DC_LAMBDA = 0.04  # MXNet's DCASGD default
+GAP_SPAN = 16  # updates the mean step size of gap-aware damping averages over, about
+
+
+class Correction:
+    """`none`: the optimizer's update. The base of the others: the staleness measured."""
+
+    moves_replies = False  # reply() may return other values than the shard's: it reads them whole
+    tracks_sent = False  # sent() is called, with the whole step written
+
+    def __init__(self, trained: int):
+        self.trained = trained  # corrections touch local slots [0, trained): parameters
+        self.staleness = 0.0  # running mean
+        self._seen = 0
+
+    def observe(self, staleness: int) -> None:
+        """An update `staleness` versions behind is about to be applied."""
+        self._seen += 1
+        self.staleness += (staleness - self.staleness) / min(self._seen, MEAN_SPAN)
+
+    def step(self, lr: float, share: float, opt) -> tuple[float, float | None]:
+        """(learning rate, momentum or beta1: None for the recipe's) of an update whose
+        plain learning rate is `lr` (the recipe's * b_i / b_ref); `share` = b_ref / B, the
+        mean share of the global batch an update carries."""
+        return lr, None
+
+    def gradient(self, rank: int, lo: int, grad: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """The gradient to apply at slots [lo, lo + grad.size) of `values` (before the update)."""
+        return grad
+
+    def updated(self, lo: int, hi: int, values: np.ndarray) -> None:
+        """Slots [lo, hi) of `values` hold the update's result."""
+
+    def sent(self, rank: int, values: np.ndarray) -> None:
+        """`values` (whole, this version's) leave for worker `rank`."""
+
+    def reply(self, values: np.ndarray, opt, version: int) -> np.ndarray:
+        """What a reply to a push carries: the values, or a buffer derived from them."""
+        return values
+
+    def forget(self, rank: int | None = None) -> None:
+        """Values sent to `rank` (every rank: None) no longer describe its next push."""
+
+    def detach(self) -> None:
+        """Queued replies keep the buffers reply() returned: take fresh ones."""
+
+    def state(self) -> dict:
+        return {"staleness": self.staleness, "seen": self._seen}
+
+    def load_state(self, saved) -> None:
+        """Take state(); a checkpoint written before corrections existed holds none (None)."""
+        if saved is None:
+            return
+        if not (isinstance(saved, dict) and isinstance(saved.get("staleness"), (int, float))
+                and type(saved.get("seen")) is int and saved["seen"] >= 0 and saved["staleness"] >= 0):
+            raise ValueError("the saved shard's staleness record is malformed")
+        self.staleness, self._seen = float(saved["staleness"]), saved["seen"]
+
+
+class MomentumCorrection(Correction):
+    """Less momentum, and a learning rate that keeps most of the step BSP takes per sample.
+
+    With N workers an update carries 1/N of a global batch: its learning rate is the
+    recipe's * b_i / B (not b_i / b_ref). Lowering the momentum shortens the long-run
+    step a slowly changing gradient gets (gain: SGD 1 / (1 - momentum), Adam 1 whatever
+    beta1 is), and asynchrony gives none of it back: its implicit momentum only adds
+    overshoot along a fast changing gradient. So the rate is raised to keep KEEP_STEP of
+    the recipe's long-run step, never below b_i / B: all of it oscillates under delay,
+    less learns slower (digits, 3 and 8 workers: benchmarks/results/asp_step.md)."""
+
+    def step(self, lr, share, opt):
+        recipe = opt.decay
+        lowered = max(0.0, recipe - self.staleness / (1 + self.staleness))
+        return lr * share * max(1.0, KEEP_STEP * opt.gain(recipe) / opt.gain(lowered)), lowered
+
+
+class LookAhead(Correction):
+    moves_replies = True
+
+    def __init__(self, trained: int):
+        super().__init__(trained)
+        self._ahead = aligned_empty(0)
+        self._version: int | None = None  # the version _ahead holds
+
+    def reply(self, values, opt, version):
+        decay = opt.decay
+        if not (self.staleness and decay and self.trained):
+            return values
+        if self._version != version:
+            if self._ahead.size != values.size:
+                self._ahead = aligned_empty(values.size)
+            t = self.trained
+            # a further update with no new gradient moves by decay * the last one's step, then decay^2 ...
+            reach = decay * (1 - decay ** self.staleness) / (1 - decay)
+            ahead = torch.from_numpy(self._ahead)
+            opt.direction(ahead[:t])
+            torch.sub(torch.from_numpy(values[:t]), ahead[:t], alpha=reach, out=ahead[:t])
+            np.copyto(self._ahead[t:], values[t:])
+            self._version = version
+        return self._ahead
+
+    def detach(self):
+        self._ahead = aligned_empty(self._ahead.size)
+        self._version = None
+
+
+class _Gapped(Correction):
+    """A correction from the gap between the values now and those sent to the pushing worker."""
+
+    tracks_sent = True
+
+    def __init__(self, trained: int):
+        super().__init__(trained)
+        self._sent: dict[int, np.ndarray] = {}
+        self._out = aligned_empty(trained)  # the corrected gradient
+
+    def sent(self, rank, values):
+        copy = self._sent.get(rank)
+        if copy is None:
+            copy = self._sent[rank] = aligned_empty(self.trained)
+        np.copyto(copy, values[:self.trained])
+
+    def forget(self, rank=None):
+        if rank is None:
+            self._sent.clear()
+        else:
+            self._sent.pop(rank, None)
+
+    def gradient(self, rank, lo, grad, values):
+        sent = self._sent.get(rank)
+        if sent is None:  # its values came from a pull (a start, a join): no gap known
+            return grad
+        hi = lo + grad.size
+        out = self._out[lo:hi]
+        np.subtract(values[lo:hi], sent[lo:hi], out=out)
+        return self._correct(lo, hi, grad, out)
+
+    def _correct(self, lo, hi, grad, gap):
+        raise NotImplementedError
+
+
+class DelayCompensation(_Gapped):
+    def _correct(self, lo, hi, grad, gap):
+        gap *= grad
+        gap *= grad
+        gap *= DC_LAMBDA
+        gap += grad
+        return gap
+
+
+class GapAware(_Gapped):
+    def __init__(self, trained):
+        super().__init__(trained)
+        self._step = aligned_zeros(trained)  # mean |change| of each value per update
+        self._before = aligned_empty(trained)
+
+    def gradient(self, rank, lo, grad, values):
+        np.copyto(self._before[lo:lo + grad.size], values[lo:lo + grad.size])
+        return super().gradient(rank, lo, grad, values)
+
+    def _correct(self, lo, hi, grad, gap):
+        step = self._step[lo:hi]
+        np.abs(gap, out=gap)
+        np.divide(gap, step, out=gap, where=step > 0)  # values that never moved: no gap to speak of
+        gap[step <= 0] = 1
+        np.maximum(gap, 1, out=gap)
+        np.divide(grad, gap, out=gap)
+        return gap
+
+    def updated(self, lo, hi, values):
+        hi = min(hi, self.trained)
+        if lo >= hi:
+            return
+        change = self._before[lo:hi]
+        np.subtract(values[lo:hi], change, out=change)
+        np.abs(change, out=change)
+        weight = 1 / min(self._seen, GAP_SPAN)
+        step = self._step[lo:hi]
+        step *= 1 - weight
+        step += weight * change
+
+
+CORRECTIONS = {"none": Correction, "momentum": MomentumCorrection, "lookahead": LookAhead,
+               "dc": DelayCompensation, "gap": GapAware}
+
+
+def make(name: str, trained: int) -> Correction:
+    return CORRECTIONS[name](trained)

@@ -1,0 +1,166 @@
+"""Asynchronous corrections (server/asynchrony.py) on a tiny shard, against references
+computed by hand in float64: each rule over a few pushes whose staleness is known."""
+
+import numpy as np
+import pytest
+
+from omnips.protocol import Params
+from server.asynchrony import DC_LAMBDA, KEEP_STEP, MEAN_SPAN
+from shard_helpers import PEERS, make_core, push, round_trip
+
+X0 = np.array([1, -2, 3, 0.5, 7, 8], dtype=np.float32)  # 4 trained slots, 2 buffer slots
+# (rank, step, ver): pushes in arrival order, each computed on an older version
+ARRIVALS = [(0, 0, 0), (1, 0, 0), (2, 0, 0), (0, 1, 1), (2, 1, 3), (1, 1, 2), (0, 2, 4)]
+STALENESS = [0, 1, 2, 2, 1, 3, 2]
+LR, MU, WD, BATCH = 0.1, 0.9, 0.01, 8  # BATCH = global batch 24 / 3 workers: lr unscaled
+
+
+def running_means(stale):
+    out, mean = [], 0.0
+    for k, s in enumerate(stale, 1):
+        mean += (s - mean) / min(k, MEAN_SPAN)
+        out.append(mean)
+    return out
+
+
+def grads(count, seed=3):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(6).astype(np.float32) for _ in range(count)]
+
+
+def drive(core, arrivals=ARRIVALS, gs=None):
+    """Push `arrivals` in order; the replies' data, and each push's staleness."""
+    gs = gs or grads(len(arrivals))
+    replies, stale = [], []
+    for (rank, step, ver), g in zip(arrivals, gs):
+        before = core.version
+        out = core.handle(PEERS[rank], push(rank, step, g, batch=BATCH, ver=ver), 5.0)
+        assert len(out) == 1 and isinstance(out[0].msg, Params) and out[0].to == PEERS[rank]
+        round_trip(out)
+        replies.append(np.array(out[0].msg.data, dtype=np.float64))
+        stale.append(before - ver)
+    return replies, stale
+
+
+def sgd(p, buf, g, lr, mu, wd=WD, nesterov=False):
+    d = g + wd * p
+    buf = d.copy() if buf is None else mu * buf + d
+    return p - lr * (d + mu * buf if nesterov else buf), buf
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_momentum_correction_lowers_momentum_by_the_implicit_momentum_and_keeps_bsps_step_per_sample(nesterov):
+    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=LR, momentum=MU, weight_decay=WD,
+                     init=X0, async_correction="momentum", nesterov=nesterov)
+    gs = grads(len(ARRIVALS))
+    replies, stale = drive(core, gs=gs)
+    assert stale == STALENESS
+    p, buf = X0[:4].astype(np.float64), None
+    for g, mean, reply in zip(gs, running_means(stale), replies):
+        mu = max(0.0, MU - mean / (1 + mean))
+        lr = LR * BATCH / 24 * max(1, KEEP_STEP * (1 - mu) / (1 - MU))  # b_i / B, and most of MU's long-run step
+        p, buf = sgd(p, buf, g[:4].astype(np.float64), lr, mu, nesterov=nesterov)
+        np.testing.assert_allclose(reply[:4], p, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(reply[4:], g[4:])  # buffer slots: the latest values, untouched
+    # staleness 3 at momentum 0.5: the implicit momentum (0.75) exceeds it, so none is left
+    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=LR, momentum=0.5, weight_decay=0.0,
+                     init=X0, async_correction="momentum")
+    drive(core, [(0, 0, 0), (1, 0, 0), (2, 0, 0), (0, 1, 0)], gs[:4])
+    assert core._async.step(0.1, 1 / 3, core._opt) == (pytest.approx(0.1 / 3 * KEEP_STEP * 2), 0.0)
+    # at momentum 0 the buffer holds the last gradient, as after a plain SGD step
+    np.testing.assert_array_equal(core._opt.buf.numpy(), gs[3][:4])
+
+
+def test_momentum_correction_lowers_adams_beta1_the_same_way():
+    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=0.01, weight_decay=0.0, init=X0,
+                     optimizer="adam", async_correction="momentum")
+    gs = grads(len(ARRIVALS), seed=5)
+    replies, stale = drive(core, gs=gs)
+    p = X0[:4].astype(np.float64)
+    m = v = np.zeros(4)
+    for t, (g, mean, reply) in enumerate(zip(gs, running_means(stale), replies), 1):
+        g = g[:4].astype(np.float64)
+        b1 = max(0.0, 0.9 - mean / (1 + mean))
+        m = b1 * m + (1 - b1) * g
+        v = 0.999 * v + 0.001 * g * g
+        lr = 0.01 * BATCH / 24  # b_i / B; Adam's step does not grow with beta1
+        p = p - lr / (1 - b1 ** t) * m / (np.sqrt(v) / np.sqrt(1 - 0.999 ** t) + 1e-8)
+        np.testing.assert_allclose(reply[:4], p, rtol=1e-5, atol=1e-6)
+
+
+def test_lookahead_replies_with_the_values_moved_along_the_momentum_and_keeps_the_shard_plain():
+    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=LR, momentum=MU, weight_decay=WD,
+                     init=X0, async_correction="lookahead")
+    gs = grads(len(ARRIVALS))
+    replies, stale = drive(core, gs=gs)
+    p, buf = X0[:4].astype(np.float64), None
+    for g, mean, reply in zip(gs, running_means(stale), replies):
+        p, buf = sgd(p, buf, g[:4].astype(np.float64), LR, MU)  # the update itself is the recipe's
+        reach = MU * (1 - MU ** mean) / (1 - MU)  # MU + MU^2 + ... over `mean` further updates
+        np.testing.assert_allclose(reply[:4], p - reach * LR * buf, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(reply[4:], g[4:])
+    np.testing.assert_allclose(core.values[:4], p, rtol=1e-6, atol=1e-6)
+
+
+def test_delay_compensation_adds_lambda_g_g_times_the_drift_since_the_workers_last_reply():
+    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=LR, momentum=MU, weight_decay=0.0,
+                     init=X0, async_correction="dc")
+    gs = grads(len(ARRIVALS))
+    replies, _ = drive(core, gs=gs)
+    p, buf, sent = X0[:4].astype(np.float64), None, {}
+    for (rank, _, _), g, reply in zip(ARRIVALS, gs, replies):
+        g = g[:4].astype(np.float64)
+        if rank in sent:  # its first push was computed on pulled values, which the shard did not record
+            g = g + DC_LAMBDA * g * g * (p - sent[rank])
+        p, buf = sgd(p, buf, g, LR, MU, wd=0.0)
+        sent[rank] = p
+        np.testing.assert_allclose(reply[:4], p, rtol=1e-5, atol=1e-6)
+
+
+def test_gap_aware_divides_each_gradient_by_its_gap_in_mean_steps():
+    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=LR, momentum=MU, weight_decay=0.0,
+                     init=X0, async_correction="gap")
+    gs = grads(len(ARRIVALS))
+    replies, _ = drive(core, gs=gs)
+    p, buf, sent, step = X0[:4].astype(np.float64), None, {}, np.zeros(4)
+    for k, ((rank, _, _), g, reply) in enumerate(zip(ARRIVALS, gs, replies), 1):
+        g = g[:4].astype(np.float64)
+        if rank in sent:
+            gap = np.where(step > 0, np.abs(p - sent[rank]) / np.where(step > 0, step, 1), 1)
+            g = g / np.maximum(gap, 1)
+        new, buf = sgd(p, buf, g, LR, MU, wd=0.0)
+        weight = 1 / min(k, 16)
+        step = (1 - weight) * step + weight * np.abs(new - p)
+        p = sent[rank] = new
+        np.testing.assert_allclose(reply[:4], p, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("correction", ["momentum", "lookahead", "dc", "gap"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_with_one_worker_every_correction_is_the_plain_update_bit_for_bit(correction, optimizer):
+    def run(name):
+        core = make_core(mode="asp", n=6, num_trained=4, num_workers=1, global_batch=8, lr=LR, momentum=MU,
+                         weight_decay=WD, init=X0, async_correction=name, optimizer=optimizer)
+        replies, stale = drive(core, [(0, s, s) for s in range(5)])
+        assert stale == [0] * 5
+        return replies, core.values.copy()
+
+    (plain, plain_values), (corrected, values) = run("none"), run(correction)
+    np.testing.assert_array_equal(values, plain_values)
+    for a, b in zip(plain, corrected):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_staleness_measured_survives_a_checkpoint_and_a_malformed_record_is_refused():
+    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=X0, async_correction="momentum")
+    drive(core)
+    state = core.state()
+    twin = make_core(mode="asp", n=6, num_trained=4, global_batch=24, async_correction="momentum")
+    twin.restore(state)
+    assert twin._async.state() == core._async.state() == {"staleness": running_means(STALENESS)[-1],
+                                                          "seen": len(STALENESS)}
+    bad = make_core(mode="asp", n=6, num_trained=4, global_batch=24, async_correction="momentum")
+    broken = type(state)({**state.meta, "asynchrony": {"staleness": -1.0, "seen": 2}}, state.arrays)
+    with pytest.raises(ValueError, match="staleness record"):
+        bad.restore(broken)
+    assert not bad.initialized and bad._async.state() == {"staleness": 0.0, "seen": 0}
