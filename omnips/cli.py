@@ -200,6 +200,7 @@ class Progress:
         self.budget_epochs = None
         self.epoch = 0.0
         self.accuracy = None
+        self.diverged: str | None = None  # the scheduler's hint, once it finds the job diverged
         self._window: list[tuple[float, int]] = []  # (t, batch) of recent steps
         self._printed = 0.0
 
@@ -220,6 +221,8 @@ class Progress:
                     self._window.append((e["t"], e["batch"]))
                 elif e["event"] == "eval":
                     self.accuracy = e["test_accuracy"]
+                elif e["event"] == "diverged":
+                    self.diverged = e["hint"]
 
     def line(self) -> str:
         recent = [w for w in self._window if w[0] >= self._window[-1][0] - 5.0] if self._window else []
@@ -230,7 +233,8 @@ class Progress:
         bar = "#" * int(min(1.0, self.epoch / total) * 30) if total else ""
         budget = f"{round(total, 4):g}" if total else "?"  # "?" until the scheduler's start event
         acc = f"{self.accuracy:.3f}" if self.accuracy is not None else "-"
-        return f"[{bar:<30}] epoch {self.epoch:6.2f}/{budget}  {rate:8.0f} samples/s  test acc {acc}"
+        warning = f"  DIVERGED: {self.diverged}" if self.diverged else ""
+        return f"[{bar:<30}] epoch {self.epoch:6.2f}/{budget}  {rate:8.0f} samples/s  test acc {acc}{warning}"
 
     def update(self, final: bool = False) -> None:
         if not self.enabled:

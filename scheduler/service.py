@@ -26,6 +26,7 @@ from omnips.servers import ServerError, ServerGroup
 
 from .checkpoints import CheckpointBook
 from .control import Adjustment, BatchControl
+from .divergence import Diverged, LossWatch
 from .evaluation import EvalBook, PendingEval
 from .progress import EvalPoint, Progress
 from .registry import Registry
@@ -92,6 +93,7 @@ class Scheduler:
         self._bsp_points: list[EvalPoint] = []
         self.control: BatchControl | None = None
         self.nonfinite = 0  # gradients with NaN or inf the workers reported
+        self.losses = LossWatch(job)
         self.lost, self.joined = 0, 0  # workers
         self.restores = 0  # times a lost server's shard was taken over and the job went back
         self._recovery: Recovery | None = None
@@ -485,6 +487,9 @@ class Scheduler:
         if r.batch > top:  # it would count samples no step took (an ASP job's budget)
             self._refuse(peer, "bad_batch", f"report of a batch of {r.batch}, the job's largest is {top}")
             return
+        if not r.done:
+            self._diverged(self.losses.on_loss(r.loss, r.batch, self.progress.epochs, r.rank, r.step,
+                                               finite_gradient=not r.nonfinite))
         if r.nonfinite:
             self.nonfinite += 1
             self.run.event("nonfinite", worker=r.rank, step=r.step, loss=r.loss, policy=self.job.nan_policy)
@@ -665,10 +670,16 @@ class Scheduler:
         self.run.event("eval", epoch=e.point.epoch, versions=versions, test_accuracy=acc, test_loss=loss,
                        final=e.final)
         log.info("epoch %.2f: test accuracy %.4f, loss %.4f", e.point.epoch, acc, loss)
+        self._diverged(self.losses.on_eval())
         if e.final:
             self.final = (acc, loss)
             self._export_model()
         self._ask_bsp_evals()
+
+    def _diverged(self, verdict: Diverged | None) -> None:
+        if verdict is not None:
+            log.warning("training diverged: %s; %s", verdict.reason, verdict.hint)
+            self.run.event("diverged", reason=verdict.reason, hint=verdict.hint)
 
     def _export_model(self) -> None:
         path = Path(self.run.path) / "model.pt"
@@ -694,6 +705,9 @@ class Scheduler:
             "final_test_loss": loss,
             "adjustments": self.control.adjustments if self.control else 0,
             "nonfinite_gradients": self.nonfinite,
+            "diverged": self.losses.verdict is not None,
+            "diverged_reason": (f"{self.losses.verdict.reason}; {self.losses.verdict.hint}"
+                                if self.losses.verdict else None),
             "workers_lost": self.lost,
             "workers_joined": self.joined,
             "server_restores": self.restores,

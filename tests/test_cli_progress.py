@@ -26,3 +26,6 @@ def test_the_progress_line_follows_the_events_and_says_when_the_budget_is_not_kn
     assert line == f"[{'#' * 10:<30}] epoch   1.50/4.5        64 samples/s  test acc 0.812"
     assert shown(tail='{"event": "step", "t": 3.0, "ba') == line  # a line written half waits to be whole
     assert shown(tail='tch": 64, "epoch": 2.5}\n').startswith(f"[{'#' * 16:<30}] epoch   2.50/4.5        64 ")
+    hint = "try --async-correction momentum (the default), or a lower --lr"
+    assert shown({"event": "diverged", "t": 3.5, "reason": "stuck", "hint": hint}).endswith(
+        f"test acc 0.812  DIVERGED: {hint}")
