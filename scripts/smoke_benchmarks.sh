@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every benchmark that has no test of its own at a toy size (about 2 minutes on
+# Runs every benchmark that has no test of its own at a toy size (about 3 minutes on
 # 2 cores), so that a change that breaks one fails here rather than on the next real
 # run. The figures mean nothing at these sizes; the tables go to a temporary directory.
 set -euo pipefail
@@ -24,3 +24,4 @@ run wire_dtype --epochs 1 --seeds 0 --params 100000 --repeats 3 --warmup 1
 run failures --dead-after 1 --checkpoint-every 5 --repeats 1
 run heterogeneity --only HL8 --epochs 0.5 --ms-per-step 5 --ms-per-sample 0.5
 run unread --params 100000 --pulls 5 --steps 2
+run asp_accuracy --quick --sections corrections,cost --cost-values 100000
