@@ -97,8 +97,10 @@ def section_runs(name: str, full: bool) -> list[Run]:
 
 
 def scheduler_args(run: Run, seed: int, epochs: float) -> list[str]:
+    # --nan-policy skip: a run whose updates overflow still ends, and says it diverged
     args = ["--mode", run.mode, "--model", run.model, "--dataset", "digits", "--global-batch", "96",
-            "--epochs", f"{epochs:g}", "--seed", str(seed), "--batching", run.batching, *RECIPES[run.optimizer]]
+            "--epochs", f"{epochs:g}", "--seed", str(seed), "--batching", run.batching, "--nan-policy", "skip",
+            *RECIPES[run.optimizer]]
     if run.mode != "bsp":
         args += ["--async-correction", run.correction]
     if run.mode == "ssp":
@@ -115,11 +117,16 @@ def worker_specs(run: Run) -> list[WorkerSpec]:
 def measure(root: Path, run: Run, seed: int, epochs: float) -> dict:
     run_dir = root / f"{run.label().replace(' ', '_')}-s{seed}"
     t0 = time.monotonic()
-    summary, events = run_job(run_dir, scheduler_args(run, seed, epochs), 2, worker_specs(run),
-                              f"{run.label()} seed {seed}", JOB_TIMEOUT_S)
+    try:
+        summary, events = run_job(run_dir, scheduler_args(run, seed, epochs), 2, worker_specs(run),
+                                  f"{run.label()} seed {seed}", JOB_TIMEOUT_S)
+    except SystemExit as exc:  # one failed job is a row of the table, not the end of the benchmark
+        print(exc, file=sys.stderr)
+        return {"acc": None, "curve": [], "wall_s": None, "to90": None, "to95": None, "stale_mean": None,
+                "stale_max": None, "diverged": False, "failed": True, "elapsed_s": time.monotonic() - t0}
     first = min(e["t"] - e["compute_s"] - e["network_s"] - e["wait_s"] for e in events if e["event"] == "step")
     curve = [(e["t"] - first, e["test_accuracy"]) for e in events if e["event"] == "eval"]
-    return {"acc": summary["final_test_accuracy"], "curve": curve, "wall_s": summary["wall_s"],
+    return {"acc": summary["final_test_accuracy"], "curve": curve, "wall_s": summary["wall_s"], "failed": False,
             "to90": next((t for t, a in curve if a >= 0.90), None), "to95": next((t for t, a in curve if a >= 0.95), None),
             "stale_mean": summary["staleness_mean"], "stale_max": summary["staleness_max"],
             "diverged": summary.get("diverged", False), "elapsed_s": time.monotonic() - t0}
@@ -151,13 +158,16 @@ def table(results: dict, runs: list[Run], seeds: list[int]) -> list[str]:
         rows = [results[(run.key(), s)] for s in seeds]
         bsp = [results[(replace(run, mode="bsp", correction="-").key(), s)]["acc"] for s in seeds]
         acc = [r["acc"] for r in rows]
-        delta = "" if run.mode == "bsp" or None in acc else \
+        delta = "" if run.mode == "bsp" or None in acc + bsp else \
             f"{100 * (statistics.mean(acc) - statistics.mean(bsp)):+.1f}"
-        stale = "" if run.mode == "bsp" else \
-            f"{statistics.mean(r['stale_mean'] for r in rows):.2f} / {max(r['stale_max'] for r in rows)}"
+        ran = [r for r in rows if not r["failed"]]
+        stale = "" if run.mode == "bsp" or not ran else \
+            f"{statistics.mean(r['stale_mean'] for r in ran):.2f} / {max(r['stale_max'] for r in ran)}"
+        failed = sum(r["failed"] for r in rows)
+        verdicts = f"{sum(r['diverged'] for r in rows)} of {len(rows)}" + (f", {failed} failed" if failed else "")
         lines.append(f"| {run.model} | {run.workers} | {run.level} | {run.batching} | {run.optimizer} | {run.mode} "
                      f"| {run.correction} | {fmt_range(acc)} | {delta} | {times(rows, 'to90')} "
-                     f"| {times(rows, 'to95')} | {stale} | {sum(r['diverged'] for r in rows)} of {len(rows)} |")
+                     f"| {times(rows, 'to95')} | {stale} | {verdicts} |")
     return lines
 
 
@@ -225,7 +235,7 @@ def update_cost(n: int, rounds: int) -> list[str]:
             if r >= 3:
                 times[name].append(time.perf_counter() - t)
     base = statistics.median(times["none"])
-    lines = [f"{n / 1e6:.0f} M values, {rounds} rounds, corrections interleaved; median of each",
+    lines = [f"{n / 1e6:g} M values, {rounds} rounds, corrections interleaved; median of each",
              "", "| correction | update (check + step + reply) | x none | memory: shard-sized buffers added |",
              "|---|---:|---:|---:|"]
     extra = {"none": "0", "momentum": "0", "lookahead": "1", "dc": "1 + 1 per worker", "gap": "3 + 1 per worker"}
@@ -261,9 +271,9 @@ def main() -> None:
                 if (run.key(), seed) in results:  # a BSP run two sections share
                     continue
                 r = results[(run.key(), seed)] = measure(root, run, seed, args.epochs)
-                print(f"{run.label()} seed {seed}: accuracy {r['acc']:.4f}, to 95 % {r['to95']}, staleness "
-                      f"{r['stale_mean']:.2f}/{r['stale_max']}, diverged {r['diverged']} ({r['elapsed_s']:.0f} s)",
-                      flush=True)
+                print(f"{run.label()} seed {seed}: " + ("failed" if r["failed"] else
+                      f"accuracy {r['acc']:.4f}, to 95 % {r['to95']}, staleness {r['stale_mean']:.2f}/{r['stale_max']}, "
+                      f"diverged {r['diverged']}") + f" ({r['elapsed_s']:.0f} s)", flush=True)
     lines = ["# Asynchronous training with a BSP recipe: benchmarks/asp_accuracy.py", "", *machine_lines(),
              f"- command: python benchmarks/asp_accuracy.py {' '.join(sys.argv[1:])}",
              f"- {len(results)} jobs in {(time.monotonic() - t0) / 60:.0f} min; seeds {', '.join(map(str, seeds))}; "

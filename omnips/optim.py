@@ -35,6 +35,7 @@ class SGD:
         self.buf = torch.zeros_like(param) if momentum else None
         self._first = True
         self._lr, self._first_now, self._momentum = 0.0, True, momentum  # the current step's
+        self._stepped = False  # a step was taken since the optimizer was made or restored
 
     @property
     def decay(self) -> float:
@@ -51,20 +52,25 @@ class SGD:
         correction: server/asynchrony.py)."""
         self._lr, self._first_now, self._first = lr, self._first, False
         self._momentum = self.momentum if decay is None else decay
+        self._stepped = True
 
     def apply(self, grads: list[tuple[int, torch.Tensor]]) -> None:
         for lo, grad in grads:
             hi = lo + grad.numel()
             buffered = self.momentum and self._momentum  # the kernel takes no buffer at momentum 0
+            if self.momentum and not buffered:  # what the buffer holds after a step at momentum 0
+                torch.add(grad, self.param[lo:hi], alpha=self.weight_decay, out=self.buf[lo:hi])
             torch._fused_sgd_([self.param[lo:hi]], [grad], [self.buf[lo:hi]] if buffered else [],
                               weight_decay=self.weight_decay, momentum=self._momentum, lr=self._lr, dampening=0.0,
                               nesterov=self.nesterov, maximize=False, is_first_step=self._first_now)
-            if self.momentum and not buffered:  # what the buffer holds after a step at momentum 0
-                self.buf[lo:hi].copy_(grad)
 
     def direction(self, out: torch.Tensor) -> None:
-        """The last step's change of each value, less its sign: lr * the momentum buffer."""
-        torch.mul(self.buf, self._lr, out=out)
+        """The last step's change of each value, less its sign: lr * the momentum buffer (0
+        before a first step since the optimizer was made or restored)."""
+        if self._stepped:
+            torch.mul(self.buf, self._lr, out=out)
+        else:
+            out.zero_()
 
     def state(self) -> tuple[dict, dict]:
         """(scalars, buffers): what the next steps depend on besides the parameter."""
@@ -74,6 +80,7 @@ class SGD:
         """Take state() of an optimizer of the same settings and size; changes nothing on a refusal."""
         _check_state(self.param, scalars, {"first": bool}, buffers, ["momentum_buffer"] if self.momentum else [])
         self._first = scalars["first"]
+        self._stepped = False
         if self.momentum:
             self.buf.copy_(torch.from_numpy(buffers["momentum_buffer"]))
 
@@ -85,10 +92,11 @@ class Adam:
         self.param, self.betas, self.eps, self.weight_decay = param, betas, eps, weight_decay
         self.exp_avg = torch.zeros_like(param)
         self.exp_avg_sq = torch.zeros_like(param)
-        self._denom = torch.empty_like(param)
+        self._denom = torch.empty_like(param)  # the last step's, once _stepped
         self._tmp = torch.empty_like(param) if weight_decay else None
         self.steps = 0
         self._step_size, self._bias_correction2_sqrt, self._beta1 = 0.0, 1.0, betas[0]  # the current step's
+        self._stepped = False  # a step was taken since the optimizer was made or restored
 
     @property
     def decay(self) -> float:
@@ -108,6 +116,7 @@ class Adam:
         self.steps += 1
         self._step_size = lr / (1 - self._beta1 ** self.steps)
         self._bias_correction2_sqrt = (1 - beta2 ** self.steps) ** 0.5
+        self._stepped = True  # (apply() writes _denom before anything reads it)
 
     def apply(self, grads: list[tuple[int, torch.Tensor]]) -> None:
         beta1, beta2 = self._beta1, self.betas[1]
@@ -122,7 +131,11 @@ class Adam:
             param.addcdiv_(exp_avg, denom, value=-self._step_size)
 
     def direction(self, out: torch.Tensor) -> None:
-        """The last step's change of each value, less its sign."""
+        """The last step's change of each value, less its sign (0 before a first step
+        since the optimizer was made or restored)."""
+        if not self._stepped:
+            out.zero_()
+            return
         torch.div(self.exp_avg, self._denom, out=out).mul_(self._step_size)
 
     def state(self) -> tuple[dict, dict]:
@@ -132,6 +145,7 @@ class Adam:
     def load_state(self, scalars: dict, buffers: dict) -> None:
         _check_state(self.param, scalars, {"steps": int}, buffers, ["exp_avg", "exp_avg_sq"])
         self.steps = scalars["steps"]
+        self._stepped = False
         self.exp_avg.copy_(torch.from_numpy(buffers["exp_avg"]))
         self.exp_avg_sq.copy_(torch.from_numpy(buffers["exp_avg_sq"]))
 

@@ -5,9 +5,12 @@ began (asynchronous updates with too much momentum: server/asynchrony.py). The w
 says so once, with the likely cause and the flag to try, and stops nothing (only
 --nan-policy fail ends a job, on a non-finite gradient).
 
-Diverged: a reported training loss or gradient that is not finite, or a mean training loss between
+Diverged: a reported training loss that is not finite; a gradient that is not finite
+where --nan-policy fail ends the job for it, or NONFINITE_RUN of them running under
+--nan-policy skip (which drops the odd one by design); or a mean training loss between
 two evaluations that stays within MARGIN of the first epoch's mean (or above it) for
-STUCK_EVALS evaluations running.
+STUCK_EVALS evaluations running. The first epoch is the first this scheduler saw: a
+resumed job's starts where it resumed.
 """
 
 import math
@@ -17,6 +20,7 @@ from omnips.job import JobSpec
 
 MARGIN = 0.02  # a learning job's loss falls well below its first epoch's mean by its third
 STUCK_EVALS = 2
+NONFINITE_RUN = 10  # reports running, under --nan-policy skip
 
 
 @dataclass(frozen=True)
@@ -26,23 +30,28 @@ class Diverged:
 
 
 class LossWatch:
-    def __init__(self, job: JobSpec):
-        self.job = job
+    def __init__(self, job: JobSpec, train_size: int):
+        self.job, self.train_size = job, train_size
         self.first: float | None = None  # sample-weighted mean loss of the first epoch
         self._sum = self._samples = 0.0  # since the last evaluation (or in the first epoch)
         self._stuck = 0
+        self._nonfinite = 0  # gradients that were not finite, reports running
         self.verdict: Diverged | None = None
 
-    def on_loss(self, loss: float, batch: int, epoch: float, worker: int, step: int,
-                finite_gradient: bool = True) -> Diverged | None:
-        """A worker's training loss over `batch` samples, reported at `epoch` of the job;
-        the verdict the first time it is reached."""
+    def on_loss(self, loss: float, batch: int, worker: int, step: int, finite_gradient: bool = True) -> Diverged | None:
+        """A worker's training loss over `batch` samples; the verdict the first time it is reached."""
         if self.verdict is not None:
             return None
-        if not math.isfinite(loss) or not finite_gradient:
-            what = "training loss" if not math.isfinite(loss) else f"gradient (loss {loss:.4g})"
-            return self._decide(f"worker {worker}'s {what} at step {step} is not finite")
-        if self.first is None and epoch >= 1 and self._samples:
+        if not math.isfinite(loss):
+            return self._decide(f"worker {worker}'s training loss at step {step} is not finite ({loss})")
+        if not finite_gradient:
+            self._nonfinite += 1
+            if self.job.nan_policy == "fail" or self._nonfinite >= NONFINITE_RUN:
+                return self._decide(f"worker {worker}'s gradient at step {step} is not finite (loss {loss:.4g})"
+                                    + (f", the {NONFINITE_RUN}th report running" if self._nonfinite > 1 else ""))
+            return None
+        self._nonfinite = 0
+        if self.first is None and self._samples >= self.train_size:
             self.first = self._sum / self._samples
             self._sum = self._samples = 0.0
         self._sum += loss * batch

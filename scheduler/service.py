@@ -93,7 +93,7 @@ class Scheduler:
         self._bsp_points: list[EvalPoint] = []
         self.control: BatchControl | None = None
         self.nonfinite = 0  # gradients with NaN or inf the workers reported
-        self.losses = LossWatch(job)
+        self.losses = LossWatch(job, len(train))
         self.lost, self.joined = 0, 0  # workers
         self.restores = 0  # times a lost server's shard was taken over and the job went back
         self._recovery: Recovery | None = None
@@ -488,8 +488,7 @@ class Scheduler:
             self._refuse(peer, "bad_batch", f"report of a batch of {r.batch}, the job's largest is {top}")
             return
         if not r.done:
-            self._diverged(self.losses.on_loss(r.loss, r.batch, self.progress.epochs, r.rank, r.step,
-                                               finite_gradient=not r.nonfinite))
+            self._diverged(self.losses.on_loss(r.loss, r.batch, r.rank, r.step, finite_gradient=not r.nonfinite))
         if r.nonfinite:
             self.nonfinite += 1
             self.run.event("nonfinite", worker=r.rank, step=r.step, loss=r.loss, policy=self.job.nan_policy)

@@ -23,6 +23,8 @@ s is a running mean of the staleness this shard measured. With staleness 0 throu
 (one worker) every correction leaves the update and the reply bit-for-bit as they are.
 """
 
+import math
+
 import numpy as np
 import torch
 
@@ -53,8 +55,9 @@ class Correction:
     def step(self, lr: float, share: float, opt) -> tuple[float, float | None]:
         """(learning rate, momentum or beta1: None for the recipe's) of an update whose
         plain learning rate is `lr` (the recipe's * b_i / b_ref); `share` = b_ref / B, the
-        mean share of the global batch an update carries."""
-        return lr, None
+        mean share of the global batch an update carries. The remedies take lr * b_i / B:
+        BSP's step per sample."""
+        return (lr, None) if type(self) is Correction else (lr * share, None)
 
     def gradient(self, rank: int, lo: int, grad: np.ndarray, values: np.ndarray) -> np.ndarray:
         """The gradient to apply at slots [lo, lo + grad.size) of `values` (before the update)."""
@@ -71,7 +74,9 @@ class Correction:
         return values
 
     def forget(self, rank: int | None = None) -> None:
-        """Values sent to `rank` (every rank: None) no longer describe its next push."""
+        """Values sent to `rank` no longer describe its next push (it left, or a new worker
+        took its rank); None: the shard's values were replaced (a restore), so nothing
+        derived from them holds."""
 
     def detach(self) -> None:
         """Queued replies keep the buffers reply() returned: take fresh ones."""
@@ -79,14 +84,21 @@ class Correction:
     def state(self) -> dict:
         return {"staleness": self.staleness, "seen": self._seen}
 
-    def load_state(self, saved) -> None:
-        """Take state(); a checkpoint written before corrections existed holds none (None)."""
+    @staticmethod
+    def check_state(saved) -> None:
+        """ValueError unless `saved` is state()'s, or None (a checkpoint written before
+        corrections existed)."""
         if saved is None:
             return
-        if not (isinstance(saved, dict) and isinstance(saved.get("staleness"), (int, float))
-                and type(saved.get("seen")) is int and saved["seen"] >= 0 and saved["staleness"] >= 0):
+        stale = saved.get("staleness") if isinstance(saved, dict) else None
+        if not (type(stale) in (int, float) and math.isfinite(stale) and stale >= 0
+                and type(saved.get("seen")) is int and saved["seen"] >= 0):
             raise ValueError("the saved shard's staleness record is malformed")
-        self.staleness, self._seen = float(saved["staleness"]), saved["seen"]
+
+    def load_state(self, saved) -> None:
+        """Take state() (checked by check_state); None starts the record afresh."""
+        self.forget()
+        self.staleness, self._seen = (0.0, 0) if saved is None else (float(saved["staleness"]), saved["seen"])
 
 
 class MomentumCorrection(Correction):
@@ -135,6 +147,10 @@ class LookAhead(Correction):
         self._ahead = aligned_empty(self._ahead.size)
         self._version = None
 
+    def forget(self, rank=None):
+        if rank is None:
+            self._version = None
+
 
 class _Gapped(Correction):
     """A correction from the gap between the values now and those sent to the pushing worker."""
@@ -155,8 +171,12 @@ class _Gapped(Correction):
     def forget(self, rank=None):
         if rank is None:
             self._sent.clear()
+            self._restart()
         else:
             self._sent.pop(rank, None)
+
+    def _restart(self) -> None:
+        """The shard's values were replaced: what was learnt of their movement goes too."""
 
     def gradient(self, rank, lo, grad, values):
         sent = self._sent.get(rank)
@@ -198,6 +218,9 @@ class GapAware(_Gapped):
         np.maximum(gap, 1, out=gap)
         np.divide(grad, gap, out=gap)
         return gap
+
+    def _restart(self):
+        self._step.fill(0)
 
     def updated(self, lo, hi, values):
         hi = min(hi, self.trained)

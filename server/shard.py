@@ -6,8 +6,9 @@ gets an `Error` reply and leaves every piece of state as it was.
 
 BSP: collect one push per worker for step t, apply g = sum(b_i g_i) / sum(b_i)
 (summed in rank order, so runs are bit-for-bit repeatable), then answer all of
-them with the new shard. ASP: apply each push on arrival with lr * b_i / b_ref
-(divided by 1 + staleness with --staleness-lr inverse). SSP: as ASP, but the reply
+them with the new shard. ASP: apply each push on arrival, corrected for its staleness
+(server/asynchrony.py; with --staleness-lr inverse its learning rate is also divided
+by 1 + staleness). SSP: as ASP, but the reply
 to a worker's step s waits until s - (the slowest worker's last step) <= S.
 Shard slots past the trained parameters hold model buffers (e.g. normalisation
 statistics): they take the batch-weighted mean of the pushed values (BSP) or the
@@ -61,7 +62,8 @@ class ShardState:
     """What a shard's next updates depend on, as copies. Pushes waiting at a barrier are
     not part of it: after a restore their workers push them again."""
 
-    meta: dict  # JSON-able: the job, sizes, version, counters, last step per rank, optimizer scalars
+    meta: dict  # JSON-able: the job, sizes, version, counters, last step per rank, optimizer scalars,
+    # the asynchronous correction's staleness record
     arrays: dict[str, np.ndarray]  # "values", and the optimizer's buffers as "opt.<name>"
 
 
@@ -202,6 +204,7 @@ class ShardCore:
         for rank, last in plan.departed:
             self._gone[rank] = (last, math.inf)
             self._parts.forget(rank)
+            self._async.forget(rank)
             self._joiners.discard(rank)
             if rank in self._pending and self.version > last:
                 del self._pending[rank]  # it died before every shard had its push: no shard uses it
@@ -566,8 +569,9 @@ class ShardCore:
         buffers = {k.removeprefix("opt."): v for k, v in arrays.items() if k != "values"}
         if any(not k.startswith("opt.") for k in arrays if k != "values"):
             raise ValueError(f"the saved shard holds unknown arrays: {sorted(arrays)}")
-        self._async.load_state(m.get("asynchrony"))  # checks before it changes anything, as does:
-        self._opt.load_state(m["optimizer"], buffers)
+        self._async.check_state(m.get("asynchrony"))
+        self._opt.load_state(m["optimizer"], buffers)  # checks before it changes anything
+        self._async.load_state(m.get("asynchrony"))
         np.copyto(self.values, values)
         self._writes += 1
         self._wire_version = None

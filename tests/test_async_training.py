@@ -19,10 +19,13 @@ def test_ssp_trains_digits_with_the_bsp_recipe(run_job):
 
 
 def test_asp_without_a_correction_trains_nothing_and_the_summary_says_so(run_job):
-    run = run_job(["--mode", "asp", "--async-correction", "none", "--epochs", "8", *RECIPE], THREE, num_servers=2)
+    # (--nan-policy skip: the job runs to its end whether its loss stalls or overflows)
+    run = run_job(["--mode", "asp", "--async-correction", "none", "--nan-policy", "skip", "--epochs", "8", *RECIPE],
+                  THREE, num_servers=2)
     s = run.summary
     assert s["status"] == "completed" and s["final_test_accuracy"] < 0.5
-    assert s["diverged"] and "has not fallen below its first epoch's" in s["diverged_reason"]
+    assert s["diverged"] and ("has not fallen below its first epoch's" in s["diverged_reason"]
+                              or "not finite" in s["diverged_reason"])
     assert "--async-correction momentum" in s["diverged_reason"]
     said = [e for e in run.events if e["event"] == "diverged"]
     assert len(said) == 1 and "--async-correction momentum" in said[0]["hint"]

@@ -4,7 +4,7 @@ computed by hand in float64: each rule over a few pushes whose staleness is know
 import numpy as np
 import pytest
 
-from omnips.protocol import Params
+from omnips.protocol import Params, Plan
 from server.asynchrony import DC_LAMBDA, KEEP_STEP, MEAN_SPAN
 from shard_helpers import PEERS, make_core, push, round_trip
 
@@ -12,7 +12,8 @@ X0 = np.array([1, -2, 3, 0.5, 7, 8], dtype=np.float32)  # 4 trained slots, 2 buf
 # (rank, step, ver): pushes in arrival order, each computed on an older version
 ARRIVALS = [(0, 0, 0), (1, 0, 0), (2, 0, 0), (0, 1, 1), (2, 1, 3), (1, 1, 2), (0, 2, 4)]
 STALENESS = [0, 1, 2, 2, 1, 3, 2]
-LR, MU, WD, BATCH = 0.1, 0.9, 0.01, 8  # BATCH = global batch 24 / 3 workers: lr unscaled
+LR, MU, WD, BATCH = 0.1, 0.9, 0.01, 8  # BATCH = global batch 24 / 3 workers
+STEP = LR * BATCH / 24  # the remedies' rate: b_i / B of the recipe's, BSP's step per sample
 
 
 def running_means(stale):
@@ -62,13 +63,15 @@ def test_momentum_correction_lowers_momentum_by_the_implicit_momentum_and_keeps_
         p, buf = sgd(p, buf, g[:4].astype(np.float64), lr, mu, nesterov=nesterov)
         np.testing.assert_allclose(reply[:4], p, rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(reply[4:], g[4:])  # buffer slots: the latest values, untouched
-    # staleness 3 at momentum 0.5: the implicit momentum (0.75) exceeds it, so none is left
-    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=LR, momentum=0.5, weight_decay=0.0,
+    # staleness 0, 1, 2, 3 at momentum 0.5: the implicit momentum of their mean (1.5: 0.6) exceeds it
+    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=LR, momentum=0.5, weight_decay=WD,
                      init=X0, async_correction="momentum")
     drive(core, [(0, 0, 0), (1, 0, 0), (2, 0, 0), (0, 1, 0)], gs[:4])
     assert core._async.step(0.1, 1 / 3, core._opt) == (pytest.approx(0.1 / 3 * KEEP_STEP * 2), 0.0)
-    # at momentum 0 the buffer holds the last gradient, as after a plain SGD step
-    np.testing.assert_array_equal(core._opt.buf.numpy(), gs[3][:4])
+    # a step at momentum 0 leaves in the buffer what a plain SGD step would: g + weight decay * p
+    before = core.values[:4].astype(np.float64).copy()
+    drive(core, [(1, 1, 1)], [gs[4]])
+    np.testing.assert_allclose(core._opt.buf.numpy(), gs[4][:4] + WD * before, rtol=1e-6)
 
 
 def test_momentum_correction_lowers_adams_beta1_the_same_way():
@@ -95,9 +98,9 @@ def test_lookahead_replies_with_the_values_moved_along_the_momentum_and_keeps_th
     replies, stale = drive(core, gs=gs)
     p, buf = X0[:4].astype(np.float64), None
     for g, mean, reply in zip(gs, running_means(stale), replies):
-        p, buf = sgd(p, buf, g[:4].astype(np.float64), LR, MU)  # the update itself is the recipe's
+        p, buf = sgd(p, buf, g[:4].astype(np.float64), STEP, MU)  # the update itself is the recipe's
         reach = MU * (1 - MU ** mean) / (1 - MU)  # MU + MU^2 + ... over `mean` further updates
-        np.testing.assert_allclose(reply[:4], p - reach * LR * buf, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(reply[:4], p - reach * STEP * buf, rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(reply[4:], g[4:])
     np.testing.assert_allclose(core.values[:4], p, rtol=1e-6, atol=1e-6)
 
@@ -112,7 +115,7 @@ def test_delay_compensation_adds_lambda_g_g_times_the_drift_since_the_workers_la
         g = g[:4].astype(np.float64)
         if rank in sent:  # its first push was computed on pulled values, which the shard did not record
             g = g + DC_LAMBDA * g * g * (p - sent[rank])
-        p, buf = sgd(p, buf, g, LR, MU, wd=0.0)
+        p, buf = sgd(p, buf, g, STEP, MU, wd=0.0)
         sent[rank] = p
         np.testing.assert_allclose(reply[:4], p, rtol=1e-5, atol=1e-6)
 
@@ -128,7 +131,7 @@ def test_gap_aware_divides_each_gradient_by_its_gap_in_mean_steps():
         if rank in sent:
             gap = np.where(step > 0, np.abs(p - sent[rank]) / np.where(step > 0, step, 1), 1)
             g = g / np.maximum(gap, 1)
-        new, buf = sgd(p, buf, g, LR, MU, wd=0.0)
+        new, buf = sgd(p, buf, g, STEP, MU, wd=0.0)
         weight = 1 / min(k, 16)
         step = (1 - weight) * step + weight * np.abs(new - p)
         p = sent[rank] = new
@@ -164,3 +167,42 @@ def test_the_staleness_measured_survives_a_checkpoint_and_a_malformed_record_is_
     with pytest.raises(ValueError, match="staleness record"):
         bad.restore(broken)
     assert not bad.initialized and bad._async.state() == {"staleness": 0.0, "seen": 0}
+
+
+def test_a_restore_refused_for_its_optimizer_state_leaves_the_staleness_record_alone():
+    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=X0, async_correction="momentum")
+    drive(core)
+    state = core.state()
+    other = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=X0, async_correction="momentum")
+    drive(other, ARRIVALS[:2])
+    before = other._async.state()
+    arrays = {**state.arrays, "opt.momentum_buffer": state.arrays["opt.momentum_buffer"][:2]}
+    with pytest.raises(ValueError, match="momentum_buffer"):
+        other.restore(type(state)(state.meta, arrays))
+    assert other._async.state() == before != core._async.state()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_after_a_restore_look_ahead_replies_derive_from_the_restored_values_never_from_stale_ones(optimizer):
+    a = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=X0, async_correction="lookahead",
+                  optimizer=optimizer)
+    drive(a)
+    b = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=-X0, async_correction="lookahead",
+                  optimizer=optimizer)
+    drive(b, gs=grads(len(ARRIVALS), seed=9))  # b's own look-ahead, cached for its version
+    c = make_core(mode="asp", n=6, num_trained=4, global_batch=24, async_correction="lookahead",
+                  optimizer=optimizer)  # a fresh server taking a's shard over: no step taken yet
+    for core in (b, c):
+        core.rewind()
+        core.restore(a.state())
+        out = core.handle(PEERS[0], push(0, 3, np.zeros(0), batch=0, ver=core.version), 5.0)  # a dropped push
+        # no step since the restore: no direction to look ahead along, the restored values as they are
+        np.testing.assert_array_equal(out[0].msg.data, a.values)
+
+
+def test_a_departed_worker_leaves_no_copy_of_the_values_sent_to_it():
+    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=X0, async_correction="dc")
+    drive(core, ARRIVALS[:3])
+    assert sorted(core._async._sent) == [0, 1, 2]
+    core.set_plan(Plan(gen=1, batches=[12, 12, 0], departed=[[2, 0]]), 0.0)
+    assert sorted(core._async._sent) == [0, 1]

@@ -10,7 +10,7 @@ from shard_helpers import PEERS
 
 def core_for(mode, staleness=1, staleness_lr="none", n=4, num_trained=None):
     job = JobSpec(mode=mode, num_workers=3, global_batch=12, lr=0.5, momentum=0.0, staleness=staleness,
-                  staleness_lr=staleness_lr)
+                  staleness_lr=staleness_lr, async_correction="none")
     job.check()
     core = ShardCore(job, 0, n, n if num_trained is None else num_trained)
     core.handle(PEERS[0], Init(rank=0, data=np.zeros(n, dtype=np.float32)), 0.0)
