@@ -7,10 +7,13 @@ says so once, with the likely cause and the flag to try, and stops nothing (only
 
 Diverged: a reported training loss that is not finite; a gradient that is not finite
 where --nan-policy fail ends the job for it, or NONFINITE_RUN of them running under
---nan-policy skip (which drops the odd one by design); or a mean training loss between
-two evaluations that stays within MARGIN of the first epoch's mean (or above it) for
-STUCK_EVALS evaluations running. The first epoch is the first this scheduler saw: a
-resumed job's starts where it resumed.
+--nan-policy skip (which drops the odd one by design); or, in a job started afresh, a
+mean training loss between two evaluations that stays within MARGIN of its start (or
+above it) for STUCK_EVALS evaluations running. Its start is the lower of the first
+epoch's mean and the mean of the first reports (the untrained model's loss: a first
+epoch that blew up and settled at chance level would hide a job that learns nothing).
+A resumed job's loss may rightly stay where the checkpoint left it: only the
+non-finite rules apply to it.
 """
 
 import math
@@ -30,9 +33,10 @@ class Diverged:
 
 
 class LossWatch:
-    def __init__(self, job: JobSpec, train_size: int):
-        self.job, self.train_size = job, train_size
-        self.first: float | None = None  # sample-weighted mean loss of the first epoch
+    def __init__(self, job: JobSpec, train_size: int, resumed: bool = False):
+        self.job, self.train_size, self.resumed = job, train_size, resumed
+        self.first: float | None = None  # the start: see the module's docstring
+        self._opening: list[float] = []  # the first reports' losses, one per starting worker
         self._sum = self._samples = 0.0  # since the last evaluation (or in the first epoch)
         self._stuck = 0
         self._nonfinite = 0  # gradients that were not finite, reports running
@@ -51,8 +55,10 @@ class LossWatch:
                                     + (f", the {NONFINITE_RUN}th report running" if self._nonfinite > 1 else ""))
             return None
         self._nonfinite = 0
+        if len(self._opening) < self.job.start_workers:
+            self._opening.append(loss)
         if self.first is None and self._samples >= self.train_size:
-            self.first = self._sum / self._samples
+            self.first = min(self._sum / self._samples, sum(self._opening) / len(self._opening))
             self._sum = self._samples = 0.0
         self._sum += loss * batch
         self._samples += batch
@@ -60,14 +66,14 @@ class LossWatch:
 
     def on_eval(self) -> Diverged | None:
         """An evaluation: the loss since the last one is judged (once the first epoch is known)."""
-        if self.verdict is not None or self.first is None or not self._samples:
+        if self.verdict is not None or self.resumed or self.first is None or not self._samples:
             return None
         recent = self._sum / self._samples
         self._sum = self._samples = 0.0
         self._stuck = self._stuck + 1 if recent >= self.first * (1 - MARGIN) else 0
         if self._stuck < STUCK_EVALS:
             return None
-        return self._decide(f"the training loss ({recent:.4g}) has not fallen below its first epoch's "
+        return self._decide(f"the training loss ({recent:.4g}) has not fallen below its start "
                             f"({self.first:.4g}) for {STUCK_EVALS} evaluations")
 
     def _decide(self, reason: str) -> Diverged:

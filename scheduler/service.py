@@ -93,7 +93,7 @@ class Scheduler:
         self._bsp_points: list[EvalPoint] = []
         self.control: BatchControl | None = None
         self.nonfinite = 0  # gradients with NaN or inf the workers reported
-        self.losses = LossWatch(job, len(train))
+        self.losses = LossWatch(job, len(train), resumed=resume is not None)
         self.lost, self.joined = 0, 0  # workers
         self.restores = 0  # times a lost server's shard was taken over and the job went back
         self._recovery: Recovery | None = None

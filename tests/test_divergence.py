@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from omnips.job import JobSpec
 from scheduler.divergence import MARGIN, NONFINITE_RUN, LossWatch
 
@@ -26,11 +28,11 @@ def test_a_learning_job_is_never_called_diverged():
 
 def test_a_loss_that_does_not_fall_below_the_first_epochs_for_two_evaluations_is_called_diverged_once():
     watch = LossWatch(JobSpec(mode="asp", async_correction="none"), TRAIN)
-    # the second epoch learns a little, but stays within MARGIN of the first epoch's mean: stuck once
+    # the second epoch learns a little, but stays within MARGIN of the start: stuck once
     assert feed(watch, [2.3] * 10 + [2.3 * (1 - MARGIN / 2)] * 10) == [] and watch._stuck == 1
     verdicts = feed(watch, [2.4] * 30)
     assert len(verdicts) == 1 and watch.verdict is verdicts[0]
-    assert "has not fallen below its first epoch's (2.3)" in verdicts[0].reason
+    assert "has not fallen below its start (2.3)" in verdicts[0].reason
     assert "--async-correction momentum" in verdicts[0].hint
 
 
@@ -42,12 +44,19 @@ def test_a_job_that_learns_between_two_stuck_evaluations_starts_the_count_again(
     assert verdict.hint == "try a lower --lr (now 0.05) or --momentum (now 0.9)"
 
 
-def test_the_first_epoch_is_the_first_this_scheduler_saw():
-    """A resumed job's first epoch is the one it resumed with, not the checkpoint's."""
-    watch = LossWatch(JobSpec(), TRAIN)
-    assert feed(watch, [0.5] * 5) == [] and watch.first is None  # half an epoch: no reference yet
-    assert feed(watch, [0.5] * 5 + [0.45 * 0.99 ** k for k in range(40)]) == []
-    assert watch.first == 0.5
+def test_a_first_epoch_that_blew_up_does_not_hide_a_job_stuck_at_its_untrained_loss():
+    watch = LossWatch(JobSpec(mode="asp", num_workers=8), TRAIN)
+    # the untrained model's loss in the first reports, then a blow-up, then chance level for good
+    assert feed(watch, [2.3] * 8 + [9.0] * 2 + [2.36] * 10) == []
+    assert watch.first == pytest.approx(2.3)  # the first reports' mean, below the first epoch's (3.6)
+    verdict, = feed(watch, [2.34] * 20)
+    assert "has not fallen below its start (2.3)" in verdict.reason
+
+
+def test_a_resumed_job_whose_loss_stays_where_the_checkpoint_left_it_is_not_diverged():
+    watch = LossWatch(JobSpec(), TRAIN, resumed=True)
+    assert feed(watch, [0.2] * 60) == [] and watch.verdict is None
+    assert watch.on_loss(math.inf, 10, worker=0, step=3) is not None  # the non-finite rules still apply
 
 
 def test_a_loss_that_is_not_finite_is_diverged_at_once():
