@@ -46,8 +46,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--staleness-lr", choices=STALENESS_LR, default=d.staleness_lr,
                    help="asp/ssp: 'inverse' divides an update's learning rate by 1 + its staleness")
     p.add_argument("--async-correction", choices=ASYNC_CORRECTIONS, default=d.async_correction,
-                   help="asp/ssp: how a server allows for the staleness of each update (docs: server/asynchrony.py); "
-                        f"default {d.async_correction}, none: the optimizer's plain update")
+                   help="asp/ssp: how a server allows for the staleness of each update: momentum lowers the "
+                        "momentum by the implicit momentum of the measured staleness; lookahead, dc (delay "
+                        "compensation) and gap (gap-aware damping) keep a shard-sized buffer (dc, gap: one per "
+                        "worker); none: the plain update (server/asynchrony.py; default %(default)s)")
     p.add_argument("--num-servers", type=int, default=d.num_servers)
     p.add_argument("--num-workers", type=int, default=d.num_workers, help="worker ranks (the most at once)")
     p.add_argument("--min-workers", type=int, default=d.min_workers,
@@ -61,9 +63,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=int, default=d.global_batch)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
     p.add_argument("--lr", type=float, default=d.lr,
-                   help="the step per global batch, the same in every mode: BSP applies it once a step to the "
-                        "batch-weighted mean gradient; asp/ssp scale it to each update's share of the global batch "
-                        "(see --async-correction), so a BSP recipe carries over unchanged (default %(default)s)")
+                   help="the step per global batch: BSP applies it once a step to the batch-weighted mean "
+                        "gradient; asp/ssp scale it to each update's share of the global batch, lr * b_i / B (with "
+                        "--async-correction none: lr * b_i / (B / N)), so a BSP recipe carries over unchanged "
+                        "(default %(default)s)")
     p.add_argument("--momentum", type=float, default=d.momentum)
     p.add_argument("--nesterov", action="store_true")
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)

@@ -17,7 +17,11 @@ shards per update):
   values sent to that worker);
 - `gap` (Gap-Aware, Barkai et al. 2020): each value's gradient divided by max(1, gap / C),
   gap = |values now - values sent to that worker|, C the mean size of one update of it;
-- `none`: each update is the optimizer's, as in BSP.
+- `none`: the optimizer's update at the recipe's momentum and lr * b_i / b_ref (b_ref =
+  B / N: N times BSP's step per sample).
+
+Every correction but `none` scales an update's learning rate to its share of the global
+batch, lr * b_i / B: BSP's step per sample.
 
 s is a running mean of the staleness this shard measured. With staleness 0 throughout
 (one worker) every correction leaves the update and the reply bit-for-bit as they are.
@@ -55,9 +59,8 @@ class Correction:
     def step(self, lr: float, share: float, opt) -> tuple[float, float | None]:
         """(learning rate, momentum or beta1: None for the recipe's) of an update whose
         plain learning rate is `lr` (the recipe's * b_i / b_ref); `share` = b_ref / B, the
-        mean share of the global batch an update carries. The remedies take lr * b_i / B:
-        BSP's step per sample."""
-        return (lr, None) if type(self) is Correction else (lr * share, None)
+        mean share of the global batch an update carries."""
+        return lr, None
 
     def gradient(self, rank: int, lo: int, grad: np.ndarray, values: np.ndarray) -> np.ndarray:
         """The gradient to apply at slots [lo, lo + grad.size) of `values` (before the update)."""
@@ -101,6 +104,13 @@ class Correction:
         self.staleness, self._seen = (0.0, 0) if saved is None else (float(saved["staleness"]), saved["seen"])
 
 
+class _Remedy(Correction):
+    """A correction at BSP's step per sample, lr * b_i / B, and the recipe's momentum."""
+
+    def step(self, lr, share, opt):
+        return lr * share, None
+
+
 class MomentumCorrection(Correction):
     """Less momentum, and a learning rate that keeps most of the step BSP takes per sample.
 
@@ -118,7 +128,7 @@ class MomentumCorrection(Correction):
         return lr * share * max(1.0, KEEP_STEP * opt.gain(recipe) / opt.gain(lowered)), lowered
 
 
-class LookAhead(Correction):
+class LookAhead(_Remedy):
     moves_replies = True
 
     def __init__(self, trained: int):
@@ -152,7 +162,7 @@ class LookAhead(Correction):
             self._version = None
 
 
-class _Gapped(Correction):
+class _Gapped(_Remedy):
     """A correction from the gap between the values now and those sent to the pushing worker."""
 
     tracks_sent = True

@@ -11,7 +11,7 @@ THREE = [WorkerSpec(ms_per_sample=0.2), WorkerSpec(ms_per_sample=0.3), WorkerSpe
 
 
 def test_ssp_trains_digits_with_the_bsp_recipe(run_job):
-    run = run_job(["--mode", "ssp", "--staleness", "2", "--epochs", "8", *RECIPE], THREE, num_servers=2)
+    run = run_job(["--mode", "ssp", "--staleness", "2", "--epochs", "12", *RECIPE], THREE, num_servers=2)
     s = run.summary
     assert s["status"] == "completed" and not s["diverged"]
     assert s["final_test_accuracy"] >= 0.93, s
