@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every benchmark that has no test of its own at a toy size (about 3 minutes on
+# Runs every benchmark that has no test of its own at a toy size (about 6 minutes on
 # 2 cores), so that a change that breaks one fails here rather than on the next real
 # run. The figures mean nothing at these sizes; the tables go to a temporary directory.
 set -euo pipefail
