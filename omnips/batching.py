@@ -8,6 +8,7 @@ import numpy as np
 # the batch sizes a worker times before its first step under dynamic batching (and sizes its
 # memory with): two sizes, so that their difference cancels what does not grow with the batch
 PROBE_BATCHES = (2, 4)
+PROBE_ROUNDS = 3  # each probe size is timed this many times, the sizes in turn; the fastest counts
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import torch
 import zmq
 
 from omnips import data, models, routes, security
-from omnips.batching import PROBE_BATCHES, BatchPlan
+from omnips.batching import PROBE_BATCHES, PROBE_ROUNDS, BatchPlan
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
 from omnips.link import LinkError, SchedulerLink
@@ -178,7 +178,9 @@ class _Session:
 
     def _probe(self, sizes: list[int]) -> list[float]:
         """Seconds of one forward and backward pass over the first `size` samples, for each
-        of `sizes`, as this worker's (emulated) device takes them. Nothing is pushed (the
+        of `sizes`, as this worker's (emulated) device takes them: the fastest of
+        PROBE_ROUNDS passes, taken in turn, since on a busy host noise only adds time (one
+        slow pass of a few samples moved a whole start plan). Nothing is pushed (the
         pusher is unhooked), the model's buffers (normalisation statistics the passes move)
         and the random state are left as the pull set them, and the gradient the passes
         leave is zeroed by the first step."""
@@ -188,7 +190,9 @@ class _Session:
         self.trainer.on_final_pass = self.trainer.on_retry = None
         try:
             with torch.random.fork_rng(devices=devices):
-                return [self._pad(0, size, self.trainer.compute(list(range(size)))[1]) for size in sizes]
+                rounds = [[self._pad(0, size, self.trainer.compute(list(range(size)))[1]) for size in sizes]
+                          for _ in range(PROBE_ROUNDS)]
+                return [min(times) for times in zip(*rounds)]
         finally:
             self.trainer.on_final_pass, self.trainer.on_retry = hooks
             self.flat.params[self.flat.num_trained:] = buffers
