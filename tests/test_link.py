@@ -28,10 +28,8 @@ def test_a_scheduler_silent_for_dead_after_is_given_up_on(linked):
     clock[0] = 2.9
     link.check_alive()
     clock[0] = 3.6
-    start = time.monotonic()
     with pytest.raises(LinkError, match=r"^no word from the scheduler at tcp://127\.0\.0\.1:\d+ for 4 s: giving up$"):
         link.check_alive()
-    assert time.monotonic() - start < 5  # a last look of about a heartbeat interval (0.2 s), no more
 
 
 def test_a_server_silent_for_nearly_dead_after_serves_nobody_before_the_verdict_can_arrive(linked, tmp_path):
