@@ -2,6 +2,7 @@
 
 import signal
 from collections import defaultdict
+from contextlib import ExitStack
 
 import pytest
 
@@ -10,6 +11,10 @@ from omnips.launch import WorkerSpec
 from helpers import finish, start_cluster, stopped, wait_for_event, wait_for_steps
 
 LIVENESS = ["--heartbeat", "0.3", "--dead-after", "3"]  # short, with room for a loaded host
+# a joiner's process may take longer to start (torch import on a loaded host) than the job has
+# left, so the others wait frozen until it has registered: longer than that is not taken for dead
+JOIN_WAIT_S = 60
+PATIENT = ["--heartbeat", "0.3", "--dead-after", str(JOIN_WAIT_S + 30)]
 
 
 def _batches_by_step(events) -> dict[int, dict[int, int]]:
@@ -53,15 +58,26 @@ def test_a_killed_bsp_worker_leaves_and_the_others_carry_the_global_batch(tmp_pa
     assert codes["worker2"] == -signal.SIGKILL and all(codes[n] == 0 for n in codes if n != "worker2"), codes
 
 
+def _join_while_the_others_wait(cluster, run_dir, rank: int) -> None:
+    """Start worker `rank` into the running job, the workers already there frozen (SIGSTOP)
+    until the scheduler has taken its registration."""
+    with ExitStack() as frozen:
+        for name in [n for n in cluster.procs if n.startswith("worker")]:
+            frozen.enter_context(stopped(cluster.procs[name]))
+        cluster.add_worker(WorkerSpec(ms_per_step=15.0), rank=rank)
+        wait_for_event(run_dir, lambda e: e["event"] == "membership" and e.get("late") and e["rank"] == rank,
+                       JOIN_WAIT_S)
+
+
 def test_a_worker_started_later_joins_at_a_step_boundary_and_gets_a_share(tmp_path):
     run_dir = tmp_path / "run"
     first = [WorkerSpec(ms_per_step=15.0)] * 2
-    steps_in_all = 600  # 15 ms steps: long enough for a worker process to start (torch import) and join
+    steps_in_all = 300
     job = ["--mode", "bsp", "--max-steps", str(steps_in_all), "--global-batch", "48", "--min-workers", "2",
-           "--seed", "4", *LIVENESS]
+           "--seed", "4", *PATIENT]
     with start_cluster(run_dir, job, first, ranks=3) as cluster:
         wait_for_steps(run_dir, 2 * 20)
-        cluster.add_worker(WorkerSpec(ms_per_step=15.0), rank=2)
+        _join_while_the_others_wait(cluster, run_dir, 2)
         run = finish(cluster)
     s = run.summary
     assert s["status"] == "completed" and s["workers_joined"] == 1 and s["workers_lost"] == 0
@@ -113,10 +129,10 @@ def test_a_worker_lost_during_the_probe_does_not_hold_the_others(tmp_path):
 def test_a_worker_started_later_joins_an_asp_job(tmp_path):
     run_dir = tmp_path / "run"
     job = ["--mode", "asp", "--max-steps", "400", "--global-batch", "48", "--min-workers", "2", "--lr", "0.02",
-           "--seed", "4", *LIVENESS]
+           "--seed", "4", *PATIENT]
     with start_cluster(run_dir, job, [WorkerSpec(ms_per_step=15.0)] * 2, ranks=3) as cluster:
         wait_for_steps(run_dir, 2 * 20)
-        cluster.add_worker(WorkerSpec(ms_per_step=15.0), rank=2)
+        _join_while_the_others_wait(cluster, run_dir, 2)
         run = finish(cluster)
     s = run.summary
     assert s["status"] == "completed" and s["workers_joined"] == 1 and s["workers_lost"] == 0
