@@ -27,7 +27,9 @@ A measurement far from a trustworthy prediction means the worker's speed changed
 (throttling, another job on the machine, an emulated slowdown). Such changes
 scale compute time as a whole, so the older points are rescaled by the same
 ratio rather than thrown away: the fit stays usable at once, and the next
-adjustment lands on the new equal-time plan.
+adjustment lands on the new equal-time plan. A fitted line missed by a factor FAR at
+a size far from its points is wrong itself (its points were measured in a noise that
+has passed): the points are dropped, and the new one starts the model again.
 
 All workers' points live in arrays, a column each (a row per slot), so that one
 decision for thousands of workers is a few numpy operations rather than a fit per
@@ -41,6 +43,7 @@ import numpy as np
 
 FORGET = 0.5  # weight left to older points at each new measurement
 CHANGE = 0.2  # relative prediction error taken as a change of speed
+FAR = 2.0  # a prediction missed by this factor, at any batch, is a change of speed
 MIN_SPREAD = 0.1  # distinct batch sizes must span this fraction of the largest for a fit
 MIN_WEIGHT = 0.02  # points weighing less are dropped
 REPEAT = 0.8  # weight left to a point's long average when its size is measured again
@@ -81,9 +84,10 @@ class TimeModels:
     def measured(self, ranks) -> np.ndarray:
         return self._measured[ranks]
 
-    def observe(self, ranks, batches, seconds) -> None:
+    def observe(self, ranks, batches, seconds) -> np.ndarray:
         """One measurement per rank in `ranks` (distinct); ValueError, and nothing
-        changed, if any has a batch < 1 or a time that is not finite and > 0."""
+        changed, if any has a batch < 1 or a time that is not finite and > 0. Returns
+        which of them were taken as a change of speed (their history rescaled)."""
         ranks = np.asarray(ranks, dtype=np.int64)
         b = np.asarray(batches, dtype=np.float64)
         t = np.asarray(seconds, dtype=np.float64)
@@ -92,7 +96,7 @@ class TimeModels:
             i = int(np.argmax(bad))
             raise ValueError(f"a measurement needs batch >= 1 and time > 0, got ({b[i]:g}, {t[i]:g})")
         if not len(ranks):
-            return
+            return np.zeros(0, dtype=bool)
         points = (self.weight, self.batch, self.time, self.steady, self.count, self.parted)
         # every worker, in order (a decision's usual call): worked on in place; else their columns
         # (take, not [:, ranks]: that returns the columns in the other memory order, slow to reduce)
@@ -102,12 +106,24 @@ class TimeModels:
         line = self._lines[ranks]
         predicted = line[:, 0] + line[:, 1] * b
         change = _near(b, bs, held) & (np.abs(t - predicted) > CHANGE * predicted)
+        # far from every point a miss is the fit's error, and the point joins it; but a miss by a
+        # factor FAR is no fit's error where the line is fitted, nor where a line through the
+        # origin from one size (a fixed cost bends it: it under-predicts below that size and
+        # over-predicts above) misses the other way: its points are wrong (measured during a
+        # noise that has passed), and a worker moved off them is never measured there again to
+        # correct them. They are forgotten: the new point starts the model afresh.
+        low, high = FAR * t < predicted, t > FAR * predicted
+        size = np.where(held, bs, 0.0).max(axis=0)
+        fitted = _spread(w, bs)
+        far = ~change & held.any(axis=0) & ((fitted & (low | high)) | (~fitted & ((b < size) & low | (b > size) & high)))
         scale = np.ones(len(ranks))
         scale[change] = t[change] / predicted[change]
         ts *= scale
         # the rescaled history rests on one window's ratio: the long average restarts from the
         # short one (its weight too), which that window's noise leaves sooner
         ss[:, change], ns[:, change], gap[:, change] = ts[:, change], w[:, change], 0.0
+        w[:, far], ns[:, far] = 0.0, 0.0
+        held = w > 0
         cols = np.arange(len(ranks))
         distance = np.where(held, np.abs(bs - b), np.inf)
         nearest = np.argmin(distance, axis=0)
@@ -147,6 +163,7 @@ class TimeModels:
                 stored[:, ranks] = worked
         self._measured[ranks] = True
         self._lines[ranks] = _fit(w, bs, ss, b, steady) if self.affine else _through_origin(b, steady)
+        return change
 
     def trusted_at(self, ranks, batches) -> np.ndarray:
         """Whether a miss at each batch is a speed change rather than the batch change
@@ -211,7 +228,10 @@ def _fit(w: np.ndarray, bs: np.ndarray, ts: np.ndarray, nb: np.ndarray, nt: np.n
         wl, tl, bl = (np.compress(low, x, axis=1) for x in (w, ts, bs))
         line[low, 0] = 0.0
         line[low, 1] = (wl * tl / np.where(wl > 0, bl, 1.0)).sum(axis=0) / total[low]
-    flat = c <= 0  # time not growing with batch: no usable slope, the line through the newest point
+    # time not growing with batch (a starved process takes its time whatever its batch): no usable
+    # slope, the line through the newest point; a slope a millionth of the mean time per sample is
+    # none either (equal_time would give it ~1e19 samples per second)
+    flat = c <= 1e-6 * mt / mb
     line[flat] = _through_origin(nb[fit][flat], nt[fit][flat])
     out[fit] = line
     return out

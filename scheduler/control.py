@@ -6,6 +6,13 @@ the controller (omnips/batching.py) for the next batch vector. A worker's first
 step at a new batch size is not measured (it pays for warming up). Reports
 still at an older batch (ASP workers switch at their next reply) are ignored.
 
+On real, noisy machines three rules keep one bad measurement from locking a bad plan
+in: a step far off the worker's window is an outlier until CHANGE_STEPS in a row say
+its speed changed; a worker goes to the minimum batch (where it is measured at nothing
+larger again) only on repeated measurements: its last window agreed with what its model
+predicted, else it goes to half its batch; and measured step times outrank the models
+(scheduler/regret.py): the plan goes back to a plan measured faster.
+
 A report costs O(1) (the scheduler asks `ready` after each), a decision a few
 numpy operations over all workers: the models' predictions at the plan's batches
 are kept from one decision to the next for the per-report change check.
@@ -16,11 +23,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omnips.batching import BatchPlan, Decision, decide, spread
+from omnips.batching import BatchPlan, Decision, decide, equal_time, integerize, spread
 from omnips.job import JobSpec
 from omnips.timemodel import CHANGE, TimeModels
 
-CHANGE_STEPS = 3  # consecutive far-off steps that trigger an early re-plan
+from .regret import REGRET, PlanMemory
+
+CHANGE_STEPS = 3  # consecutive far-off steps that are a change of speed (fewer are outliers) and re-plan early
+# steps in the first window of a worker never measured in real steps: the median of three
+# outvotes one slow step (a probe plan moved to [63, 1] on one 6x step and held)
+FIRST_WINDOW = 3
+SHRINK = 0.5  # a worker goes to the minimum batch on one window's word only from below 1 / SHRINK times it
 # a plan the deadband holds back, proposed by this many decisions running and predicted this
 # much faster, is taken: the deadband stops noise from churning the plan, not a lasting gain
 PERSIST = 3
@@ -30,7 +43,6 @@ MIN_GAIN = 0.01
 # decision to the next, so that the same plan rarely comes up twice (at 64 workers the plan
 # stayed 2 % off the best one for good)
 WIDE_GAIN = 0.02
-RAN_PLANS = 8  # the plans whose measured step time is kept: a held-back plan measured slower stays held
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,7 @@ class Adjustment:
     times: tuple[float, ...]  # each worker's measured (median) compute time in the window
     batches: tuple[int, ...]  # the batches those times were measured at
     reason: str
+    rule: str = ""  # which rule decided, in words (the `assign` event and the log carry it)
 
 
 class BatchControl:
@@ -52,11 +65,15 @@ class BatchControl:
         self.memory_max: list[int | None] = [None] * n  # from the worker's free memory: follows it
         self._bounds = np.full(n, hi, dtype=np.int64)  # the lower of the two, kept current
         self._window = [[] for _ in range(n)]
+        self._suspects = [[] for _ in range(n)]  # far-off steps in a row, to one side: outliers, or a change
         self._median = np.zeros(n)  # of each window
         self._measured_batch: list[int | None] = [None] * n
         self._stepped = np.zeros(n, dtype=bool)  # measured in a window of real steps (not only probed)
+        self._confirmed = np.zeros(n, dtype=bool)  # its last window agreed with its model's prediction
+        self._last_batch = np.zeros(n, dtype=np.int64)  # each worker's last window: its batch and median
+        self._last_time = np.zeros(n)
         self.adjustments = 0
-        self._ran: dict[tuple[int, ...], float] = {}  # plan -> its newest window's slowest median, oldest first
+        self.ran = PlanMemory()
         self._plan: BatchPlan | None = None
         self.plan = plan
 
@@ -105,18 +122,28 @@ class BatchControl:
     def on_step(self, rank: int, batch: int, compute_s: float) -> None:
         if batch != self.plan.batches[rank] or not batch or not compute_s > 0:
             return  # still on an older plan
+        window, suspects = self._window[rank], self._suspects[rank]
         if self._measured_batch[rank] != batch:
             self._measured_batch[rank] = batch  # first step at this size: warm-up, not measured
-            self._window[rank].clear()
+            window.clear()
+            suspects.clear()
             self._track(rank)
             return
-        window = self._window[rank]
-        typical = self._median[rank] if window else None
-        if typical is not None and abs(compute_s - typical) > CHANGE * typical:
+        # the worker's own recent history: its window, or before one its model where trusted
+        typical = self._median[rank] if window else self._predicted[rank]
+        if abs(compute_s - typical) > CHANGE * typical:  # (a nan, nothing known yet, misses nothing)
+            if suspects and (suspects[-1] > typical) != (compute_s > typical):
+                suspects.clear()
+            suspects.append(compute_s)
+            if len(suspects) < CHANGE_STEPS:
+                return  # an outlier, unless the next steps say the same
             # the worker's speed changed inside the window: a median across the change would be
-            # a time it never had (and a fit through it a wrong slope): start the window anew
-            window.clear()
-        window.append(compute_s)
+            # a time it never had (and a fit through it a wrong slope): the window restarts
+            window[:] = suspects
+            suspects.clear()
+        else:
+            suspects.clear()
+            window.append(compute_s)
         self._median[rank] = statistics.median(window)
         self._track(rank)
 
@@ -126,9 +153,11 @@ class BatchControl:
         all miss its model's trusted prediction by more than CHANGE."""
         window = self._window[rank]
         # a worker never measured in real steps (the job's start, a joiner) is judged on its
-        # first measured step: the plan it is on is a guess (at best from probe passes far
-        # smaller than its batch), and its first move is large enough for one sample
-        need = self.job.adjust_every - 1 if self._stepped[rank] else 1
+        # first FIRST_WINDOW measured steps: the plan it is on is a guess (at best from probe
+        # passes far smaller than its batch), and its first move is large
+        need = self.job.adjust_every - 1
+        if not self._stepped[rank]:
+            need = min(need, FIRST_WINDOW)
         if len(window) >= need:
             self._full.add(rank)
         else:
@@ -154,31 +183,121 @@ class BatchControl:
         measured = np.flatnonzero(self._lengths())
         times = np.zeros(n)
         times[measured] = self._median[measured]
-        self.models.observe(measured, self._batches[measured], times[measured])
+        self._check_models(measured, times[measured])
         self._stepped[measured] = True
-        if len(measured) == len(self._active):
-            self._remember(batches, float(times.max()))
+        step_s = float(times.max()) if len(measured) == len(self._active) else None
+        if step_s is not None:
+            self.ran.record(batches, step_s)
         for window in self._window:
             window.clear()  # in place: 4096 new lists cost more (the collector runs) than clearing
         ranks = np.asarray(self._active if active is None else active, dtype=np.int64)
         # a worker above its bound (memory, membership, a bound set with the probes) moves whatever
         # the deadband says
         over = bool(np.any(self._batches[ranks] > self._bounds[ranks]))
-        sub = decide(self._batches[ranks], self._lines(ranks), self.job.global_batch,
-                     self.min_batch, self._bounds[ranks],
-                     0.0 if over or reason in ("memory", "membership") else self.job.deadband)
-        if self._persists(sub) and not self._ran_slower(spread(sub.held, ranks, n), batches):
+        free = over or reason in ("memory", "membership")
+        sub = decide(self._batches[ranks], self._lines(ranks), self.job.global_batch, self.min_batch,
+                     self._bounds[ranks], 0.0 if free else self.job.deadband)
+        rule = "inside the deadband" if sub.batches is None else ""
+        pinned = self._unfounded_pins(ranks, sub, reason)
+        if pinned.any():  # decided again, those workers at half their batch at least
+            lo = np.full(len(ranks), self.min_batch, dtype=np.int64)
+            lo[pinned] = np.minimum(np.ceil(SHRINK * self._batches[ranks][pinned]), self._bounds[ranks][pinned])
+            sub = decide(self._batches[ranks], self._lines(ranks), self.job.global_batch, lo, self._bounds[ranks],
+                         0.0 if free else self.job.deadband)
+            rule = (f"worker(s) {ranks[pinned].tolist()} not put at the minimum batch on one window's "
+                    "measurement: half their batch for now")
+        if self._persists(sub) and not self.ran.ran_slower(spread(sub.held, ranks, n), batches, MIN_GAIN):
             sub, reason = Decision(sub.held, sub.targets, sub.held_s), "held"
+            rule = f"held back {PERSIST} windows running, predicted faster each time"
         targets = np.zeros(n)
         targets[ranks] = sub.targets
         decision = Decision(None if sub.batches is None else spread(sub.batches, ranks, n),
                             tuple(targets.tolist()), sub.predicted_s)
+        if step_s is not None and not free:
+            decision, reason, rule = self._regret(decision, reason, rule, ranks, step_s)
         if decision.batches is not None and decision.batches != batches:
             self.adjustments += reason not in ("membership", "probe")
             self.plan = BatchPlan(self.plan.gen + 1, decision.batches)
         else:
             self._expect()  # the models moved: so do the predictions
-        return Adjustment(decision, tuple(times.tolist()), tuple(batches), reason)
+        return Adjustment(decision, tuple(times.tolist()), tuple(batches), reason, rule or "equal time")
+
+    def _check_models(self, measured: np.ndarray, times: np.ndarray) -> None:
+        """Feed a window to the models. A worker whose window agreed with its model's prediction
+        is confirmed: its time rests on two measurements, not one. A worker whose time at an
+        unchanged batch moved by more than CHANGE since its last window changed speed: what the
+        plans measured before says nothing of the speeds now. (A worker whose time is not a line
+        in the batch looks changed to its model at every move: only the plans' measured times
+        stop the plan from going back and forth there, so they are kept through such a move.)"""
+        had = measured[self.models.measured(measured)]
+        batches = self._batches[measured]
+        agreed = np.zeros(len(measured), dtype=bool)
+        if len(had):
+            at = np.isin(measured, had)
+            predicted = self.models.predict(had, batches[at])
+            agreed[at] = np.abs(times[at] - predicted) <= CHANGE * predicted
+        before = self._last_time[measured]
+        if np.any((self._last_batch[measured] == batches) & (np.abs(times - before) > CHANGE * before)):
+            self.ran.clear()
+        self._last_batch[measured], self._last_time[measured] = batches, times
+        self.models.observe(measured, batches, times)
+        self._confirmed[measured] = agreed
+
+    def _unfounded_pins(self, ranks: np.ndarray, sub: Decision, reason: str) -> np.ndarray:
+        """Which workers `sub` would put at the job's minimum batch from above twice that on
+        one window's measurement, unconfirmed by their model (not at the start, whose plan is
+        a guess, nor when workers come or go)."""
+        if sub.batches is None or reason in ("probe", "membership"):
+            return np.zeros(len(ranks), dtype=bool)
+        to = np.asarray(sub.batches)
+        return ((to <= self.min_batch) & (SHRINK * self._batches[ranks] > self.min_batch)
+                & ~self._confirmed[ranks])
+
+    def _regret(self, decision: Decision, reason: str, rule: str, ranks: np.ndarray,
+                step_s: float) -> tuple[Decision, str, str]:
+        """Measured times outrank the models: the plan in force, measured REGRET slower than
+        the best plan measured, goes back to that one; a plan measured that much slower is not
+        taken again; and where the models are for staying, the uniform split may be better."""
+        current = self.plan.batches
+        best = self.ran.best(lambda plan: bool(np.all(np.asarray(plan)[ranks] <= self._bounds[ranks])))
+        if best is not None and best[0] != current and step_s > best[1] * (1 + REGRET):
+            return (Decision(best[0], decision.targets, best[1]), "regret",
+                    f"measured {1000 * step_s:.1f} ms, more than {REGRET:.0%} slower than "
+                    f"{list(best[0])} measured {1000 * best[1]:.1f} ms: back to it")
+        proposed = decision.batches
+        if proposed is not None and best is not None and self.ran.worse(proposed, best[1]):
+            return (Decision(None, decision.targets, step_s), "regret",
+                    f"{list(proposed)} measured {1000 * self.ran.step_s(proposed):.1f} ms, more than "
+                    f"{REGRET:.0%} slower than {list(best[0])}: not taken again for now")
+        if proposed is None or proposed == current:
+            return self._uniform_instead(decision, reason, rule, ranks, step_s)
+        return decision, reason, rule
+
+    def _uniform_instead(self, decision: Decision, reason: str, rule: str, ranks: np.ndarray,
+                         step_s: float) -> tuple[Decision, str, str]:
+        """The models for staying, but the plan in force measured REGRET slower than they predict
+        the uniform split, not yet measured: they are wrong somewhere, and the split every job
+        can have is measured."""
+        uniform = self._uniform(ranks)
+        if (uniform is None or uniform == self.plan.batches or uniform in self.ran
+                or not self.models.measured(ranks).all()):
+            return decision, reason, rule
+        uniform_s = float(np.max(self.models.predict(ranks, np.asarray(uniform)[ranks])))
+        if step_s > uniform_s * (1 + REGRET):
+            return (Decision(uniform, decision.targets, uniform_s), "regret",
+                    f"measured {1000 * step_s:.1f} ms, more than {REGRET:.0%} slower than the uniform "
+                    f"split predicted ({1000 * uniform_s:.1f} ms): the uniform split, to measure it")
+        return decision, reason, rule
+
+    def _uniform(self, ranks: np.ndarray) -> tuple[int, ...] | None:
+        """Equal batches for `ranks` within their bounds, or None where the bounds allow none."""
+        try:
+            real = equal_time(np.tile([0.0, 1.0], (len(ranks), 1)), self.job.global_batch, self.min_batch,
+                              self._bounds[ranks])
+            return spread(integerize(real, self.job.global_batch, self.min_batch, self._bounds[ranks]), ranks,
+                          len(self._batches))
+        except ValueError:
+            return None
 
     def _persists(self, sub: Decision) -> bool:
         """Whether the plan the deadband held back has now been proposed PERSIST times running,
@@ -193,19 +312,6 @@ class BatchControl:
         wide = wide + 1 if gain >= WIDE_GAIN else 0
         self._held_back = (sub.held, same, wide)
         return same >= PERSIST or wide >= PERSIST
-
-    def _remember(self, plan: tuple[int, ...], step_s: float) -> None:
-        self._ran.pop(plan, None)
-        self._ran[plan] = step_s
-        if len(self._ran) > RAN_PLANS:
-            del self._ran[next(iter(self._ran))]
-
-    def _ran_slower(self, plan: tuple[int, ...], current: tuple[int, ...]) -> bool:
-        """Whether `plan` ran before and its slowest worker was not measured MIN_GAIN faster
-        than the current plan's. The models' predictions can be wrong the same way every
-        window (a worker whose time is not a line in the batch): then they propose the same
-        plan again and again, and without this it and the current plan would take turns for good."""
-        return plan in self._ran and current in self._ran and self._ran[plan] * (1 + MIN_GAIN) > self._ran[current]
 
     def probed(self, points: dict[int, tuple[list, list]], memory: dict[int, int]) -> tuple[Adjustment, list[int]]:
         """The start plan from every worker's probe passes (rank -> their batch sizes and
@@ -227,9 +333,10 @@ class BatchControl:
         joined = [rank for rank in active if not self.plan.batches[rank]]
         self.models.reset(joined)
         self._stepped[joined] = False
+        self._confirmed[joined] = False
         for rank in joined:
             self._measured_batch[rank] = None
-        self._ran.clear()  # the plans measured were another set of workers'
+        self.ran.clear()  # the plans measured were another set of workers'
         return self.replan("membership", active)
 
     @property

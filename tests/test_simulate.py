@@ -154,13 +154,13 @@ def test_tiled_clusters_are_counted_both_ways(monkeypatch):
 
 def test_on_64_workers_held_back_plans_that_differ_are_taken_and_the_plan_settles_closer():
     """Noise alone (timer), 64 x 128: the same held-back plan never persists there; taking
-    those predicted WIDE_GAIN faster three decisions running leaves the plan 1.2 % over the
-    oracle's instead of 2.2 %, for 6 more plan changes in 240 steps."""
+    those predicted WIDE_GAIN faster three decisions running leaves the plan 0.6 % over the
+    oracle's instead of 1.5 %, for 4 more plan changes in 240 steps."""
     runs = {}
     for same, context in simulate.as_it_is_and(simulate.same_plan_only):
         with context():
             runs["same" if same else "wide"] = simulate.simulate(64, 240, 0.05, "timer", 5, 0, (0.5, 2.5), 128)
     settled = {rule: simulate.summarise(r)["settled"] for rule, r in runs.items()}
-    assert settled["wide"] < 1.015 and settled["same"] > 1.02, settled
+    assert settled["wide"] < 1.01 and settled["same"] > settled["wide"] + 0.005, settled
     assert 0 < len(runs["wide"]["changes"]) - len(runs["same"]["changes"]) <= 8
     assert control.WIDE_GAIN == 0.02  # restored

@@ -1,0 +1,77 @@
+"""The regret guard: the step times measured under recent plans, and the plan to go back to.
+
+The controller's time models can be wrong the same way window after window (sustained
+noise, a worker whose time is not a line in the batch, one slow step taken for a worker's
+speed): then they propose, and hold, a plan slower than one the job has already run.
+Measured step times outrank predictions: a plan measured REGRET slower than the best one
+measured for the same workers is left at the next decision for that one, and a plan
+measured that much slower in two windows (one can fall in a noise that passes) is not
+taken again while it is remembered. A measurement is forgotten FORGET_WINDOWS windows
+after it was taken (the noise that made a plan slow, or a good one look good, passes), so
+that the models may try it again.
+
+Pure logic: windows are counted by the caller (one `record` per full window).
+"""
+
+from dataclasses import dataclass
+
+REGRET = 0.10  # a plan this much slower than the best measured is measurably worse (a window's noise is a few %)
+FORGET_WINDOWS = 24  # windows a measurement is kept (240 steps at --adjust-every 10)
+
+
+@dataclass(frozen=True)
+class Ran:
+    step_s: float  # the slowest worker's median compute time over the window
+    window: int  # the window it was measured in
+    agreed: int = 1  # windows running, this one included, that measured it within REGRET of each other
+
+
+class PlanMemory:
+    """Step times of the plans run for one set of workers, newest measurement per plan."""
+
+    def __init__(self):
+        self._ran: dict[tuple[int, ...], Ran] = {}
+        self.window = 0
+
+    def record(self, plan: tuple[int, ...], step_s: float) -> None:
+        """One full window run under `plan`; measurements FORGET_WINDOWS old are dropped."""
+        self.window += 1
+        old = self._ran.get(plan)
+        same = old is not None and max(old.step_s, step_s) <= min(old.step_s, step_s) * (1 + REGRET)
+        self._ran[plan] = Ran(step_s, self.window, old.agreed + 1 if same else 1)
+        for old in [p for p, r in self._ran.items() if self.window - r.window >= FORGET_WINDOWS]:
+            del self._ran[old]
+
+    def clear(self) -> None:
+        """Another set of workers: what their plans measured says nothing of it."""
+        self._ran.clear()
+
+    def __contains__(self, plan) -> bool:
+        return plan in self._ran
+
+    def __len__(self) -> int:
+        return len(self._ran)
+
+    def step_s(self, plan: tuple[int, ...]) -> float | None:
+        ran = self._ran.get(plan)
+        return None if ran is None else ran.step_s
+
+    def best(self, fits=lambda plan: True) -> tuple[tuple[int, ...], float] | None:
+        """The fastest plan remembered among those `fits` accepts, with its time."""
+        kept = [(r.step_s, plan) for plan, r in self._ran.items() if fits(plan)]
+        if not kept:
+            return None
+        step_s, plan = min(kept)
+        return plan, step_s
+
+    def worse(self, plan: tuple[int, ...], than_s: float) -> bool:
+        """Whether `plan` measured more than REGRET slower than `than_s` in two windows that agreed."""
+        ran = self._ran.get(plan)
+        return ran is not None and ran.agreed >= 2 and ran.step_s > than_s * (1 + REGRET)
+
+    def ran_slower(self, plan: tuple[int, ...], current: tuple[int, ...], margin: float) -> bool:
+        """Whether `plan` ran and its slowest worker was not measured `margin` faster than
+        under `current`: the models, wrong the same way every window, would otherwise propose
+        it again and again, and it and the current plan would take turns for good."""
+        a, b = self._ran.get(plan), self._ran.get(current)
+        return a is not None and b is not None and a.step_s * (1 + margin) > b.step_s
