@@ -9,6 +9,29 @@ import numpy as np
 # memory with): two sizes, so that their difference cancels what does not grow with the batch
 PROBE_BATCHES = (2, 4)
 PROBE_ROUNDS = 3  # each probe size is timed this many times, the sizes in turn; the fastest counts
+PROBE_NOISE = 0.2  # how far the two sizes' times may stray from what a line allows
+PROBE_RETRIES = 2  # more rounds of PROBE_ROUNDS while they disagree beyond it
+
+
+def probe_agrees(sizes, seconds) -> bool:
+    """Whether the fastest passes of two probe sizes fit a worker's line t = a + c*b with a, c
+    >= 0, up to PROBE_NOISE: the larger no faster than the smaller, nor slower by more than
+    their ratio. (On a busy host one pass of a few samples can take 5x its time.)"""
+    (small, large), (t_small, t_large) = sizes, seconds
+    return t_small * (1 - PROBE_NOISE) <= t_large <= t_small * large / small * (1 + PROBE_NOISE)
+
+
+def probe_times(timed, sizes) -> tuple[list[float], int]:
+    """The probe: `timed(size)` seconds for a pass of each size, PROBE_ROUNDS times in turn, the
+    fastest of each counting (noise only adds time); more rounds, PROBE_RETRIES at most, while
+    the two disagree. Also how many rounds it took."""
+    best = [math.inf] * len(sizes)
+    rounds = 0
+    while rounds == 0 or (not probe_agrees(sizes, best) and rounds < PROBE_ROUNDS * (1 + PROBE_RETRIES)):
+        for _ in range(PROBE_ROUNDS):
+            best = [min(t, timed(size)) for t, size in zip(best, sizes)]
+        rounds += PROBE_ROUNDS
+    return best, rounds
 
 
 @dataclass(frozen=True)

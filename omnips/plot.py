@@ -1,5 +1,7 @@
-"""PNG plots of a run directory: batch sizes, compute times, cluster throughput, accuracy."""
+"""PNG plots of a run directory: batch sizes, compute times, cluster throughput, accuracy,
+and what equal batches would have cost."""
 
+import json
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -51,7 +53,8 @@ def _pyplot():
 
 
 def plot_run(run_dir) -> list[Path]:
-    """Write batch.png, compute.png, throughput.png and accuracy.png under RUN_DIR/plots."""
+    """Write batch.png, compute.png, throughput.png, accuracy.png and, for a BSP run with
+    more than one worker, uniform.png under RUN_DIR/plots."""
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").exists():
         raise PlotError(f"{run_dir} is not a run directory (no metrics.jsonl)")
@@ -107,4 +110,72 @@ def plot_run(run_dir) -> list[Path]:
         ax.plot([e["t"] for e in evals], [e["test_accuracy"] for e in evals], marker="o", lw=1.2)
         ax.set_ylim(0, 1)
     figure("accuracy.png", "test accuracy", "accuracy", accuracy)
+    rows = uniform_estimate(steps) if _mode(run_dir) == "bsp" else []
+    if rows and len(by_worker) > 1:
+        written.append(_uniform_figure(plt, rows, out / "uniform.png"))
     return written
+
+
+def _mode(run_dir: Path) -> str | None:
+    """The job's mode from RUN_DIR/config.json (None where it cannot be read)."""
+    try:
+        return json.loads((run_dir / "config.json").read_text()).get("mode")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def uniform_estimate(steps: list[dict]) -> list[dict]:
+    """For each BSP step every worker reported (`step` events with a `step` number): its
+    compute time as run (the slowest worker's) and each worker's idle time (waiting for the
+    slowest); and the same with equal batches, each worker's time estimated from its
+    throughput at the batch it had. Steps without a full set of reports are left out."""
+    by_step = defaultdict(dict)
+    for e in steps:
+        if "step" in e and e["batch"] > 0 and e["compute_s"] > 0:
+            by_step[e["step"]][e["worker"]] = e
+    workers = {e["worker"] for e in steps}
+    rows = []
+    for step in sorted(by_step):
+        reports = by_step[step]
+        if set(reports) != workers:
+            continue
+        total = sum(e["batch"] for e in reports.values())
+        ran = {w: e["compute_s"] for w, e in reports.items()}
+        even = {w: e["compute_s"] * (total / len(reports)) / e["batch"] for w, e in reports.items()}
+        rows.append({"step": step, "ran_s": max(ran.values()), "uniform_s": max(even.values()),
+                     "ran_idle": {w: max(ran.values()) - t for w, t in ran.items()},
+                     "uniform_idle": {w: max(even.values()) - t for w, t in even.items()}})
+    return rows
+
+
+def _uniform_figure(plt, rows: list[dict], path: Path) -> Path:
+    """Step compute time as run against equal batches, and each worker's idle share of a step."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.4))
+    x = [r["step"] for r in rows]
+    top.plot(x, [1000 * r["ran_s"] for r in rows], lw=1.2, label="as run (slowest worker)")
+    top.plot(x, [1000 * r["uniform_s"] for r in rows], lw=1.2, ls="--", label="equal batches (estimated)")
+    top.set_title("compute time per step: as run and with equal batches")
+    top.set_xlabel("step")
+    top.set_ylabel("ms")
+    top.set_ylim(bottom=0)
+    top.legend(fontsize=8)
+    top.grid(alpha=0.3)
+    workers = sorted(rows[0]["ran_idle"])
+    ran_total, even_total = sum(r["ran_s"] for r in rows), sum(r["uniform_s"] for r in rows)
+    idle = {key: [100 * sum(r[key][w] for r in rows) / total for w in workers]
+            for key, total in (("ran_idle", ran_total), ("uniform_idle", even_total))}
+    width = 0.38
+    positions = range(len(workers))
+    bottom.bar([p - width / 2 for p in positions], idle["ran_idle"], width, label="as run")
+    bottom.bar([p + width / 2 for p in positions], idle["uniform_idle"], width, label="equal batches (estimated)")
+    bottom.set_xticks(list(positions), [f"worker {w}" for w in workers])
+    bottom.set_title(f"idle, waiting for the slowest (equal batches: {even_total / ran_total:.2f}x the time)")
+    bottom.set_ylabel("% of the steps' time")
+    bottom.legend(fontsize=8)
+    bottom.grid(alpha=0.3, axis="y")
+    fig.text(0.01, 0.005, "equal batches: each worker's time from its throughput at the batch it had",
+             fontsize=7, alpha=0.7)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -582,10 +582,10 @@ class Scheduler:
     def _record_plan(self, adjustment: Adjustment, step: int, what: str, **measured) -> None:
         """The plan the controller just made, into the run's events and the log."""
         plan, d = self.control.plan, adjustment.decision
-        self.run.event("assign", gen=plan.gen, batches=list(plan.batches), reason=adjustment.reason, step=step,
-                       **measured, targets=list(d.targets), predicted_step_s=d.predicted_s,
-                       max_batch=list(self.control.max_batch))
-        log.info("%s %s (predicted step %.1f ms)", what, list(plan.batches), 1000 * d.predicted_s)
+        self.run.event("assign", gen=plan.gen, batches=list(plan.batches), reason=adjustment.reason,
+                       rule=adjustment.rule, step=step, **measured, targets=list(d.targets),
+                       predicted_step_s=d.predicted_s, max_batch=list(self.control.max_batch))
+        log.info("%s %s (predicted step %.1f ms; %s)", what, list(plan.batches), 1000 * d.predicted_s, adjustment.rule)
 
     def _memory_estimate(self, rank: int, mem_free: int, sample_bytes: int) -> int | None:
         """The batch a worker's free memory holds (None: it did not measure)."""

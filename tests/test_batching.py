@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnips.batching import BatchPlan, Decision, decide, equal_time, initial_batches, integerize
+from omnips.batching import (PROBE_RETRIES, PROBE_ROUNDS, BatchPlan, Decision, decide, equal_time, initial_batches,
+                             integerize, probe_agrees, probe_times)
 
 FAST = settings(max_examples=40, deadline=None)
 
@@ -456,3 +457,34 @@ def test_from_wire_fuzz(d):
     assert isinstance(plan.gen, int) and not isinstance(plan.gen, bool) and plan.gen >= 0
     assert len(plan.batches) == 2 and all(type(b) is int and b >= 1 for b in plan.batches)
     assert type(plan.stop) is bool
+
+
+# -- the probe ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seconds, agrees", [
+    ((0.010, 0.012), True),  # a fixed cost and a slope
+    ((0.010, 0.020), True),  # all slope
+    ((0.010, 0.0085), True),  # noise within PROBE_NOISE
+    ((0.010, 0.007), False),  # the larger pass much faster: the smaller was slowed
+    ((0.010, 0.030), False),  # more than the ratio of the sizes: the larger was slowed
+])
+def test_probe_passes_agree_when_a_line_fits_them(seconds, agrees):
+    assert probe_agrees((2, 4), seconds) is agrees
+
+
+def test_the_probe_takes_more_rounds_while_its_sizes_disagree():
+    slow = {2: [0.05] * 4 + [0.01] * 2, 4: [0.012] * 6}  # the 2-sample pass slowed 5x for 4 passes
+    calls = []
+
+    def timed(size):
+        calls.append(size)
+        return slow[size].pop(0)
+    seconds, rounds = probe_times(timed, (2, 4))
+    assert seconds == [0.01, 0.012] and rounds == 2 * PROBE_ROUNDS
+    assert calls == [2, 4] * rounds  # the sizes in turn
+
+
+def test_the_probe_gives_up_after_its_retries():
+    seconds, rounds = probe_times(lambda size: 0.01 if size == 4 else 0.05, (2, 4))
+    assert seconds == [0.05, 0.01] and rounds == PROBE_ROUNDS * (1 + PROBE_RETRIES)
+    assert probe_times(lambda size: 0.001 * size, (2, 4)) == ([0.002, 0.004], PROBE_ROUNDS)

@@ -50,7 +50,7 @@ def test_the_demo_runs_its_job_and_prints_the_summary(tmp_path):
     assert all(abs(b - want) <= 4 for b, want in zip(batches, (37, 18, 9))), batches
     # plots are drawn at the end, and `omnips plot` draws them again from the run directory
     def drawn():
-        for name in ("batch", "compute", "throughput", "accuracy"):
+        for name in ("batch", "compute", "throughput", "accuracy", "uniform"):
             png = tmp_path / "run" / "plots" / f"{name}.png"
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     drawn()

@@ -10,7 +10,7 @@ import torch
 import zmq
 
 from omnips import data, models, routes, security
-from omnips.batching import PROBE_BATCHES, PROBE_ROUNDS, BatchPlan
+from omnips.batching import PROBE_BATCHES, PROBE_ROUNDS, BatchPlan, probe_agrees, probe_times
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
 from omnips.link import LinkError, SchedulerLink
@@ -180,7 +180,8 @@ class _Session:
         """Seconds of one forward and backward pass over the first `size` samples, for each
         of `sizes`, as this worker's (emulated) device takes them: the fastest of
         PROBE_ROUNDS passes, taken in turn, since on a busy host noise only adds time (one
-        slow pass of a few samples moved a whole start plan). Nothing is pushed (the
+        slow pass of a few samples moved a whole start plan), and more while the two sizes
+        disagree (omnips/batching.probe_times). Nothing is pushed (the
         pusher is unhooked), the model's buffers (normalisation statistics the passes move)
         and the random state are left as the pull set them, and the gradient the passes
         leave is zeroed by the first step."""
@@ -190,9 +191,13 @@ class _Session:
         self.trainer.on_final_pass = self.trainer.on_retry = None
         try:
             with torch.random.fork_rng(devices=devices):
-                rounds = [[self._pad(0, size, self.trainer.compute(list(range(size)))[1]) for size in sizes]
-                          for _ in range(PROBE_ROUNDS)]
-                return [min(times) for times in zip(*rounds)]
+                seconds, rounds = probe_times(lambda size: self._pad(0, size, self.trainer.compute(
+                    list(range(size)))[1]), sizes)
+            if rounds > PROBE_ROUNDS:
+                log.info("worker %d: probe passes of %s samples took %s s in %d rounds%s", self.rank, sizes,
+                         [round(t, 4) for t in seconds], rounds,
+                         "" if probe_agrees(sizes, seconds) else " and still disagree (a busy host?)")
+            return seconds
         finally:
             self.trainer.on_final_pass, self.trainer.on_retry = hooks
             self.flat.params[self.flat.num_trained:] = buffers
