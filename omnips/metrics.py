@@ -74,11 +74,14 @@ class RunDir:
             line = json.dumps(finite(record), allow_nan=False)
         self._events.write(line + "\n")
 
-    def step(self, r, epoch: float) -> None:
-        """A worker's report (protocol.Report) as its `step` line, at the job's `epoch`."""
+    def step(self, r, epoch: float, disturbed: bool = False) -> None:
+        """A worker's report (protocol.Report) as its `step` line, at the job's `epoch`;
+        `disturbed` (written only when true): it overlapped an evaluation or a checkpoint
+        write, and dynamic batching did not measure it."""
+        extra = {"disturbed": True} if disturbed else {}
         self.event("step", worker=r.rank, step=r.step, batch=r.batch, epoch=epoch, compute_s=r.compute_s,
                    network_s=r.network_s, wait_s=r.wait_s, loss=r.loss, staleness=r.staleness,
-                   mem_batch=r.mem_batch, mem_free=r.mem_free, sample_bytes=r.sample_bytes)
+                   mem_batch=r.mem_batch, mem_free=r.mem_free, sample_bytes=r.sample_bytes, **extra)
 
     def flush(self) -> None:
         self._events.flush()

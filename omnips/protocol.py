@@ -310,9 +310,11 @@ class Saved(Message):
     size: int = 0
     sha256: str = ""
     error: str = ""
+    write_s: float = 0.0  # how long writing the file took (steps then are not measured)
 
     def check(self):
         _non_negative(self, "step", "version", "size")
+        _at_most(self, MAX_SECONDS, "write_s")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from omnips.servers import ServerError, ServerGroup
 
 from .checkpoints import CheckpointBook
 from .control import Adjustment, BatchControl
+from .disturbance import Disturbances
 from .divergence import Diverged, LossWatch
 from .evaluation import EvalBook, PendingEval
 from .progress import EvalPoint, Progress
@@ -94,6 +95,7 @@ class Scheduler:
         self.control: BatchControl | None = None
         self.nonfinite = 0  # gradients with NaN or inf the workers reported
         self.losses = LossWatch(job, len(train), resumed=resume is not None)
+        self.disturbances = Disturbances()  # evaluations and checkpoint writes: steps then are not measured
         self.lost, self.joined = 0, 0  # workers
         self.restores = 0  # times a lost server's shard was taken over and the job went back
         self._recovery: Recovery | None = None
@@ -505,7 +507,8 @@ class Scheduler:
             if self.progress.all_done and self.job.mode != "bsp":
                 self._ask_eval(EvalPoint(self.progress.samples / self.progress.train_size, None), final=True)
             return
-        self.run.step(r, self.progress.epochs)
+        disturbed = self.disturbances.touches(time.monotonic(), r.compute_s + r.network_s + r.wait_s)
+        self.run.step(r, self.progress.epochs, disturbed)
         if self.checkpoints is not None and self.job.mode != "bsp" and not self.registry.plan.stop:
             updates = sum(w.steps for w in self.progress.workers)
             if self.checkpoints.due(updates):
@@ -515,7 +518,7 @@ class Scheduler:
             self._send_plan(BatchPlan(plan.gen + 1, plan.batches, stop=True))
             log.info("sample budget reached: asking workers to stop")
         elif self.control is not None and not self.registry.plan.stop:
-            self._control(r)
+            self._control(r, disturbed)
 
     def _on_probe(self, peer: bytes, msg: Probe) -> None:
         """A worker's timed passes before its first step: once every starting worker's are in,
@@ -553,8 +556,9 @@ class Scheduler:
         for m in self.registry.workers.values():
             transport.reply(self.router, m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop))
 
-    def _control(self, r: Report) -> None:
-        self.control.on_step(r.rank, r.batch, r.compute_s)
+    def _control(self, r: Report, disturbed: bool) -> None:
+        if not disturbed:
+            self.control.on_step(r.rank, r.batch, r.compute_s)
         adjustment = None
         estimate = self._memory_estimate(r.rank, r.mem_free, r.sample_bytes)
         if r.mem_batch and r.mem_batch < self.control.hard_max[r.rank]:
@@ -631,6 +635,8 @@ class Scheduler:
             log.warning("checkpoint %d not taken: cannot ask the servers: %s", step, exc)
 
     def _on_saved(self, s: int, msg: Saved) -> None:
+        now = time.monotonic()
+        self.disturbances.add(now - msg.write_s, now)
         outcome = self.checkpoints.add(s, msg) if self.checkpoints is not None else None
         if outcome is None:
             return
@@ -660,11 +666,13 @@ class Scheduler:
             self._evaluate(done)
 
     def _evaluate(self, e: PendingEval) -> None:
+        start = time.monotonic()
         for s, msg in e.shards.items():
             lo, hi = self.registry.ranges[s]
             np.copyto(self.flat.params[lo:hi], msg.data)
         self.flat.load_params()
         acc, loss = models.evaluate(self.flat.module, self.test_batcher, self.test_size, tick=self._heartbeat)
+        self.disturbances.add(start, time.monotonic())
         versions = [e.shards[s].version for s in sorted(e.shards)]
         self.run.event("eval", epoch=e.point.epoch, versions=versions, test_accuracy=acc, test_loss=loss,
                        final=e.final)

@@ -11,6 +11,7 @@ server keeps serving.
 
 import logging
 import threading
+import time
 from pathlib import Path
 
 from omnips import checkpoint
@@ -72,14 +73,15 @@ class ShardWriter:
     def _write(self, snap: Snapshot, outcome: dict) -> None:
         path = checkpoint.step_dir(self.root, snap.step) / checkpoint.shard_name(self.rank)
         meta = {"rank": self.rank, "range": self.range, "step": snap.step, "state": snap.state.meta}
+        start = time.monotonic()
         try:
             info = checkpoint.write_shard(path, meta, snap.state.arrays)
         except Exception as exc:  # any failure leaves the checkpoint incomplete; the server goes on
             log.exception("checkpoint %d: writing %s failed", snap.step, path)
-            outcome["error"] = f"writing {path} failed: {exc}"
+            outcome.update(error=f"writing {path} failed: {exc}", write_s=time.monotonic() - start)
             return
         log.info("checkpoint %d: wrote %s (%d bytes)", snap.step, path, info.size)
-        outcome.update(size=info.size, sha256=info.sha256)
+        outcome.update(size=info.size, sha256=info.sha256, write_s=time.monotonic() - start)
 
     def _answer(self, snap: Snapshot, outcome: dict) -> Outgoing:
         return Outgoing(snap.to, Saved(req=snap.req, step=snap.step, version=snap.state.meta["version"], **outcome))

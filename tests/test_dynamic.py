@@ -125,3 +125,22 @@ def test_ssp_keeps_workers_within_the_staleness_bound_under_the_controller(run_j
             assert e["step"] - other <= 2 + 1, (e, latest)
     fast, slow = run.summary["worker_steps"]
     assert fast > slow  # the fast worker did run ahead, within the bound
+
+
+def test_steps_that_overlap_an_evaluation_or_a_checkpoint_write_are_not_measured(run_job):
+    """The scheduler's evaluations and the servers' checkpoint writes run on the job's machines:
+    the first report of every worker read after each (queued while the scheduler evaluated,
+    or in flight while a shard was written) is marked `disturbed` and left out of the windows."""
+    workers = [WorkerSpec(ms_per_step=3, ms_per_sample=c) for c in (1, 2)]
+    run = run_job([*BASE, "--max-steps", "90", "--checkpoint-every", "20"], workers)
+    assert run.summary["status"] == "completed"
+    events = run.events
+    marks = [k for k, e in enumerate(events) if e["event"] in ("eval", "checkpoint") and not e.get("final")]
+    assert any(events[k]["event"] == "eval" for k in marks) and any(events[k]["event"] == "checkpoint" for k in marks)
+    for k in marks:
+        for worker in (0, 1):
+            after = next((e for e in events[k + 1:] if e["event"] == "step" and e["worker"] == worker), None)
+            if after is not None:  # (the job may end first)
+                assert after.get("disturbed") is True, (events[k], after)
+    steps = [e for e in events if e["event"] == "step"]
+    assert sum(bool(e.get("disturbed")) for e in steps) < len(steps) / 2  # the others are measured
