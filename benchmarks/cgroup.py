@@ -1,0 +1,225 @@
+#!/usr/bin/env python
+"""Dynamic batching on real compute under CPU quotas: equal batches against the controller.
+
+No emulation: every worker runs its real forward and backward (the cnn on digits, one
+torch thread), inside a cgroup of its own whose CPU quota makes it slower (benchmarks/
+quota.py; the paper made its heterogeneity levels with container CPU limits). BSP, 4
+workers, one server, --global-batch 128, a fixed --max-steps budget. The workers' quotas
+share --cores (default: the machine's cores less half a core for the scheduler and the
+server) in the paper's heterogeneity levels, the speeds of benchmarks/heterogeneity.py
+(HL1 12/12/12/12, HL2 12/12/8/16, HL4 9/9/6/24, HL8 6/6/4/32). Besides the levels:
+
+* neighbour: HL4, and a CPU hog started in worker 0's cgroup for the middle third of the
+  steps (a noisy neighbour in its container: it halves what that worker gets);
+* one-sided: HL4, and worker 3's quota halved for the middle third (its host busy);
+* loaded: HL4 with `nproc` busy processes on the host, outside the quotas, all the run.
+
+Each case runs with equal batches (uniform) and with --batching dynamic (affine), the two
+interleaved (their order alternating from one repeat to the next), so that both meet the
+same host at the same moment. Reported per run: wall time, and the dynamic run's time over
+the uniform one's (the target: at most 1.02); efficiency = ideal time / wall time, the
+ideal being each step's global batch at the sum of the workers' own throughputs at the
+batches they had (benchmarks/heterogeneity.py's definition); balance = the ideal over
+the slowest worker's compute summed over steps (communication left out); the final plan,
+adjustments, and the periods in which the slowest worker ran out of quota (that the
+quota is what made it slow).
+
+    python benchmarks/cgroup.py [--quick] [--cases HL2,HL8,neighbour] [--steps 150] [--repeats 1]
+        [--cores 1.5] [--keep-runs] [--out FILE]
+
+Writes benchmarks/results/cgroup.md. Needs root and a cgroup cpu controller.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from heterogeneity import LEVELS, Scenario, analyse  # noqa: E402
+from quota import CpuQuota, available  # noqa: E402
+from report import machine_lines, publish, runs_dir  # noqa: E402
+
+from omnips.launch import LaunchError, LocalCluster, WorkerSpec  # noqa: E402
+from omnips.metrics import read_events  # noqa: E402
+
+CASES = ("HL1", "HL2", "HL4", "HL8", "neighbour", "one-sided", "loaded")
+VARIANTS = ("uniform", "affine")
+TARGET_RATIO = 1.02  # dynamic time over uniform time, at most
+TARGET_EFF = 0.90  # the controller's efficiency at HL2-HL8
+TARGET_NEIGHBOUR_EFF = 0.85
+JOB_TIMEOUT_S = 600
+HOG = [sys.executable, "-c", "while True: pass"]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    speeds: tuple[float, ...]
+    event: str = ""  # "neighbour", "one-sided" or "loaded"
+
+
+def case(name: str) -> Case:
+    if name in LEVELS:
+        return Case(name, LEVELS[name])
+    return Case(name, LEVELS["HL4"], name)
+
+
+def job_args(variant: str, steps: int, seed: int) -> list[str]:
+    batching = ["--batching", "dynamic", "--controller", "affine"] if variant == "affine" else ["--batching", "uniform"]
+    return ["--mode", "bsp", "--model", "cnn", "--global-batch", "128", "--lr", "0.05", "--max-steps", str(steps),
+            "--seed", str(seed), *batching]
+
+
+def steps_done(run_dir: Path) -> int:
+    try:
+        return sum(e["event"] == "step" for e in read_events(run_dir)) // 4
+    except (OSError, ValueError):
+        return 0
+
+
+def at_step(run_dir: Path, step: int, stop: threading.Event) -> bool:
+    """Wait until the job has run `step` steps (False: it ended first)."""
+    while not stop.is_set():
+        if steps_done(run_dir) >= step:
+            return True
+        stop.wait(0.2)
+    return False
+
+
+def middle_third(c: Case, quotas: list[CpuQuota], run_dir: Path, steps: int, stop: threading.Event) -> None:
+    """The case's event over the middle third of the steps."""
+    if not at_step(run_dir, steps // 3, stop):
+        return
+    hog = None
+    if c.event == "neighbour":
+        hog = subprocess.Popen(HOG)
+        quotas[0].add(hog.pid)
+    else:
+        quotas[3].set(quotas[3].cores / 2)
+    try:
+        at_step(run_dir, 2 * steps // 3, stop)
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+        else:
+            quotas[3].set(quotas[3].cores * 2)
+
+
+def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int) -> dict:
+    run_dir = root / f"{c.name}-{variant}-{seed}"
+    cluster = LocalCluster(run_dir, job_args(variant, steps, seed), 1, [WorkerSpec()] * 4)
+    shares = [cores * s / sum(c.speeds) for s in c.speeds]
+    stop = threading.Event()
+    with contextlib.ExitStack() as stack:
+        quotas = [stack.enter_context(CpuQuota(f"omnips-{os.getpid()}-w{i}", share)) for i, share in enumerate(shares)]
+        hogs = [subprocess.Popen(HOG) for _ in range(os.cpu_count() if c.event == "loaded" else 0)]
+        stack.callback(lambda: [h.kill() or h.wait() for h in hogs])
+        try:
+            cluster.start_scheduler()
+            cluster.start_servers()
+            for rank in range(4):
+                quotas[rank].add(cluster.procs[cluster.add_worker(WorkerSpec(), rank)].pid)
+            event = threading.Thread(target=middle_third, args=(c, quotas, run_dir, steps, stop), daemon=True)
+            if c.event in ("neighbour", "one-sided"):
+                event.start()
+            code = cluster.wait(JOB_TIMEOUT_S)
+        except LaunchError as exc:
+            raise SystemExit(f"{c.name} {variant}: {exc}") from None
+        finally:
+            stop.set()
+            cluster.stop()
+        throttled = quotas[min(range(4), key=lambda i: c.speeds[i])].throttled()
+    if code != 0:
+        raise SystemExit(f"{c.name} {variant}: the scheduler exited {code} (run dir {run_dir})")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    events = read_events(run_dir)
+    scenario = Scenario(c.name, ("1",) * 4, tuple(float(s) for s in c.speeds), ("--max-steps", str(steps)),
+                        ((1.0,) * 4,))
+    a = analyse(events, summary, scenario)
+    return {"case": c.name, "variant": variant, "wall_s": summary["wall_s"], "efficiency": a["efficiency"],
+            "balance": a["balance"], "final": summary["final_batches"], "adjustments": summary["adjustments"],
+            "throttled": throttled, "accuracy": summary["final_test_accuracy"]}
+
+
+def table(results: list[dict], repeats: int) -> list[str]:
+    lines = ["| case | repeat | uniform s | dynamic s | dynamic / uniform | efficiency uniform | efficiency dynamic "
+             "| balance dynamic | final plan | adjustments | slowest throttled (periods) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for k in range(0, len(results), 2):
+        u, d = sorted(results[k:k + 2], key=lambda r: r["variant"] != "uniform")
+        lines.append(f"| {u['case']} | {k // 2 % repeats + 1} | {u['wall_s']:.2f} | {d['wall_s']:.2f} "
+                     f"| {d['wall_s'] / u['wall_s']:.3f} | {u['efficiency']:.3f} | {d['efficiency']:.3f} "
+                     f"| {d['balance']:.3f} | {d['final']} | {d['adjustments']} | {d['throttled']} |")
+    return lines
+
+
+def verdicts(results: list[dict]) -> list[str]:
+    pairs = [sorted(results[k:k + 2], key=lambda r: r["variant"] != "uniform") for k in range(0, len(results), 2)]
+    worst = max(d["wall_s"] / u["wall_s"] for u, d in pairs)
+    levels = [d["efficiency"] for u, d in pairs if d["case"] in ("HL2", "HL4", "HL8")]
+    neighbour = [d["efficiency"] for u, d in pairs if d["case"] == "neighbour"]
+    out = [f"- dynamic / uniform, worst run: {worst:.3f} (target <= {TARGET_RATIO}): "
+           f"{'met' if worst <= TARGET_RATIO else 'missed'}"]
+    if levels:
+        out.append(f"- the controller's efficiency at HL2-HL8: min {min(levels):.3f} (target >= {TARGET_EFF}): "
+                   f"{'met' if min(levels) >= TARGET_EFF else 'missed'}")
+    if neighbour:
+        out.append(f"- with a noisy neighbour: min {min(neighbour):.3f} (target >= {TARGET_NEIGHBOUR_EFF}): "
+                   f"{'met' if min(neighbour) >= TARGET_NEIGHBOUR_EFF else 'missed'}")
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--cores", type=float, default=max(0.5, len(os.sched_getaffinity(0)) - 0.5),
+                   help="CPU the four workers' quotas share")
+    p.add_argument("--quick", action="store_true", help="HL4 and neighbour, 45 steps: a smoke run")
+    p.add_argument("--keep-runs", action="store_true")
+    p.add_argument("--out", type=Path, default=HERE / "results" / "cgroup.md")
+    args = p.parse_args(argv)
+    why = available()
+    if why:
+        print(f"cgroup benchmark skipped: {why}", file=sys.stderr)
+        return 2
+    names = ["HL4", "neighbour"] if args.quick else args.cases.split(",")
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        p.error(f"unknown cases {unknown}; choose from {', '.join(CASES)}")
+    steps = 45 if args.quick else args.steps
+    results = []
+    with runs_dir("omnips-cgroup-", args.keep_runs) as root:
+        for name in names:
+            for rep in range(args.repeats):
+                order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
+                for variant in order:
+                    r = run(root, case(name), variant, steps, args.cores, seed=rep)
+                    print(f"{name} #{rep + 1} {variant}: {r['wall_s']:.2f} s, efficiency {r['efficiency']:.3f}, "
+                          f"final {r['final']}", flush=True)
+                    results.append(r)
+    lines = ["# Dynamic batching on CPU quotas (real compute)", "",
+             "Produced by `benchmarks/cgroup.py`" + (" --quick" if args.quick else "") + "; see its docstring.", "",
+             *machine_lines(),
+             f"- load average (1 min) at the end: {os.getloadavg()[0]:.1f}",
+             f"- workers' quotas share {args.cores:g} cores (cgroup periods of 10 ms); cnn on digits, BSP, 4 workers, "
+             f"1 server, global batch 128, {steps} steps", "",
+             *table(results, args.repeats), "", *verdicts(results)]
+    publish(lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
