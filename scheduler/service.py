@@ -428,6 +428,7 @@ class Scheduler:
         if not plan.stop:
             plan = self._membership_plan(sorted(self.registry.workers), "lost")
         self._send_plan(plan, departed=[[rank, last]])
+        self._ask_final_eval_if_done()
         self._probes.pop(rank, None)  # a probe of a worker gone says nothing of whoever takes its rank
         self._probe_memory.pop(rank, None)
         if rank in self._probing:  # the others need not wait for its probe
@@ -502,8 +503,7 @@ class Scheduler:
             self._ask_eval(point, final=False)
         if r.done:
             log.info("worker %d finished after %d steps", r.rank, r.step)
-            if self.progress.all_done and self.job.mode != "bsp":
-                self._ask_eval(EvalPoint(self.progress.samples / self.progress.train_size, None), final=True)
+            self._ask_final_eval_if_done()
             return
         self.run.step(r, self.progress.epochs)
         if self.checkpoints is not None and self.job.mode != "bsp" and not self.registry.plan.stop:
@@ -609,6 +609,13 @@ class Scheduler:
         for m in self.registry.servers:
             transport.reply(self.router, m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop,
                                                       departed=list(departed)))
+
+    def _ask_final_eval_if_done(self) -> None:
+        """ASP/SSP: once every worker present has stopped, by its last report or by leaving the
+        job (found silent after the others had finished), the model is read as the servers hold
+        it. (BSP asks for its final version in advance.)"""
+        if self.job.mode != "bsp" and self.progress.all_done and not self.evals.final_asked:
+            self._ask_eval(EvalPoint(self.progress.samples / self.progress.train_size, None), final=True)
 
     def _ask_eval(self, point: EvalPoint, final: bool) -> None:
         try:
