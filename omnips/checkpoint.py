@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .metrics import fsync_dir, write_json_atomic
+from .metrics import atomic_file, fsync_dir, write_json_atomic
 
 FORMAT = 1
 MAGIC = b"OMNIPS-SHARD\n"
@@ -67,9 +67,8 @@ def write_shard(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> FileIn
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fsync_dir(path.parent.parent)  # the step directory's own entry
-    tmp = path.with_name(path.name + ".tmp")
     digest, size = hashlib.sha256(), 0
-    with open(tmp, "wb") as f:
+    with atomic_file(path, "wb") as f:
         parts = [MAGIC, _LEN.pack(len(header)), header,
                  *(np.ascontiguousarray(a).view(np.uint8) for a in arrays.values())]
         for part in parts:
@@ -77,10 +76,6 @@ def write_shard(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> FileIn
             f.write(part)
             size += len(part) if isinstance(part, bytes) else part.nbytes
         f.write(digest.digest())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
     return FileInfo(size + _DIGEST, digest.hexdigest())
 
 

@@ -19,7 +19,7 @@ from omnips.batching import BatchPlan, memory_batch
 from omnips.checkpoint import Manifest, discard_after, newest_complete
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
-from omnips.metrics import RunDir
+from omnips.metrics import RunDir, atomic_file
 from omnips.protocol import (Ack, Checkpoint, Heartbeat, Params, Plan, Probe, ProtocolError, Register, Report, Restore,
                              Rewind, Saved, Shutdown)
 from omnips.servers import ServerError, ServerGroup
@@ -154,7 +154,12 @@ class Scheduler:
         for member in self.registry.by_peer.values():
             transport.reply(self.router, member.peer, Shutdown(ok=ok, reason=status))
         self.run.event("end", status=status)
-        self.run.write_summary(self._summary(status))
+        self.run.flush()
+        try:
+            self.run.write_summary(self._summary(status))
+        except OSError as exc:
+            log.error("cannot write the summary of the job (%s): %s", status, exc)
+            ok = False
         self.run.close()
         self._close(linger=transport.LINGER_MS)
         return 0 if ok else 1
@@ -689,9 +694,11 @@ class Scheduler:
 
     def _export_model(self) -> None:
         path = Path(self.run.path) / "model.pt"
-        tmp = path.with_name("model.pt.tmp")
-        torch.save(self.flat.module.state_dict(), tmp)
-        os.replace(tmp, path)
+        try:
+            with atomic_file(path, "wb") as f:
+                torch.save(self.flat.module.state_dict(), f)
+        except OSError as exc:
+            raise JobFailed(f"cannot write {path}: {exc}") from None
 
     # -- outputs ------------------------------------------------------------------
     def _summary(self, status: str) -> dict:
@@ -719,4 +726,5 @@ class Scheduler:
             "server_restores": self.restores,
             "resumed_from_step": self.resume.step if self.resume else None,
             "checkpoints": self.checkpoints.complete if self.checkpoints else 0,
+            "events_lost": self.run.events_lost,
         }

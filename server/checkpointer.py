@@ -75,8 +75,12 @@ class ShardWriter:
         try:
             info = checkpoint.write_shard(path, meta, snap.state.arrays)
         except Exception as exc:  # any failure leaves the checkpoint incomplete; the server goes on
-            log.exception("checkpoint %d: writing %s failed", snap.step, path)
-            outcome["error"] = f"writing {path} failed: {exc}"
+            text = f"writing {path} failed: {exc}"
+            if isinstance(exc, OSError):  # a full disk, a quota: said in a line, once a checkpoint
+                log.warning("server %d: checkpoint %d not written: %s", self.rank, snap.step, text)
+            else:
+                log.exception("server %d: checkpoint %d not written: %s", self.rank, snap.step, text)
+            outcome["error"] = text
             return
         log.info("checkpoint %d: wrote %s (%d bytes)", snap.step, path, info.size)
         outcome.update(size=info.size, sha256=info.sha256)

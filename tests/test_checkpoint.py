@@ -88,15 +88,16 @@ def test_a_whole_file_that_is_not_the_manifests_is_refused(tmp_path):
         checkpoint.read_shard(tmp_path / "missing.ckpt")
 
 
-def test_a_failed_write_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+def test_a_failed_write_leaves_the_previous_file_whole_and_no_temporary_file(tmp_path, monkeypatch):
     path, info = written(tmp_path)
 
     def no_rename(src, dst):
-        raise OSError(5, "Input/output error")
+        raise OSError(28, "No space left on device")
     monkeypatch.setattr(checkpoint.os, "replace", no_rename)
     with pytest.raises(OSError):
         checkpoint.write_shard(path, {"rank": 0}, {"values": np.ones(10, np.float32)})
     assert checkpoint.read_shard(path, info)[1]["values"].tolist() == list(range(10))
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # a full disk is left no fuller
 
 
 # -- manifests: complete, newest, pruned ------------------------------------------------------
