@@ -230,22 +230,41 @@ def newest_complete(root: Path) -> tuple[Manifest | None, list[str]]:
     return None, skipped
 
 
-def prune(root: Path, keep: int = KEEP) -> list[Path]:
+def prune(root: Path, keep: int = KEEP, after: int = -1) -> list[Path]:
     """Delete the checkpoint directories older than the `keep` newest with a manifest
-    (incomplete ones among them too); newer ones may still be being written."""
+    (incomplete ones among them too; newer ones may still be being written), of those
+    after step `after` only: a resumed job's writes. What an earlier run left is not
+    this run's to judge."""
     dirs = _step_dirs(root)
     complete = [step for step, path in dirs if (path / MANIFEST).exists()]
     if len(complete) < keep:
         return []
-    return _remove([path for step, path in dirs if step < complete[-keep]])
-
-
-def discard_after(root: Path, step: int) -> list[Path]:
-    """Delete the checkpoint directories newer than `step` (a resumed job's abandoned future)."""
-    return _remove([path for s, path in _step_dirs(root) if s > step])
-
-
-def _remove(paths: list[Path]) -> list[Path]:
+    paths = [path for step, path in dirs if after < step < complete[-keep]]
     for path in paths:
         shutil.rmtree(path)
     return paths
+
+
+def set_aside_after(root: Path, step: int) -> list[tuple[Path, Path]]:
+    """Rename the checkpoint directories newer than `step` (a resumed job's abandoned
+    future, which resuming passed over) out of its way: to step-N.set-aside-incomplete
+    (no manifest) or step-N.set-aside-unverified (a file did not check out when it was
+    read: damaged, or only unreadable then). They are kept as evidence, or to be
+    renamed back. Returns (old, new) paths."""
+    moved = []
+    for s, path in _step_dirs(root):
+        if s > step:
+            why = "unverified" if (path / MANIFEST).exists() else "incomplete"
+            target = _unused(path.with_name(f"{path.name}.set-aside-{why}"))
+            path.rename(target)
+            moved.append((path, target))
+    return moved
+
+
+def _unused(path: Path) -> Path:
+    """`path`, or path-2, path-3, ...: the first that does not exist (a run resumed twice)."""
+    n, candidate = 1, path
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate

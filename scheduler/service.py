@@ -16,7 +16,7 @@ import zmq
 
 from omnips import data, models, protocol, routes, security, transport
 from omnips.batching import BatchPlan, memory_batch
-from omnips.checkpoint import Manifest, discard_after, newest_complete
+from omnips.checkpoint import Manifest, newest_complete, set_aside_after
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
 from omnips.metrics import RunDir, atomic_file
@@ -118,8 +118,9 @@ class Scheduler:
             if resume is None:
                 self.run.write_config(job.to_dict())
             else:
-                for path in discard_after(checkpoints, resume.step):
-                    log.info("removed %s, newer than the checkpoint resumed from", path)
+                for old, new in set_aside_after(checkpoints, resume.step):
+                    log.warning("set aside %s as %s: newer than checkpoint %d resumed from, which passed it over",
+                                old, new.name, resume.step)
         except BaseException:
             self._close(linger=0)
             raise
