@@ -30,6 +30,7 @@ from .divergence import Diverged, LossWatch
 from .evaluation import EvalBook, PendingEval
 from .progress import EvalPoint, Progress
 from .registry import Registry
+from .stopping import STOP_WAIT_S, Stop
 
 log = logging.getLogger("omnips.scheduler")
 
@@ -104,6 +105,8 @@ class Scheduler:
         self._probe_memory: dict[int, int] = {}  # rank -> the batch its free memory holds, from its probe
         self._plan_logged = False
         self._done_at: float | None = None
+        self._stop_asked: str | None = None  # what asked for a stop (request_stop), until it is begun
+        self._stop: Stop | None = None
         self._complete_at = 0.0
         self._next_beat = 0.0
         self.ctx = zmq.Context()
@@ -147,7 +150,16 @@ class Scheduler:
             return self._finish(f"failed: {exc}")
         except KeyboardInterrupt:
             return self._finish("failed: interrupted")
+        if self._stop is not None:
+            return self._finish(self._stop.status(self.progress.steps, model=self.final is not None))
         return self._finish("completed")
+
+    def request_stop(self, why: str) -> None:
+        """From a signal handler: stop the job at the next loop turn, writing the model (and
+        a checkpoint) first; asked again before that begins, end it at once."""
+        if self._stop_asked is not None:
+            raise KeyboardInterrupt
+        self._stop_asked = why
 
     def _finish(self, status: str) -> int:
         ok = status == "completed"
@@ -170,9 +182,15 @@ class Scheduler:
             self.gate.stop()
         self.ctx.destroy(linger=linger)
 
+    def _ended(self) -> bool:
+        done = self.progress.all_done and self.final is not None
+        if self._stop is None:
+            return done
+        return (done and self._stop.saved) or time.monotonic() > self._stop.deadline
+
     def _loop(self) -> None:
         start = time.monotonic()
-        while not (self.progress.all_done and self.final is not None):
+        while not self._ended():
             events = dict(self.poller.poll(POLL_MS))
             now = time.monotonic()
             if self.router in events:
@@ -184,6 +202,8 @@ class Scheduler:
                 for s, sock in enumerate(self.servers.socks):
                     if sock in events:
                         self._on_server(s, transport.recv_frames(sock))
+            if self._stop_asked is not None or self._stop is not None:
+                self._stopping(now)
             self._heartbeat()
             self._check_timeouts(start, now)
 
@@ -227,6 +247,29 @@ class Scheduler:
             raise JobFailed(f"no progress reported for {self.opts.stall_timeout_s:g} s" + self._recovery_hint())
         elif not self.router.poll(0):  # judge silences only with nothing unread
             self._check_silences(now)
+
+    def _stopping(self, now: float) -> None:
+        """A stop was asked (request_stop): the workers stop after their step in flight (the
+        plan that ends an ASP job), and once all have, the model and a checkpoint are asked
+        of the servers (stopping.py). A job that has not trained yet ends at once."""
+        if self._stop is None:
+            trained = self.progress.last_end is not None
+            self._stop = Stop(self._stop_asked, now + (STOP_WAIT_S if trained else 0.0))
+            self._stop_asked = None
+            if trained:
+                log.warning("%s: the workers stop after their step in flight, then %s written (within %g s)",
+                            self._stop.why, "model.pt and a checkpoint are" if self.checkpoints else "model.pt is",
+                            STOP_WAIT_S)
+                plan = self.registry.plan
+                if not plan.stop:
+                    self._send_plan(BatchPlan(plan.gen + 1, plan.batches, stop=True))
+        if self.progress.all_done and not self._stop.saving and now <= self._stop.deadline:
+            self._stop.saving = True
+            if self.job.mode == "bsp":  # (ASP/SSP ask for it as the last worker stops)
+                self._ask_eval(EvalPoint(self.progress.epochs, None), final=True)
+            if self.checkpoints is not None:  # BSP: at the version where every worker stopped
+                steps = self.progress.steps
+                self._stop.checkpoint_req = self._ask_checkpoint(steps, steps if self.job.mode == "bsp" else None)
 
     def _recovery_hint(self) -> str:
         """How the user can go on after a failure, if a checkpoint allows it."""
@@ -635,13 +678,16 @@ class Scheduler:
             step, self._checkpoint_steps = self._checkpoint_steps[0], self._checkpoint_steps[1:]
             self._ask_checkpoint(step, step)
 
-    def _ask_checkpoint(self, step: int, at: int | None) -> None:
+    def _ask_checkpoint(self, step: int, at: int | None) -> int | None:
+        """The request's number, None if it could not be sent."""
         req = self.checkpoints.open(step, *self.progress.restart_point(at))
         try:
             self.servers.broadcast(Checkpoint(req=req, step=step, at=at))
         except zmq.ZMQError as exc:
             del self.checkpoints.pending[req]
             log.warning("checkpoint %d not taken: cannot ask the servers: %s", step, exc)
+            return None
+        return req
 
     def _on_saved(self, s: int, msg: Saved) -> None:
         outcome = self.checkpoints.add(s, msg) if self.checkpoints is not None else None
@@ -649,6 +695,8 @@ class Scheduler:
             return
         step, failure = outcome
         self.run.event("checkpoint", step=step, complete=failure is None, error=failure)
+        if self._stop is not None:
+            self._stop.on_checkpoint(msg.req, step, failure)
         if failure is None:
             log.info("checkpoint %d complete", step)
         else:
@@ -677,6 +725,8 @@ class Scheduler:
             lo, hi = self.registry.ranges[s]
             np.copyto(self.flat.params[lo:hi], msg.data)
         self.flat.load_params()
+        if e.final:  # first: a stop's deadline may come during the evaluation
+            self._export_model()
         acc, loss = models.evaluate(self.flat.module, self.test_batcher, self.test_size, tick=self._heartbeat)
         versions = [e.shards[s].version for s in sorted(e.shards)]
         self.run.event("eval", epoch=e.point.epoch, versions=versions, test_accuracy=acc, test_loss=loss,
@@ -685,7 +735,6 @@ class Scheduler:
         self._diverged(self.losses.on_eval())
         if e.final:
             self.final = (acc, loss)
-            self._export_model()
         self._ask_bsp_evals()
 
     def _diverged(self, verdict: Diverged | None) -> None:
