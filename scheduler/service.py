@@ -165,7 +165,7 @@ class Scheduler:
         ok = status == "completed"
         (log.info if ok else log.error)("job %s", status)
         for member in self.registry.by_peer.values():
-            transport.reply(self.router, member.peer, Shutdown(ok=ok, reason=status))
+            self._tell(member.peer, Shutdown(ok=ok, reason=status))
         self.run.event("end", status=status)
         self.run.flush()
         try:
@@ -214,7 +214,7 @@ class Scheduler:
             return
         self._check_own_silence(now)
         for member in self.registry.by_peer.values():
-            transport.reply(self.router, member.peer, Heartbeat())
+            self._tell(member.peer, Heartbeat())
         self._next_beat = now + self.opts.heartbeat_s
         self.run.flush()
 
@@ -286,14 +286,14 @@ class Scheduler:
         if ckpt is None:
             raise JobFailed(f"server {m.rank} at {m.info.endpoint} {why}" + self._recovery_hint())
         # a server only frozen reads this when it wakes, and ends instead of serving the workers
-        transport.reply(self.router, m.peer, Shutdown(ok=False, reason=f"removed from the job: server {m.rank} {why}"))
+        self._tell(m.peer, Shutdown(ok=False, reason=f"removed from the job: server {m.rank} {why}"))
         self.registry.vacate_server(m.rank)
         self._heard.pop(m.peer, None)
         reached = max((w.next_step or 0 for w in self.progress.workers if w.present), default=0)
         self._recovery = Recovery(ckpt, set(range(self.job.num_servers)), reached)
         for other in self.registry.servers:
             if other.rank != m.rank:
-                transport.reply(self.router, other.peer, Restore(path=str(ckpt.path)))
+                self._tell(other.peer, Restore(path=str(ckpt.path)))
         self._membership(m, "lost", reason=why)
         log.warning("server %d lost (%s): start a server again; the job goes back to step %d", m.rank, why, ckpt.step)
 
@@ -330,7 +330,7 @@ class Scheduler:
         rewind = Rewind(steps=list(ckpt.worker_steps), positions=list(ckpt.positions), plan=plan.to_wire(),
                         servers=endpoints, ipc=self.registry.local_endpoints())
         for w in self.registry.workers.values():
-            transport.reply(self.router, w.peer, rewind)
+            self._tell(w.peer, rewind)
         self.restores += 1
         self.run.event("rewind", step=ckpt.step, worker_steps=list(ckpt.worker_steps),
                        steps_lost=max(0, reached - max(ckpt.worker_steps)), checkpoint=str(ckpt.path))
@@ -362,7 +362,7 @@ class Scheduler:
             msg = protocol.decode(frames)
         except ProtocolError as exc:
             log.warning("refused a message: %s", exc)
-            transport.reply(self.router, peer, protocol.Error(code=exc.code, text=exc.text))
+            self._tell(peer, protocol.Error(code=exc.code, text=exc.text))
             return
         if isinstance(msg, Register) and msg.role == "server" and not self._job_key(frames[0]):
             self._refuse(peer, "bad_key", "a server registers with the key directory 'omnips keygen' made, "
@@ -390,15 +390,18 @@ class Scheduler:
             raise JobFailed(f"{msg.code}: {msg.text}")
         elif isinstance(msg, Heartbeat):
             if msg.echo and peer in self.registry.by_peer:  # at once: whatever we sent it before goes first
-                transport.reply(self.router, peer, Heartbeat(echo=msg.echo))
+                self._tell(peer, Heartbeat(echo=msg.echo))
         else:
             self._refuse(peer, "bad_op", f"the scheduler does not take {msg.OP!r}")
         if peer in self.registry.by_peer:  # registered (now): any word proves it alive
             self._heard[peer] = time.monotonic()
 
+    def _tell(self, peer: bytes, msg: protocol.Message) -> None:
+        transport.reply(self.router, peer, msg, name=lambda: self.registry.describe(peer))
+
     def _refuse(self, peer: bytes, code: str, text: str) -> None:
         log.warning("refused a message: %s: %s", code, text)
-        transport.reply(self.router, peer, protocol.Error(code=code, text=text))
+        self._tell(peer, protocol.Error(code=code, text=text))
 
     def _on_register(self, peer: bytes, msg: Register) -> None:
         if (msg.role == "server" and self.registry.complete and not self.registry.vacant_servers
@@ -406,7 +409,7 @@ class Scheduler:
             self._replace_silent_server()
         servers_before = len(self.registry.servers) == self.job.num_servers
         for to, out in self.registry.register(peer, msg):
-            transport.reply(self.router, to, out)
+            self._tell(to, out)
             if isinstance(out, protocol.Error):
                 log.warning("refused a registration: %s", out.text)
         member = self.registry.by_peer.get(peer)
@@ -434,8 +437,7 @@ class Scheduler:
             self._join(member)
         self.registry.joined.clear()
         for member in self.registry.reseated:  # takes a lost server's shard, from the checkpoint
-            transport.reply(self.router, member.peer,
-                            self.registry.server_welcome(member, restore=str(self._recovery.checkpoint.path)))
+            self._tell(member.peer, self.registry.server_welcome(member, restore=str(self._recovery.checkpoint.path)))
             self._membership(member, "joined", late=True)
         self.registry.reseated.clear()
 
@@ -453,8 +455,8 @@ class Scheduler:
         self.progress.seat(member.rank, joined=True)
         plan = self._membership_plan(sorted(self.registry.workers), "joined")
         self._send_plan(plan)
-        transport.reply(self.router, member.peer,
-                        self.registry.worker_welcome(member, join_gen=plan.gen, start_step=min(steps, default=0)))
+        self._tell(member.peer,
+                   self.registry.worker_welcome(member, join_gen=plan.gen, start_step=min(steps, default=0)))
         self.joined += 1
         self._membership(member, "joined", late=True)
         log.info("worker %d joined from %s: batches %s", member.rank, member.info.host, list(plan.batches))
@@ -467,7 +469,7 @@ class Scheduler:
         member = self.registry.depart(rank)
         self.progress.depart(rank)
         self._heard.pop(member.peer, None)
-        transport.reply(self.router, member.peer, Shutdown(ok=False, reason=f"removed from the job: {why}"))
+        self._tell(member.peer, Shutdown(ok=False, reason=f"removed from the job: {why}"))
         self.lost += 1
         self._membership(member, "lost", reason=why, last_step=last)
         log.warning("worker %d lost (%s) after step %d", rank, why, last)
@@ -600,7 +602,7 @@ class Scheduler:
         plan = self.control.plan
         self._send_plan(plan)
         for m in self.registry.workers.values():
-            transport.reply(self.router, m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop))
+            self._tell(m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop))
 
     def _control(self, r: Report) -> None:
         self.control.on_step(r.rank, r.batch, r.compute_s)
@@ -656,7 +658,7 @@ class Scheduler:
         if self.control is not None:
             self.control.plan = plan
         for m in self.registry.servers:
-            transport.reply(self.router, m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop,
+            self._tell(m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop,
                                                       departed=list(departed)))
 
     def _ask_final_eval_if_done(self) -> None:
