@@ -5,7 +5,6 @@ moves messages between them and the sockets and writes what happened.
 """
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,7 +156,7 @@ class Scheduler:
     def request_stop(self, why: str) -> None:
         """From a signal handler: stop the job at the next loop turn, writing the model (and
         a checkpoint) first; asked again before that begins, end it at once."""
-        if self._stop_asked is not None:
+        if self._stop_asked is not None or self._stop is not None:
             raise KeyboardInterrupt
         self._stop_asked = why
 
@@ -183,10 +182,9 @@ class Scheduler:
         self.ctx.destroy(linger=linger)
 
     def _ended(self) -> bool:
-        done = self.progress.all_done and self.final is not None
         if self._stop is None:
-            return done
-        return (done and self._stop.saved) or time.monotonic() > self._stop.deadline
+            return self.progress.all_done and self.final is not None
+        return (self.final is not None and self._stop.saved) or time.monotonic() > self._stop.deadline
 
     def _loop(self) -> None:
         start = time.monotonic()
@@ -250,11 +248,11 @@ class Scheduler:
 
     def _stopping(self, now: float) -> None:
         """A stop was asked (request_stop): the workers stop after their step in flight (the
-        plan that ends an ASP job), and once all have, the model and a checkpoint are asked
-        of the servers (stopping.py). A job that has not trained yet ends at once."""
+        plan that ends an ASP job), then the model and a checkpoint are asked of the servers
+        (Stop.save_now). A job that has not trained yet ends at once."""
         if self._stop is None:
             trained = self.progress.last_end is not None
-            self._stop = Stop(self._stop_asked, now + (STOP_WAIT_S if trained else 0.0))
+            self._stop = Stop(self._stop_asked, now, STOP_WAIT_S if trained else 0.0)
             self._stop_asked = None
             if trained:
                 log.warning("%s: the workers stop after their step in flight, then %s written (within %g s)",
@@ -263,9 +261,9 @@ class Scheduler:
                 plan = self.registry.plan
                 if not plan.stop:
                     self._send_plan(BatchPlan(plan.gen + 1, plan.batches, stop=True))
-        if self.progress.all_done and not self._stop.saving and now <= self._stop.deadline:
+        if self._stop.save_now(self.progress.all_done, now):
             self._stop.saving = True
-            if self.job.mode == "bsp":  # (ASP/SSP ask for it as the last worker stops)
+            if self.job.mode == "bsp" or not self.evals.final_asked:  # (ASP/SSP: asked as the last worker stops)
                 self._ask_eval(EvalPoint(self.progress.epochs, None), final=True)
             if self.checkpoints is not None:  # BSP: at the version where every worker stopped
                 steps = self.progress.steps

@@ -186,3 +186,12 @@ def test_a_dropped_message_names_its_peer_by_role_rank_and_host(make, caplog):
                        for who in ("server 0", "worker 0", "worker 1")], dropped
     s._depart(1, "silent for 5 s")  # and one it no longer counts as a member
     assert "dropped shutdown to worker 1 on h (pid 0): Host unreachable" in caplog.text
+
+
+def test_a_stop_asked_again_ends_the_job_at_once(make):
+    s = make(num_workers=1, global_batch=60)
+    s.request_stop("SIGTERM")
+    s._stopping(time.monotonic())  # begun: nothing trained yet, so it ends at the next turn
+    assert s._ended() and s._stop.status(0, model=False).startswith("interrupted (SIGTERM)")
+    with pytest.raises(KeyboardInterrupt):
+        s.request_stop("SIGTERM")
