@@ -10,6 +10,7 @@ server keeps serving.
 """
 
 import logging
+import socket
 import threading
 from pathlib import Path
 
@@ -76,10 +77,11 @@ class ShardWriter:
             info = checkpoint.write_shard(path, meta, snap.state.arrays)
         except Exception as exc:  # any failure leaves the checkpoint incomplete; the server goes on
             text = f"writing {path} failed: {exc}"
+            where = f"server {self.rank} on {socket.gethostname()}"
             if isinstance(exc, OSError):  # a full disk, a quota: said in a line, once a checkpoint
-                log.warning("server %d: checkpoint %d not written: %s", self.rank, snap.step, text)
+                log.warning("%s: checkpoint %d not written: %s", where, snap.step, text)
             else:
-                log.exception("server %d: checkpoint %d not written: %s", self.rank, snap.step, text)
+                log.exception("%s: checkpoint %d not written: %s", where, snap.step, text)
             outcome["error"] = text
             return
         log.info("checkpoint %d: wrote %s (%d bytes)", snap.step, path, info.size)
