@@ -80,3 +80,24 @@ def test_a_full_disk_is_reported_in_a_line_and_the_job_goes_on_with_every_event(
         for name in ("scheduler", "server0", "worker0", "worker1"):
             assert "Traceback" not in (logs / f"{name}.log").read_text(), name
         assert torch.load(run_dir / "model.pt").keys()
+
+
+def test_a_disk_full_to_the_end_ends_the_job_cleanly_with_the_reason(tmp_path):
+    job = ["--mode", "bsp", "--max-steps", "150", "--global-batch", "32", "--seed", "2", "--checkpoint-every", "20",
+           "--heartbeat", "0.3"]
+    with small_disk(tmp_path, "8m") as run_dir:
+        with start_cluster(run_dir, job, [WorkerSpec(ms_per_step=20.0)] * 2) as cluster:
+            wait_for_event(run_dir, lambda e: e["event"] == "checkpoint" and e["complete"])
+            fill(run_dir)
+            codes = {name: proc.wait(timeout=120) for name, proc in cluster.procs.items()}  # each by itself
+        logs = run_dir / "logs"
+        log = (logs / "scheduler.log").read_text()
+        assert codes["scheduler"] == 1 and all(code in (0, 1) for code in codes.values()), (codes, log[-3000:])
+        errors = [line.split(" ERROR ", 1)[1] for line in log.splitlines() if " ERROR " in line]
+        assert any(e.startswith(f"job failed: cannot write {run_dir / 'model.pt'}: [Errno 28]") for e in errors), errors
+        assert any(e.startswith("cannot write the summary of the job") for e in errors), errors
+        assert not (run_dir / "summary.json").exists() and not (run_dir / "model.pt").exists()
+        assert not list(run_dir.rglob("*.tmp"))
+        assert (run_dir / "metrics.jsonl").read_bytes().endswith(b"\n")  # whole lines only, none torn
+        for name in codes:
+            assert "Traceback" not in (logs / f"{name}.log").read_text(), name
