@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .metrics import fsync_dir, write_json_atomic
+from .metrics import atomic_file, fsync_dir, write_json_atomic
 
 FORMAT = 1
 MAGIC = b"OMNIPS-SHARD\n"
@@ -67,9 +67,8 @@ def write_shard(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> FileIn
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fsync_dir(path.parent.parent)  # the step directory's own entry
-    tmp = path.with_name(path.name + ".tmp")
     digest, size = hashlib.sha256(), 0
-    with open(tmp, "wb") as f:
+    with atomic_file(path, "wb") as f:
         parts = [MAGIC, _LEN.pack(len(header)), header,
                  *(np.ascontiguousarray(a).view(np.uint8) for a in arrays.values())]
         for part in parts:
@@ -77,10 +76,6 @@ def write_shard(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> FileIn
             f.write(part)
             size += len(part) if isinstance(part, bytes) else part.nbytes
         f.write(digest.digest())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
     return FileInfo(size + _DIGEST, digest.hexdigest())
 
 
@@ -235,22 +230,41 @@ def newest_complete(root: Path) -> tuple[Manifest | None, list[str]]:
     return None, skipped
 
 
-def prune(root: Path, keep: int = KEEP) -> list[Path]:
+def prune(root: Path, keep: int = KEEP, after: int = -1) -> list[Path]:
     """Delete the checkpoint directories older than the `keep` newest with a manifest
-    (incomplete ones among them too); newer ones may still be being written."""
+    (incomplete ones among them too; newer ones may still be being written), of those
+    after step `after` only: a resumed job's writes. What an earlier run left is not
+    this run's to judge."""
     dirs = _step_dirs(root)
     complete = [step for step, path in dirs if (path / MANIFEST).exists()]
     if len(complete) < keep:
         return []
-    return _remove([path for step, path in dirs if step < complete[-keep]])
-
-
-def discard_after(root: Path, step: int) -> list[Path]:
-    """Delete the checkpoint directories newer than `step` (a resumed job's abandoned future)."""
-    return _remove([path for s, path in _step_dirs(root) if s > step])
-
-
-def _remove(paths: list[Path]) -> list[Path]:
+    paths = [path for step, path in dirs if after < step < complete[-keep]]
     for path in paths:
         shutil.rmtree(path)
     return paths
+
+
+def set_aside_after(root: Path, step: int) -> list[tuple[Path, Path]]:
+    """Rename the checkpoint directories newer than `step` (a resumed job's abandoned
+    future, which resuming passed over) out of its way: to step-N.set-aside-incomplete
+    (no manifest) or step-N.set-aside-unverified (a file did not check out when it was
+    read: damaged, or only unreadable then). They are kept as evidence, or to be
+    renamed back. Returns (old, new) paths."""
+    moved = []
+    for s, path in _step_dirs(root):
+        if s > step:
+            why = "unverified" if (path / MANIFEST).exists() else "incomplete"
+            target = _unused(path.with_name(f"{path.name}.set-aside-{why}"))
+            path.rename(target)
+            moved.append((path, target))
+    return moved
+
+
+def _unused(path: Path) -> Path:
+    """`path`, or path-2, path-3, ...: the first that does not exist (a run resumed twice)."""
+    n, candidate = 1, path
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate

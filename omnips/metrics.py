@@ -4,7 +4,10 @@ import json
 import math
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
+
+from .eventlog import EventLog
 
 
 def finite(obj):
@@ -27,17 +30,30 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    """Write to a temporary file, fsync, rename, fsync the directory: readers see the old
-    or the new file whole, and the new one survives a crash once this returns."""
+@contextmanager
+def atomic_file(path: Path, mode: str = "w"):
+    """A file to write `path` through: a temporary sibling, fsynced and renamed over `path`
+    (the directory fsynced) when the block ends, so that readers see the old or the new
+    file whole and the new one survives a crash. A failed write removes it: a full disk
+    is left no fuller."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    with atomic_file(path) as f:
         json.dump(finite(obj), f, indent=2, allow_nan=False)
         f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 class RunDirInUse(RuntimeError):
@@ -61,7 +77,7 @@ class RunDir:
                 raise RunDirInUse(f"run directory {self.path} already holds a run ({used[0]}): "
                                   "choose another --run-dir")
             self.path.mkdir(parents=True, exist_ok=True)
-        self._events = open(events, "a" if resume else "x", buffering=1 << 16)
+        self._events = EventLog(events, new=not resume)
 
     def write_config(self, config: dict) -> None:
         write_json_atomic(self.path / "config.json", config)
@@ -72,7 +88,7 @@ class RunDir:
             line = json.dumps(record, allow_nan=False)
         except ValueError:
             line = json.dumps(finite(record), allow_nan=False)
-        self._events.write(line + "\n")
+        self._events.append(line)
 
     def step(self, r, epoch: float, disturbed: bool = False) -> None:
         """A worker's report (protocol.Report) as its `step` line, at the job's `epoch`;
@@ -85,6 +101,11 @@ class RunDir:
 
     def flush(self) -> None:
         self._events.flush()
+
+    @property
+    def events_lost(self) -> int:
+        """Events not in metrics.jsonl (yet): its writes failed (a full disk)."""
+        return self._events.lost
 
     def write_summary(self, summary: dict) -> None:
         self.flush()

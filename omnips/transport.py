@@ -173,12 +173,13 @@ def send(sock: zmq.Socket, msg: protocol.Message, to: bytes | None = None,
     return sock.send(parts[-1], flags=zmq.NOBLOCK, copy=not zero_copy, track=track and zero_copy)
 
 
-def reply(sock: zmq.Socket, to: bytes, msg: protocol.Message, track: bool = False):
-    """Send to a ROUTER peer; a vanished or flooded peer is logged, never raised."""
+def reply(sock: zmq.Socket, to: bytes, msg: protocol.Message, track: bool = False, name=None):
+    """Send to a ROUTER peer; a vanished or flooded peer is logged, never raised. `name()`
+    says who the peer is (role, rank, host): a ZeroMQ identity says nothing to a reader."""
     try:
         return send(sock, msg, to=to, track=track)
     except zmq.ZMQError as exc:
-        log.warning("dropped %s to peer %r: %s", msg.OP, to, exc.strerror)
+        log.warning("dropped %s to %s: %s", msg.OP, name() if name else f"peer {to!r}", exc.strerror)
         return None
 
 

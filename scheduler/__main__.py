@@ -153,7 +153,8 @@ def main(argv=None) -> int:
     except (FactoryError, ValueError, OSError, RunDirInUse, transport.TransportError) as exc:
         logging.getLogger("omnips.scheduler").error("%s", exc)
         return 1
-    signal.signal(signal.SIGTERM, _interrupt)  # a terminated job still writes its summary
+    # a terminated job (a preemption) writes its model, a checkpoint and its summary first
+    signal.signal(signal.SIGTERM, lambda signum, frame: scheduler.request_stop("SIGTERM"))
     return scheduler.serve()
 
 
@@ -180,10 +181,6 @@ def _given_job_flags(argv) -> dict:
     p.set_defaults(**{name: unset for name in names})
     given = vars(p.parse_args(argv))
     return {name: given[name] for name in names if given[name] is not unset}
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

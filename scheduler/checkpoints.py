@@ -36,6 +36,7 @@ class CheckpointBook:
         self.pending: dict[int, PendingCheckpoint] = {}
         self.complete = 0  # checkpoints this scheduler completed
         self._next_req = 0
+        self.start = start  # the step the job started (resumed) from: checkpoints up to it are an earlier run's
         self._next_step = (start // every + 1) * every  # the first checkpoint after `start`
 
     def bsp_steps(self, total_steps: int) -> range:
@@ -92,7 +93,7 @@ class CheckpointBook:
             shards.append({"range": [lo, hi], "version": a.version, "size": a.size, "sha256": a.sha256})
         checkpoint.write_manifest(directory, entry.step, self.job.to_dict(), shards, entry.worker_steps,
                                   entry.positions)
-        for path in checkpoint.prune(self.root):
+        for path in checkpoint.prune(self.root, after=self.start):
             log.info("removed old checkpoint %s", path)
 
 

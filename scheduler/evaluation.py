@@ -19,9 +19,11 @@ class EvalBook:
         self.num_servers = num_servers
         self.pending: dict[int, PendingEval] = {}
         self._next_req = 0
+        self.final_asked = False
 
     def open(self, point: EvalPoint, final: bool) -> int:
         self._next_req += 1
+        self.final_asked |= final
         self.pending[self._next_req] = PendingEval(point, final)
         return self._next_req
 

@@ -134,6 +134,13 @@ class Progress:
         return due[-1:]  # several crossed at once: one evaluation covers them
 
     @property
+    def steps(self) -> int:
+        """BSP: global steps; ASP/SSP: updates reported."""
+        if self.job.mode == "bsp":
+            return max(w.steps for w in self.workers)
+        return sum(w.steps for w in self.workers)
+
+    @property
     def epochs(self) -> float:
         return self.samples / self.train_size
 
@@ -154,12 +161,10 @@ class Progress:
 
     def summary(self) -> dict:
         wall = self.wall_s
-        steps = (max(w.steps for w in self.workers) if self.job.mode == "bsp"
-                 else sum(w.steps for w in self.workers))
         timed = [w.steps - w.start for w in self.workers]
         updates = sum(timed)
         return {
-            "steps": steps,
+            "steps": self.steps,
             "epochs": self.epochs,
             "samples": self.samples,
             "wall_s": wall,

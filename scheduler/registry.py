@@ -30,6 +30,10 @@ class Member:
     rank: int
     info: Register
 
+    def __str__(self) -> str:
+        """How logs name it (a ZeroMQ identity says nothing to a reader)."""
+        return f"{self.role} {self.rank} on {self.info.host} (pid {self.info.pid})"
+
 
 class Registry:
     def __init__(self, job: JobSpec, num_params: int, num_trained: int, total_steps: int, dead_after_s: float,
@@ -51,6 +55,7 @@ class Registry:
         self.workers: dict[int, Member] = {}  # rank -> the worker in it, once the job started
         self.joined: list[Member] = []  # workers seated after the start: the scheduler welcomes them
         self.by_peer: dict[bytes, Member] = {}
+        self._gone: dict[bytes, Member] = {}  # members lost: a word still sent to one is named
         self.plan: BatchPlan | None = None
 
     @property
@@ -138,14 +143,23 @@ class Registry:
 
     def vacate_server(self, rank: int) -> None:
         """Server `rank` is gone: the next server to register takes its shard."""
-        self.by_peer.pop(self.servers[rank].peer, None)
+        self._gone[self.servers[rank].peer] = self.by_peer.pop(self.servers[rank].peer, self.servers[rank])
         self.vacant_servers.add(rank)
 
     def depart(self, rank: int) -> Member:
         """The worker in `rank` is gone: its rank becomes vacant."""
         member = self.workers.pop(rank)
-        self.by_peer.pop(member.peer, None)
+        self._gone[member.peer] = self.by_peer.pop(member.peer, member)
         return member
+
+    def describe(self, peer: bytes) -> str:
+        """Who `peer` is, in words: role, rank, host and pid."""
+        member = self.by_peer.get(peer) or self._gone.get(peer)
+        if member is None:
+            return f"a peer that has not registered ({peer!r})"
+        if member in self.waiting:  # its rank is given when the job starts
+            return f"{member.role} on {member.info.host} (pid {member.info.pid}), not ranked yet"
+        return str(member)
 
     def static_batches(self, ranks: list[int]) -> tuple[int, ...]:
         """The split among the workers in `ranks` by --batching uniform or by declared capacity."""

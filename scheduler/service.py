@@ -5,7 +5,6 @@ moves messages between them and the sockets and writes what happened.
 """
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,10 +15,10 @@ import zmq
 
 from omnips import data, models, protocol, routes, security, transport
 from omnips.batching import BatchPlan, memory_batch
-from omnips.checkpoint import Manifest, discard_after, newest_complete
+from omnips.checkpoint import Manifest, newest_complete, set_aside_after
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
-from omnips.metrics import RunDir
+from omnips.metrics import RunDir, atomic_file
 from omnips.protocol import (Ack, Checkpoint, Heartbeat, Params, Plan, Probe, ProtocolError, Register, Report, Restore,
                              Rewind, Saved, Shutdown)
 from omnips.servers import ServerError, ServerGroup
@@ -31,6 +30,7 @@ from .divergence import Diverged, LossWatch
 from .evaluation import EvalBook, PendingEval
 from .progress import EvalPoint, Progress
 from .registry import Registry
+from .stopping import STOP_WAIT_S, Stop
 
 log = logging.getLogger("omnips.scheduler")
 
@@ -106,6 +106,8 @@ class Scheduler:
         self._probe_memory: dict[int, int] = {}  # rank -> the batch its free memory holds, from its probe
         self._plan_logged = False
         self._done_at: float | None = None
+        self._stop_asked: str | None = None  # what asked for a stop (request_stop), until it is begun
+        self._stop: Stop | None = None
         self._complete_at = 0.0
         self._next_beat = 0.0
         self.ctx = zmq.Context()
@@ -120,8 +122,9 @@ class Scheduler:
             if resume is None:
                 self.run.write_config(job.to_dict())
             else:
-                for path in discard_after(checkpoints, resume.step):
-                    log.info("removed %s, newer than the checkpoint resumed from", path)
+                for old, new in set_aside_after(checkpoints, resume.step):
+                    log.warning("set aside %s as %s: newer than checkpoint %d resumed from, which passed it over",
+                                old, new.name, resume.step)
         except BaseException:
             self._close(linger=0)
             raise
@@ -148,15 +151,29 @@ class Scheduler:
             return self._finish(f"failed: {exc}")
         except KeyboardInterrupt:
             return self._finish("failed: interrupted")
+        if self._stop is not None:
+            return self._finish(self._stop.status(self.progress.steps, model=self.final is not None))
         return self._finish("completed")
+
+    def request_stop(self, why: str) -> None:
+        """From a signal handler: stop the job at the next loop turn, writing the model (and
+        a checkpoint) first; asked again before that begins, end it at once."""
+        if self._stop_asked is not None or self._stop is not None:
+            raise KeyboardInterrupt
+        self._stop_asked = why
 
     def _finish(self, status: str) -> int:
         ok = status == "completed"
         (log.info if ok else log.error)("job %s", status)
         for member in self.registry.by_peer.values():
-            transport.reply(self.router, member.peer, Shutdown(ok=ok, reason=status))
+            self._tell(member.peer, Shutdown(ok=ok, reason=status))
         self.run.event("end", status=status)
-        self.run.write_summary(self._summary(status))
+        self.run.flush()
+        try:
+            self.run.write_summary(self._summary(status))
+        except OSError as exc:
+            log.error("cannot write the summary of the job (%s): %s", status, exc)
+            ok = False
         self.run.close()
         self._close(linger=transport.LINGER_MS)
         return 0 if ok else 1
@@ -166,9 +183,14 @@ class Scheduler:
             self.gate.stop()
         self.ctx.destroy(linger=linger)
 
+    def _ended(self) -> bool:
+        if self._stop is None:
+            return self.progress.all_done and self.final is not None
+        return (self.final is not None and self._stop.saved) or time.monotonic() > self._stop.deadline
+
     def _loop(self) -> None:
         start = time.monotonic()
-        while not (self.progress.all_done and self.final is not None):
+        while not self._ended():
             events = dict(self.poller.poll(POLL_MS))
             now = time.monotonic()
             if self.router in events:
@@ -180,6 +202,8 @@ class Scheduler:
                 for s, sock in enumerate(self.servers.socks):
                     if sock in events:
                         self._on_server(s, transport.recv_frames(sock))
+            if self._stop_asked is not None or self._stop is not None:
+                self._stopping(now)
             self._heartbeat()
             self._check_timeouts(start, now)
 
@@ -190,7 +214,7 @@ class Scheduler:
             return
         self._check_own_silence(now)
         for member in self.registry.by_peer.values():
-            transport.reply(self.router, member.peer, Heartbeat())
+            self._tell(member.peer, Heartbeat())
         self._next_beat = now + self.opts.heartbeat_s
         self.run.flush()
 
@@ -224,6 +248,29 @@ class Scheduler:
         elif not self.router.poll(0):  # judge silences only with nothing unread
             self._check_silences(now)
 
+    def _stopping(self, now: float) -> None:
+        """A stop was asked (request_stop): the workers stop after their step in flight (the
+        plan that ends an ASP job), then the model and a checkpoint are asked of the servers
+        (Stop.save_now). A job that has not trained yet ends at once."""
+        if self._stop is None:
+            trained = self.progress.last_end is not None
+            self._stop = Stop(self._stop_asked, now, STOP_WAIT_S if trained else 0.0)
+            self._stop_asked = None
+            if trained:
+                log.warning("%s: the workers stop after their step in flight, then %s written (within %g s)",
+                            self._stop.why, "model.pt and a checkpoint are" if self.checkpoints else "model.pt is",
+                            STOP_WAIT_S)
+                plan = self.registry.plan
+                if not plan.stop:
+                    self._send_plan(BatchPlan(plan.gen + 1, plan.batches, stop=True))
+        if self._stop.save_now(self.progress.all_done, now):
+            self._stop.saving = True
+            if self.job.mode == "bsp" or not self.evals.final_asked:  # (ASP/SSP: asked as the last worker stops)
+                self._ask_eval(EvalPoint(self.progress.epochs, None), final=True)
+            if self.checkpoints is not None:  # BSP: at the version where every worker stopped
+                steps = self.progress.steps
+                self._stop.checkpoint_req = self._ask_checkpoint(steps, steps if self.job.mode == "bsp" else None)
+
     def _recovery_hint(self) -> str:
         """How the user can go on after a failure, if a checkpoint allows it."""
         if self.checkpoints is None or not self.checkpoints.complete:
@@ -239,14 +286,14 @@ class Scheduler:
         if ckpt is None:
             raise JobFailed(f"server {m.rank} at {m.info.endpoint} {why}" + self._recovery_hint())
         # a server only frozen reads this when it wakes, and ends instead of serving the workers
-        transport.reply(self.router, m.peer, Shutdown(ok=False, reason=f"removed from the job: server {m.rank} {why}"))
+        self._tell(m.peer, Shutdown(ok=False, reason=f"removed from the job: server {m.rank} {why}"))
         self.registry.vacate_server(m.rank)
         self._heard.pop(m.peer, None)
         reached = max((w.next_step or 0 for w in self.progress.workers if w.present), default=0)
         self._recovery = Recovery(ckpt, set(range(self.job.num_servers)), reached)
         for other in self.registry.servers:
             if other.rank != m.rank:
-                transport.reply(self.router, other.peer, Restore(path=str(ckpt.path)))
+                self._tell(other.peer, Restore(path=str(ckpt.path)))
         self._membership(m, "lost", reason=why)
         log.warning("server %d lost (%s): start a server again; the job goes back to step %d", m.rank, why, ckpt.step)
 
@@ -283,7 +330,7 @@ class Scheduler:
         rewind = Rewind(steps=list(ckpt.worker_steps), positions=list(ckpt.positions), plan=plan.to_wire(),
                         servers=endpoints, ipc=self.registry.local_endpoints())
         for w in self.registry.workers.values():
-            transport.reply(self.router, w.peer, rewind)
+            self._tell(w.peer, rewind)
         self.restores += 1
         self.run.event("rewind", step=ckpt.step, worker_steps=list(ckpt.worker_steps),
                        steps_lost=max(0, reached - max(ckpt.worker_steps)), checkpoint=str(ckpt.path))
@@ -315,7 +362,7 @@ class Scheduler:
             msg = protocol.decode(frames)
         except ProtocolError as exc:
             log.warning("refused a message: %s", exc)
-            transport.reply(self.router, peer, protocol.Error(code=exc.code, text=exc.text))
+            self._tell(peer, protocol.Error(code=exc.code, text=exc.text))
             return
         if isinstance(msg, Register) and msg.role == "server" and not self._job_key(frames[0]):
             self._refuse(peer, "bad_key", "a server registers with the key directory 'omnips keygen' made, "
@@ -343,15 +390,18 @@ class Scheduler:
             raise JobFailed(f"{msg.code}: {msg.text}")
         elif isinstance(msg, Heartbeat):
             if msg.echo and peer in self.registry.by_peer:  # at once: whatever we sent it before goes first
-                transport.reply(self.router, peer, Heartbeat(echo=msg.echo))
+                self._tell(peer, Heartbeat(echo=msg.echo))
         else:
             self._refuse(peer, "bad_op", f"the scheduler does not take {msg.OP!r}")
         if peer in self.registry.by_peer:  # registered (now): any word proves it alive
             self._heard[peer] = time.monotonic()
 
+    def _tell(self, peer: bytes, msg: protocol.Message) -> None:
+        transport.reply(self.router, peer, msg, name=lambda: self.registry.describe(peer))
+
     def _refuse(self, peer: bytes, code: str, text: str) -> None:
         log.warning("refused a message: %s: %s", code, text)
-        transport.reply(self.router, peer, protocol.Error(code=code, text=text))
+        self._tell(peer, protocol.Error(code=code, text=text))
 
     def _on_register(self, peer: bytes, msg: Register) -> None:
         if (msg.role == "server" and self.registry.complete and not self.registry.vacant_servers
@@ -359,7 +409,7 @@ class Scheduler:
             self._replace_silent_server()
         servers_before = len(self.registry.servers) == self.job.num_servers
         for to, out in self.registry.register(peer, msg):
-            transport.reply(self.router, to, out)
+            self._tell(to, out)
             if isinstance(out, protocol.Error):
                 log.warning("refused a registration: %s", out.text)
         member = self.registry.by_peer.get(peer)
@@ -387,8 +437,7 @@ class Scheduler:
             self._join(member)
         self.registry.joined.clear()
         for member in self.registry.reseated:  # takes a lost server's shard, from the checkpoint
-            transport.reply(self.router, member.peer,
-                            self.registry.server_welcome(member, restore=str(self._recovery.checkpoint.path)))
+            self._tell(member.peer, self.registry.server_welcome(member, restore=str(self._recovery.checkpoint.path)))
             self._membership(member, "joined", late=True)
         self.registry.reseated.clear()
 
@@ -406,8 +455,8 @@ class Scheduler:
         self.progress.seat(member.rank, joined=True)
         plan = self._membership_plan(sorted(self.registry.workers), "joined")
         self._send_plan(plan)
-        transport.reply(self.router, member.peer,
-                        self.registry.worker_welcome(member, join_gen=plan.gen, start_step=min(steps, default=0)))
+        self._tell(member.peer,
+                   self.registry.worker_welcome(member, join_gen=plan.gen, start_step=min(steps, default=0)))
         self.joined += 1
         self._membership(member, "joined", late=True)
         log.info("worker %d joined from %s: batches %s", member.rank, member.info.host, list(plan.batches))
@@ -420,7 +469,7 @@ class Scheduler:
         member = self.registry.depart(rank)
         self.progress.depart(rank)
         self._heard.pop(member.peer, None)
-        transport.reply(self.router, member.peer, Shutdown(ok=False, reason=f"removed from the job: {why}"))
+        self._tell(member.peer, Shutdown(ok=False, reason=f"removed from the job: {why}"))
         self.lost += 1
         self._membership(member, "lost", reason=why, last_step=last)
         log.warning("worker %d lost (%s) after step %d", rank, why, last)
@@ -430,6 +479,7 @@ class Scheduler:
         if not plan.stop:
             plan = self._membership_plan(sorted(self.registry.workers), "lost")
         self._send_plan(plan, departed=[[rank, last]])
+        self._ask_final_eval_if_done()
         self._probes.pop(rank, None)  # a probe of a worker gone says nothing of whoever takes its rank
         self._probe_memory.pop(rank, None)
         if rank in self._probing:  # the others need not wait for its probe
@@ -504,8 +554,7 @@ class Scheduler:
             self._ask_eval(point, final=False)
         if r.done:
             log.info("worker %d finished after %d steps", r.rank, r.step)
-            if self.progress.all_done and self.job.mode != "bsp":
-                self._ask_eval(EvalPoint(self.progress.samples / self.progress.train_size, None), final=True)
+            self._ask_final_eval_if_done()
             return
         disturbed = self.disturbances.touches(time.monotonic(), r.compute_s + r.network_s + r.wait_s)
         self.run.step(r, self.progress.epochs, disturbed)
@@ -554,7 +603,7 @@ class Scheduler:
         plan = self.control.plan
         self._send_plan(plan)
         for m in self.registry.workers.values():
-            transport.reply(self.router, m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop))
+            self._tell(m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop))
 
     def _control(self, r: Report, disturbed: bool) -> None:
         if not disturbed:
@@ -611,8 +660,15 @@ class Scheduler:
         if self.control is not None:
             self.control.plan = plan
         for m in self.registry.servers:
-            transport.reply(self.router, m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop,
+            self._tell(m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop,
                                                       departed=list(departed)))
+
+    def _ask_final_eval_if_done(self) -> None:
+        """ASP/SSP: once every worker present has stopped, by its last report or by leaving the
+        job (found silent after the others had finished), the model is read as the servers hold
+        it. (BSP asks for its final version in advance.)"""
+        if self.job.mode != "bsp" and self.progress.all_done and not self.evals.final_asked:
+            self._ask_eval(EvalPoint(self.progress.samples / self.progress.train_size, None), final=True)
 
     def _ask_eval(self, point: EvalPoint, final: bool) -> None:
         try:
@@ -626,13 +682,16 @@ class Scheduler:
             step, self._checkpoint_steps = self._checkpoint_steps[0], self._checkpoint_steps[1:]
             self._ask_checkpoint(step, step)
 
-    def _ask_checkpoint(self, step: int, at: int | None) -> None:
+    def _ask_checkpoint(self, step: int, at: int | None) -> int | None:
+        """The request's number, None if it could not be sent."""
         req = self.checkpoints.open(step, *self.progress.restart_point(at))
         try:
             self.servers.broadcast(Checkpoint(req=req, step=step, at=at))
         except zmq.ZMQError as exc:
             del self.checkpoints.pending[req]
             log.warning("checkpoint %d not taken: cannot ask the servers: %s", step, exc)
+            return None
+        return req
 
     def _on_saved(self, s: int, msg: Saved) -> None:
         now = time.monotonic()
@@ -642,6 +701,8 @@ class Scheduler:
             return
         step, failure = outcome
         self.run.event("checkpoint", step=step, complete=failure is None, error=failure)
+        if self._stop is not None:
+            self._stop.on_checkpoint(msg.req, step, failure)
         if failure is None:
             log.info("checkpoint %d complete", step)
         else:
@@ -671,6 +732,8 @@ class Scheduler:
             lo, hi = self.registry.ranges[s]
             np.copyto(self.flat.params[lo:hi], msg.data)
         self.flat.load_params()
+        if e.final:  # first: a stop's deadline may come during the evaluation
+            self._export_model()
         acc, loss = models.evaluate(self.flat.module, self.test_batcher, self.test_size, tick=self._heartbeat)
         self.disturbances.add(start, time.monotonic())
         versions = [e.shards[s].version for s in sorted(e.shards)]
@@ -680,7 +743,6 @@ class Scheduler:
         self._diverged(self.losses.on_eval())
         if e.final:
             self.final = (acc, loss)
-            self._export_model()
         self._ask_bsp_evals()
 
     def _diverged(self, verdict: Diverged | None) -> None:
@@ -690,9 +752,11 @@ class Scheduler:
 
     def _export_model(self) -> None:
         path = Path(self.run.path) / "model.pt"
-        tmp = path.with_name("model.pt.tmp")
-        torch.save(self.flat.module.state_dict(), tmp)
-        os.replace(tmp, path)
+        try:
+            with atomic_file(path, "wb") as f:
+                torch.save(self.flat.module.state_dict(), f)
+        except OSError as exc:
+            raise JobFailed(f"cannot write {path}: {exc}") from None
 
     # -- outputs ------------------------------------------------------------------
     def _summary(self, status: str) -> dict:
@@ -720,4 +784,5 @@ class Scheduler:
             "server_restores": self.restores,
             "resumed_from_step": self.resume.step if self.resume else None,
             "checkpoints": self.checkpoints.complete if self.checkpoints else 0,
+            "events_lost": self.run.events_lost,
         }

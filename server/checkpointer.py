@@ -10,6 +10,7 @@ server keeps serving.
 """
 
 import logging
+import socket
 import threading
 import time
 from pathlib import Path
@@ -77,8 +78,13 @@ class ShardWriter:
         try:
             info = checkpoint.write_shard(path, meta, snap.state.arrays)
         except Exception as exc:  # any failure leaves the checkpoint incomplete; the server goes on
-            log.exception("checkpoint %d: writing %s failed", snap.step, path)
-            outcome.update(error=f"writing {path} failed: {exc}", write_s=time.monotonic() - start)
+            text = f"writing {path} failed: {exc}"
+            where = f"server {self.rank} on {socket.gethostname()}"
+            if isinstance(exc, OSError):  # a full disk, a quota: said in a line, once a checkpoint
+                log.warning("%s: checkpoint %d not written: %s", where, snap.step, text)
+            else:
+                log.exception("%s: checkpoint %d not written: %s", where, snap.step, text)
+            outcome.update(error=text, write_s=time.monotonic() - start)
             return
         log.info("checkpoint %d: wrote %s (%d bytes)", snap.step, path, info.size)
         outcome.update(size=info.size, sha256=info.sha256, write_s=time.monotonic() - start)

@@ -109,7 +109,8 @@ def _serve(router, core: ShardCore, outbox: Outbox, writer: checkpointer.ShardWr
         msg = protocol.decode(frames)
     except ProtocolError as exc:
         log.warning("refused a message: %s", exc)
-        transport.reply(router, peer.bytes, protocol.Error(code=exc.code, text=exc.text))
+        transport.reply(router, peer.bytes, protocol.Error(code=exc.code, text=exc.text),
+                        name=lambda: core.describe(peer.bytes))
         return
     if isinstance(msg, (Push, Init)):
         if _unread(router, outbox, peer.bytes, msg.OP):
@@ -202,7 +203,8 @@ def _send(router, core: ShardCore, replies, outbox: Outbox, writer: checkpointer
             if isinstance(msg, Params):
                 core.ready(msg.offset + msg.data.size)
             # (a snapshot is a copy that nothing changes: not waited for)
-            tracker = transport.reply(router, out.to, msg, track=isinstance(msg, Params) and not out.snapshot)
+            tracker = transport.reply(router, out.to, msg, track=isinstance(msg, Params) and not out.snapshot,
+                                      name=lambda: core.describe(out.to))
             if tracker is not None:
                 outbox.add(out.to, tracker)
     core.ready(core.n)  # a step whose replies wait (SSP) or were refused a send is still written now

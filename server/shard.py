@@ -164,6 +164,11 @@ class ShardCore:
             return self._init(peer, msg, now)
         return [_error(peer, "bad_op", f"a server does not take {msg.OP!r} from workers")]
 
+    def describe(self, peer: bytes) -> str:
+        """Who `peer` is, for a log line: the worker whose pushes come from it."""
+        rank = next((r for r, p in self._owner.items() if p == peer), None)
+        return f"worker {rank}" if rank is not None else f"a connection that has not pushed ({peer!r})"
+
     @property
     def parts_joined(self) -> int:
         """Pushes that came in parts (sent while the worker's backward ran) and were joined."""

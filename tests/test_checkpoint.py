@@ -88,15 +88,16 @@ def test_a_whole_file_that_is_not_the_manifests_is_refused(tmp_path):
         checkpoint.read_shard(tmp_path / "missing.ckpt")
 
 
-def test_a_failed_write_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+def test_a_failed_write_leaves_the_previous_file_whole_and_no_temporary_file(tmp_path, monkeypatch):
     path, info = written(tmp_path)
 
     def no_rename(src, dst):
-        raise OSError(5, "Input/output error")
+        raise OSError(28, "No space left on device")
     monkeypatch.setattr(checkpoint.os, "replace", no_rename)
     with pytest.raises(OSError):
         checkpoint.write_shard(path, {"rank": 0}, {"values": np.ones(10, np.float32)})
     assert checkpoint.read_shard(path, info)[1]["values"].tolist() == list(range(10))
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # a full disk is left no fuller
 
 
 # -- manifests: complete, newest, pruned ------------------------------------------------------
@@ -144,27 +145,34 @@ def test_a_manifest_that_is_not_json_is_refused(tmp_path, text):
 
 
 @settings(max_examples=40, deadline=None)
-@given(dirs=st.dictionaries(st.integers(0, 60), st.booleans(), max_size=8))
-def test_prune_keeps_the_two_newest_complete_and_everything_newer(dirs):
+@given(dirs=st.dictionaries(st.integers(0, 60), st.booleans(), max_size=8), after=st.integers(-1, 60))
+def test_prune_keeps_the_two_newest_complete_everything_newer_and_an_earlier_runs(dirs, after):
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for step, complete in dirs.items():
             checkpoint.step_dir(root, step).mkdir()
             if complete:
                 (checkpoint.step_dir(root, step) / checkpoint.MANIFEST).write_text("{}")
-        removed = checkpoint.prune(root)
+        removed = checkpoint.prune(root, after=after)
         left = sorted(int(p.name.split("-")[1]) for p in root.iterdir())
         complete = sorted(s for s, c in dirs.items() if c)
         if len(complete) < checkpoint.KEEP:
             assert removed == [] and left == sorted(dirs)
         else:
-            assert left == [s for s in sorted(dirs) if s >= complete[-checkpoint.KEEP]]
+            assert left == [s for s in sorted(dirs) if s <= after or s >= complete[-checkpoint.KEEP]]
         assert sorted(int(p.name.split("-")[1]) for p in removed) == sorted(set(dirs) - set(left))
 
 
-def test_discard_after_removes_only_newer_checkpoints(tmp_path):
-    for step in (5, 10, 15):
-        make_checkpoint(tmp_path, step, complete=step != 15)
+def test_set_aside_after_renames_newer_checkpoints_and_deletes_nothing(tmp_path):
+    for step in (5, 10, 15, 20):
+        make_checkpoint(tmp_path, step, complete=step != 20)
     (tmp_path / "step-x").mkdir()  # not a checkpoint: left alone
-    assert checkpoint.discard_after(tmp_path, 10) == [checkpoint.step_dir(tmp_path, 15)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-10", "step-5", "step-x"]
+    (tmp_path / "step-15.set-aside-unverified").mkdir()  # set aside by an earlier resume
+    moved = checkpoint.set_aside_after(tmp_path, 10)
+    assert [(old.name, new.name) for old, new in moved] == [("step-15", "step-15.set-aside-unverified-2"),
+                                                             ("step-20", "step-20.set-aside-incomplete")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-10", "step-15.set-aside-unverified",
+                                                          "step-15.set-aside-unverified-2",
+                                                          "step-20.set-aside-incomplete", "step-5", "step-x"]
+    assert checkpoint.read_manifest(tmp_path / "step-15.set-aside-unverified-2").step == 15  # whole
+    assert checkpoint.newest_complete(tmp_path)[0].step == 10  # out of a later resume's way

@@ -5,10 +5,11 @@ from collections import defaultdict
 from contextlib import ExitStack
 
 import pytest
+import torch
 
 from omnips.launch import WorkerSpec
 
-from helpers import finish, start_cluster, stopped, wait_for_event, wait_for_steps
+from helpers import finish, in_log, start_cluster, stopped, wait_for_event, wait_for_steps
 
 LIVENESS = ["--heartbeat", "0.3", "--dead-after", "3"]  # short, with room for a loaded host
 # a joiner's process may take longer to start (torch import on a loaded host) than the job has
@@ -102,6 +103,34 @@ def test_a_killed_ssp_worker_does_not_hold_the_others(tmp_path):
     assert s["final_batches"][1] == 0 and sum(s["final_batches"]) == 30
     lost_at = next(e["t"] for e in run.events if e["event"] == "membership" and e["change"] == "lost")
     assert any(e["event"] == "step" and e["worker"] == 0 and e["t"] > lost_at for e in run.events)
+
+
+def test_an_asp_worker_lost_after_the_others_finished_still_ends_the_job_with_its_model(tmp_path):
+    # worker 2 freezes near the end; the others take the rest of the sample budget and report
+    # done before it is found silent: its loss is what completes the job, and asks the final evaluation
+    run_dir = tmp_path / "run"
+    job = ["--mode", "asp", "--max-steps", "200", "--global-batch", "48", "--lr", "0.02", "--seed", "5",
+           "--heartbeat", "0.3", "--dead-after", "10"]
+    with start_cluster(run_dir, job, [WorkerSpec(ms_per_step=15.0)] * 3) as cluster:
+        wait_for_steps(run_dir, 3 * 150)  # of about 3 x 200
+        victim = cluster.procs["worker2"]
+        with stopped(victim):
+            log = run_dir / "logs" / "scheduler.log"
+            for rank in (0, 1):
+                in_log(log, f"worker {rank} finished")
+            assert "worker 2 lost" not in log.read_text(), "worker 2 was found silent before the others finished"
+            victim.send_signal(signal.SIGKILL)
+        run = finish(cluster, expect_ok=False)
+    assert run.code == 0, run.logs()
+    s = run.summary
+    assert s["status"] == "completed" and s["workers_lost"] == 1 and s["samples"] >= 200 * 48
+    assert s["final_test_accuracy"] is not None and s["final_test_accuracy"] >= 0.8
+    kinds = [(e["event"], e.get("change"), e.get("final")) for e in run.events]
+    assert kinds.index(("membership", "lost", None)) < kinds.index(("eval", None, True))
+    state = torch.load(run_dir / "model.pt")
+    assert state and all(torch.isfinite(v).all() for v in state.values())
+    codes = run.cluster.exit_codes()
+    assert codes["worker2"] == -signal.SIGKILL and all(codes[n] == 0 for n in codes if n != "worker2"), codes
 
 
 def test_a_worker_lost_during_the_probe_does_not_hold_the_others(tmp_path):

@@ -138,6 +138,25 @@ def test_resume_point_is_the_newest_complete_checkpoint(tmp_path, caplog):
     assert f"passed over a checkpoint: checkpoint file {damaged.resolve()} has 136 bytes" in caplog.text
 
 
+def test_resume_sets_aside_the_checkpoints_it_passes_over_and_deletes_none(tmp_path):
+    run_dir = resumable(tmp_path / "run")  # complete checkpoints at steps 5 and 10
+    root = run_dir / "checkpoints"
+    good = make_checkpoint(root, 15)
+    (good / checkpoint.shard_name(1)).rename(tmp_path / "away.ckpt")  # unreadable for now (moved aside)
+    make_checkpoint(root, 20, complete=False)
+    done = subprocess.run([sys.executable, "-m", "scheduler", "--resume", str(run_dir), "--register-timeout", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert "resuming from checkpoint" in done.stderr and "(step 10)" in done.stderr, done.stderr
+    assert sorted(p.name for p in root.iterdir()) == ["step-10", "step-15.set-aside-unverified",
+                                                      "step-20.set-aside-incomplete", "step-5"]
+    said = [line for line in done.stderr.splitlines() if "set aside" in line]
+    assert len(said) == 2 and all("newer than checkpoint 10 resumed from" in line for line in said), said
+    # step 15 is whole: with its file back it is a complete checkpoint again
+    kept = root / "step-15.set-aside-unverified"
+    (tmp_path / "away.ckpt").rename(kept / checkpoint.shard_name(1))
+    checkpoint.read_manifest(kept).verify()
+
+
 def welcomes(registry: Registry) -> list[dict]:
     """The welcomes' cluster fields, servers' first, once two servers and two workers registered."""
     out = []
@@ -242,8 +261,12 @@ def test_a_killed_job_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(t
     abandoned.mkdir()
     (abandoned / checkpoint.shard_name(0)).write_bytes(b"half a shard")
 
+    earlier = sorted(checkpoint.read_manifest(p).step for p in (run_dir / "checkpoints").iterdir()
+                     if (p / checkpoint.MANIFEST).exists())
+
     _resume(run_dir, "--checkpoint-every", str(EVERY))
-    assert not abandoned.exists()  # checkpoint directories newer than the one resumed from are deleted
+    # checkpoint directories newer than the one resumed from are set aside, not deleted
+    assert not abandoned.exists() and (abandoned.parent / "step-95.set-aside-incomplete" / "shard-0.ckpt").exists()
     s = json.loads((run_dir / "summary.json").read_text())
     events = read_events(run_dir)
     (resume,) = [i for i, e in enumerate(events) if e["event"] == "resume"]
@@ -258,7 +281,8 @@ def test_a_killed_job_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(t
     assert s["final_test_accuracy"] >= 0.90
     complete = [checkpoint.read_manifest(p) for p in (run_dir / "checkpoints").iterdir()
                 if (p / checkpoint.MANIFEST).exists()]
-    assert sorted(c.step for c in complete) == [75, 80]  # older ones pruned; 85 failed
+    # its own older ones pruned (85 failed), the killed run's left as they were
+    assert sorted(c.step for c in complete) == [c for c in earlier if c <= step] + [75, 80]
     assert all(shard["version"] == c.step for c in complete for shard in c.shards)  # all at one version
     (failed,) = [e for e in events[resume:] if e["event"] == "checkpoint" and not e["complete"]]
     assert failed["step"] == 85 and "server 0: writing" in failed["error"] and "server 1: writing" in failed["error"]

@@ -174,3 +174,24 @@ def test_a_heartbeat_asking_for_an_echo_is_echoed_to_a_member_at_once(make, monk
     s._on_message(b"S", Heartbeat(echo=7))
     s._on_message(b"X", Heartbeat(echo=8))  # not a member (a server already removed): no answer
     assert sent == [(b"S", Heartbeat(echo=7))]
+
+
+def test_a_dropped_message_names_its_peer_by_role_rank_and_host(make, caplog):
+    s = make(num_workers=2, global_batch=60)
+    for r in range(2):
+        register(s, b"W%d" % r, "worker", r)
+    s._heartbeat()  # nobody is connected: every heartbeat is dropped
+    dropped = sorted(r.getMessage() for r in caplog.records if r.getMessage().startswith("dropped heartbeat"))
+    assert dropped == [f"dropped heartbeat to {who} on h (pid 0): Host unreachable"
+                       for who in ("server 0", "worker 0", "worker 1")], dropped
+    s._depart(1, "silent for 5 s")  # and one it no longer counts as a member
+    assert "dropped shutdown to worker 1 on h (pid 0): Host unreachable" in caplog.text
+
+
+def test_a_stop_asked_again_ends_the_job_at_once(make):
+    s = make(num_workers=1, global_batch=60)
+    s.request_stop("SIGTERM")
+    s._stopping(time.monotonic())  # begun: nothing trained yet, so it ends at the next turn
+    assert s._ended() and s._stop.status(0, model=False).startswith("interrupted (SIGTERM)")
+    with pytest.raises(KeyboardInterrupt):
+        s.request_stop("SIGTERM")

@@ -572,3 +572,10 @@ def test_detach_leaves_queued_replies_as_sent_and_the_updates_as_they_would_be(o
     assert detached.values.tobytes() == kept.values.tobytes() and detached.detached == 3
     for a, b in zip(kept.state().arrays.values(), detached.state().arrays.values()):
         assert a.tobytes() == b.tobytes()
+
+
+def test_a_log_line_names_a_connection_by_the_worker_that_pushes_from_it():
+    core = make_core(mode="asp", init=[0.0] * 6)
+    core.handle(PEERS[2], push(2, 0, [0.1] * 6), 0.0)
+    assert core.describe(PEERS[2]) == "worker 2"
+    assert core.describe(PEERS[1]) == "a connection that has not pushed (b'w1')"

@@ -189,12 +189,15 @@ def test_writer_writes_in_the_background_and_the_server_restores_from_it(tmp_pat
         checkpointer.load(core_for("bsp", dict(momentum=0.9), init=False), str(shard.parent), 0, 0, 5)
 
 
-def test_a_failed_write_is_answered_and_the_server_goes_on(tmp_path):
+def test_a_failed_write_is_answered_said_in_one_line_and_the_server_goes_on(tmp_path, caplog):
     (tmp_path / "step-2").write_text("a file where the directory should be")
     writer = checkpointer.ShardWriter(tmp_path, rank=0, lo=0, hi=6)
     writer.submit(_snap(core_for("bsp", dict(momentum=0.9)), 2))
     (answer,) = writer.finished(wait_s=30)
     assert answer.msg.error.startswith("writing") and answer.msg.size == 0
+    (said,) = caplog.records  # a full disk fails every checkpoint: a line each, no traceback
+    assert said.exc_info is None and said.getMessage().startswith("server 0 on ")
+    assert "checkpoint 2 not written: writing" in said.getMessage()
 
 
 def test_a_snapshot_waits_for_the_previous_write_at_most_wait_s(tmp_path, monkeypatch):

@@ -1,0 +1,47 @@
+"""A stop asked by a signal (SIGTERM: a preemption, a supervisor): the workers stop after
+their step in flight, as at the end of the sample budget; once all have, the servers are
+read for model.pt and, with --checkpoint-every, asked for a checkpoint to resume from,
+at the version where the workers stopped. All within STOP_WAIT_S (a supervisor's SIGKILL
+follows its SIGTERM), then the job ends as interrupted, saying what it saved."""
+
+from dataclasses import dataclass
+
+STOP_WAIT_S = 20.0
+
+
+@dataclass
+class Stop:
+    why: str  # what asked for it, e.g. "SIGTERM"
+    start: float
+    wait_s: float  # 0: nothing to save (no step was trained)
+    saving: bool = False  # the model (and checkpoint) were asked of the servers
+    checkpoint_req: int | None = None  # the checkpoint request waited for; None: none (asked)
+    checkpoint: str = ""  # what became of it, once answered
+
+    @property
+    def deadline(self) -> float:
+        return self.start + self.wait_s
+
+    def save_now(self, all_stopped: bool, now: float) -> bool:
+        """Whether to read the model (and ask for the checkpoint) now: once every worker has
+        stopped, or half-way to the deadline without them: one that died unnoticed holds
+        the others at the BSP barrier, where every shard is at the same version."""
+        if self.saving or not self.wait_s or now > self.deadline:
+            return False
+        return all_stopped or now >= self.start + self.wait_s / 2
+
+    @property
+    def saved(self) -> bool:
+        """Every answer is in: the model, and the checkpoint if one was asked."""
+        return self.saving and (self.checkpoint_req is None or bool(self.checkpoint))
+
+    def on_checkpoint(self, req: int, step: int, failure: str | None) -> None:
+        if req == self.checkpoint_req:
+            self.checkpoint = f"checkpoint {step} complete" if failure is None else f"checkpoint {step} failed: {failure}"
+
+    def status(self, steps: int, model: bool) -> str:
+        """The job's end as summary.json says it."""
+        what = ["model.pt written" if model else "model.pt not written"]
+        if self.checkpoint_req is not None:
+            what.append(self.checkpoint or "the checkpoint was not answered")
+        return f"interrupted ({self.why}) at step {steps}: " + ", ".join(what)
