@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from omnips.launch import WorkerSpec
+from omnips.launch import LocalCluster, WorkerSpec
 
-from helpers import finish, start_cluster, wait_for_event
+from helpers import finish
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -27,11 +27,11 @@ def test_a_worker_with_a_quarter_of_the_cpu_gets_the_smaller_batch(tmp_path):
     with contextlib.ExitStack() as stack:
         fast, slow = (stack.enter_context(quota.CpuQuota(f"omnips-test-{os.getpid()}-{name}", cores))
                       for name, cores in (("fast", 0.6), ("slow", 0.15)))
-        cluster = stack.enter_context(start_cluster(run_dir, job, [WorkerSpec(), WorkerSpec()]))
-        for rank, group in ((0, fast), (1, slow)):  # quotas from the registration on: torch imports at full speed
-            wait_for_event(run_dir, lambda e, r=rank: e["event"] == "membership" and e.get("rank") == r
-                           and e["role"] == "worker")
-            group.add(cluster.procs[f"worker{rank}"].pid)
+        cluster = stack.enter_context(LocalCluster(run_dir, job, 1, [WorkerSpec(), WorkerSpec()]))
+        cluster.start_scheduler()
+        cluster.start_servers()
+        for rank, group in ((0, fast), (1, slow)):  # each in its group from its start on
+            group.add(cluster.procs[cluster.add_worker(WorkerSpec(), rank)].pid)
         run = finish(cluster)
         throttled = slow.throttled()
     s = run.summary
@@ -39,5 +39,5 @@ def test_a_worker_with_a_quarter_of_the_cpu_gets_the_smaller_batch(tmp_path):
     assert throttled > 0  # the quota, not the model, made worker 1 slow
     b0, b1 = s["final_batches"]
     assert b0 > b1 and b0 + b1 == 64, s["final_batches"]
-    # it took the worker's real speed in: more than the equal split, to the faster one
-    assert any(e["event"] == "assign" and e["batches"][0] > 32 for e in run.events)
+    # (the probe's passes of 2 and 4 samples fit inside one quota period: a step's time jumps
+    # only where the quota runs out, so the windows, not the probe, find the slow worker)

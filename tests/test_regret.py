@@ -180,3 +180,37 @@ def test_no_plan_slower_than_uniform_batches_holds_for_more_than_two_windows(cs,
         run = run + 1 if slower else 0
         longest = max(longest, run)
     assert longest <= 2 * ADJUST_EVERY + CHANGE_STEPS, (longest, plans)
+
+
+def window(ctl, times):
+    """A full window of every worker at its batch in the plan (its first step unmeasured)."""
+    for rank, t in enumerate(times):
+        for _ in range(ADJUST_EVERY):
+            ctl.on_step(rank, ctl.plan.batches[rank], t)
+    assert ctl.ready
+    return ctl.replan()
+
+
+def test_a_change_of_speed_seen_across_a_small_move_forgets_the_plans_measured_before_it():
+    """Worker 1 moved from 34 to 32 samples as its CPU quota was cut (the cgroup test saw
+    it): 48 ms where 34 samples took 8.7. Measured against its window at 34, scaled, that is
+    a change of speed, and the plans measured before it are no guide: no going back to one."""
+    job = JobSpec(num_workers=2, global_batch=64, batching="dynamic", adjust_every=ADJUST_EVERY)
+    ctl = BatchControl(job, BatchPlan(0, (30, 34)))
+    window(ctl, [0.0077, 0.0087])
+    ctl.plan = BatchPlan(1, (32, 32))  # (as if the models had moved it)
+    adj = window(ctl, [0.0079, 0.048])
+    assert adj.reason != "regret" and len(ctl.ran) == 1, adj  # only the window after the change
+    assert ctl.plan.batches[0] > 50  # the new equal-time plan
+
+
+def test_a_lasting_change_of_speed_forgets_the_plans_measured_before_it():
+    """Worker 1 turns 6x slower for good at step 30 (a quota cut, a neighbour that stays): the
+    plans measured before are no guide any more. Going back to one (it measured fast, then)
+    costs a window each; the plan goes to the new equal-time one instead."""
+    a, c = [0.001, 0.001], [0.001, 0.001]
+    plans, decisions = drive(a, c, 64, slowed(1, 6.0, 30, 10_000), steps=120)
+    after = [(step, reason, rule) for step, reason, rule in decisions if step >= 30]
+    assert not any("back to it" in rule for _, _, rule in after), after
+    slower = [a[0], a[1] * 6], [c[0], c[1] * 6]
+    assert plans[-1] == oracle(*slower, 64) and all(p == plans[-1] for p in plans[30 + 4 * ADJUST_EVERY:])
