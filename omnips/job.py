@@ -21,7 +21,7 @@ NAN_POLICIES = ("fail", "skip")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 # The job travels in msgpack messages, whose integers are at most int64.
 MAX_INT = 2**63 - 1
-# The largest cluster the README measures (benchmarks/simulate.py, 4096 workers). A rewind lists
+# The largest cluster the benchmarks measure (benchmarks/simulate.py, 4096 workers). A rewind lists
 # every worker's step and position and every server's endpoints in one header of at most
 # omnips.protocol.MAX_HEADER_BYTES (1 MiB): with typical endpoints 4096 fit, 10**4 servers do not.
 MAX_PROCESSES = 4096

@@ -1,5 +1,5 @@
 """Command lines: timeouts must be positive and finite (NaN or inf would disable them), sizes
-take binary suffixes, and the scheduler's defaults are the ones the README's table gives."""
+take binary suffixes, and the scheduler's defaults are the ones docs/operations.md's table gives."""
 
 import re
 from pathlib import Path
@@ -87,7 +87,7 @@ PROSE_DEFAULTS = {"--no-probe": "probe on", "--run-dir": "runs/YYYYmmdd-HHMMSS",
 
 
 def _documented(text: str):
-    """A README default of a flag whose value is no string: "0 (off)" is 0, "none" and "all"
+    """A documented default of a flag whose value is no string: "0 (off)" is 0, "none" and "all"
     (workers) are None, "off" False."""
     text = re.sub(r"\s*\(.*\)$", "", text).strip("`")
     words = {"none": None, "all": None, "off": False, "{}": {}}
@@ -99,9 +99,9 @@ def _documented(text: str):
         return text
 
 
-def test_the_readme_gives_the_schedulers_defaults():
+def test_the_manual_gives_the_schedulers_defaults():
     actions = {a.option_strings[0]: a for a in scheduler_parser()._actions if a.option_strings}
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
     rows = [re.split(r"(?<!\\)\|", line.strip())[1:3] for line in readme.splitlines() if line.startswith("| `--")]
     checked = set()
     for flags_cell, default_cell in rows:
