@@ -25,15 +25,14 @@ import numpy as np
 
 from omnips.batching import BatchPlan, Decision, decide, equal_time, integerize, spread
 from omnips.job import JobSpec
-from omnips.timemodel import CHANGE, MIN_SPREAD, TimeModels
+from omnips.timemodel import CHANGE, TimeModels
 
-from .regret import REGRET, PlanMemory
+from .regret import REGRET, PlanMemory, Seen
 
 CHANGE_STEPS = 3  # consecutive far-off steps that are a change of speed (fewer are outliers) and re-plan early
 # steps in the first window of a worker never measured in real steps: the median of three
 # outvotes one slow step (a probe plan moved to [63, 1] on one 6x step and held)
 FIRST_WINDOW = 3
-SEEN_BATCHES = 8  # window medians kept per worker, by batch, to tell a change of speed
 SHRINK = 0.5  # a worker goes to the minimum batch on one window's word only from below 1 / SHRINK times it
 # a plan the deadband holds back, proposed by this many decisions running and predicted this
 # much faster, is taken: the deadband stops noise from churning the plan, not a lasting gain
@@ -71,8 +70,7 @@ class BatchControl:
         self._measured_batch: list[int | None] = [None] * n
         self._stepped = np.zeros(n, dtype=bool)  # measured in a window of real steps (not only probed)
         self._confirmed = np.zeros(n, dtype=bool)  # its last window agreed with its model's prediction
-        # each worker's window medians as measured (the models rescale theirs), by batch, newest last
-        self._seen: list[dict[int, float]] = [{} for _ in range(n)]
+        self._seen = Seen(n)
         self.adjustments = 0
         self.ran = PlanMemory()
         self._plan: BatchPlan | None = None
@@ -237,30 +235,10 @@ class BatchControl:
             at = np.isin(measured, had)
             predicted = self.models.predict(had, batches[at])
             agreed[at] = np.abs(times[at] - predicted) <= CHANGE * predicted
-        if any(self._changed(int(r), int(b), float(t)) for r, b, t in zip(measured, batches, times)):
+        if any(self._seen.changed(int(r), int(b), float(t)) for r, b, t in zip(measured, batches, times)):
             self.ran.clear()
         self.models.observe(measured, batches, times)
         self._confirmed[measured] = agreed
-
-    def _changed(self, rank: int, batch: int, step_s: float) -> bool:
-        """Whether `rank`'s window, against the last one measured within MIN_SPREAD of its
-        batch (scaled to it), says its speed changed by more than CHANGE. Only a time measured
-        near the same batch tells: across batches a worker need not be a line (a quota that
-        runs out mid-step), and a model's prediction there rests on such a line."""
-        seen = self._seen[rank]
-        near = [b for b in seen if abs(b - batch) <= MIN_SPREAD * b]
-        changed = False
-        if near:
-            b = near[-1]
-            expected = seen[b] * batch / b
-            changed = abs(step_s - expected) > CHANGE * expected
-        if changed:
-            seen.clear()  # measured at the old speed
-        seen.pop(batch, None)
-        seen[batch] = step_s
-        if len(seen) > SEEN_BATCHES:
-            del seen[next(iter(seen))]
-        return changed
 
     def _unfounded_pins(self, ranks: np.ndarray, sub: Decision, reason: str) -> np.ndarray:
         """Which workers `sub` would put at the job's minimum batch from above twice that on
@@ -353,8 +331,7 @@ class BatchControl:
         self.models.reset(joined)
         self._stepped[joined] = False
         self._confirmed[joined] = False
-        for rank in joined:
-            self._seen[rank] = {}
+        self._seen.forget(joined)
         for rank in joined:
             self._measured_batch[rank] = None
         self.ran.clear()  # the plans measured were another set of workers'

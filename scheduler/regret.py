@@ -1,4 +1,5 @@
-"""The regret guard: the step times measured under recent plans, and the plan to go back to.
+"""The regret guard: the step times measured under recent plans, the plan to go back to, and
+each worker's window medians by batch, which tell when those times are old news.
 
 The controller's time models can be wrong the same way window after window (sustained
 noise, a worker whose time is not a line in the batch, one slow step taken for a worker's
@@ -15,7 +16,10 @@ Pure logic: windows are counted by the caller (one `record` per full window).
 
 from dataclasses import dataclass
 
+from omnips.timemodel import CHANGE, MIN_SPREAD
+
 REGRET = 0.10  # a plan this much slower than the best measured is measurably worse (a window's noise is a few %)
+SEEN_BATCHES = 8  # window medians kept per worker, by batch, to tell a change of speed
 FORGET_WINDOWS = 24  # windows a measurement is kept (240 steps at --adjust-every 10)
 
 
@@ -75,3 +79,35 @@ class PlanMemory:
         it again and again, and it and the current plan would take turns for good."""
         a, b = self._ran.get(plan), self._ran.get(current)
         return a is not None and b is not None and a.step_s * (1 + margin) > b.step_s
+
+
+class Seen:
+    """Each worker's window medians as measured (the time models rescale theirs), by batch,
+    newest last: what tells a change of speed, which makes every plan's measured time old news."""
+
+    def __init__(self, n: int):
+        self._seen: list[dict[int, float]] = [{} for _ in range(n)]
+
+    def forget(self, ranks) -> None:
+        for rank in ranks:
+            self._seen[rank] = {}
+
+    def changed(self, rank: int, batch: int, step_s: float) -> bool:
+        """Record a window of `rank`; whether, against the last one measured within MIN_SPREAD
+        of its batch (scaled to it), its speed changed by more than CHANGE. Only a time
+        measured near the same batch tells: across batches a worker need not be a line (a
+        quota that runs out mid-step), and a model's prediction there rests on such a line."""
+        seen = self._seen[rank]
+        near = [b for b in seen if abs(b - batch) <= MIN_SPREAD * b]
+        changed = False
+        if near:
+            b = near[-1]
+            expected = seen[b] * batch / b
+            changed = abs(step_s - expected) > CHANGE * expected
+        if changed:
+            seen.clear()  # measured at the old speed
+        seen.pop(batch, None)
+        seen[batch] = step_s
+        if len(seen) > SEEN_BATCHES:
+            del seen[next(iter(seen))]
+        return changed
