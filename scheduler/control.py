@@ -71,6 +71,7 @@ class BatchControl:
         self._stepped = np.zeros(n, dtype=bool)  # measured in a window of real steps (not only probed)
         self._confirmed = np.zeros(n, dtype=bool)  # its last window agreed with its model's prediction
         self._seen = Seen(n)
+        self._even: tuple[tuple[bytes, bytes], tuple[int, ...] | None] | None = None  # (ranks and bounds, the split)
         self.adjustments = 0
         self.ran = PlanMemory()
         self._plan: BatchPlan | None = None
@@ -228,14 +229,13 @@ class BatchControl:
         plans measured before says nothing of the speeds now. (A worker whose time is not a line
         in the batch looks changed to its model at every move: only the plans' measured times
         stop the plan from going back and forth there, so they are kept through such a move.)"""
-        had = measured[self.models.measured(measured)]
+        at = self.models.measured(measured)
         batches = self._batches[measured]
         agreed = np.zeros(len(measured), dtype=bool)
-        if len(had):
-            at = np.isin(measured, had)
-            predicted = self.models.predict(had, batches[at])
+        if at.any():
+            predicted = self.models.predict(measured[at], batches[at])
             agreed[at] = np.abs(times[at] - predicted) <= CHANGE * predicted
-        if any(self._seen.changed(int(r), int(b), float(t)) for r, b, t in zip(measured, batches, times)):
+        if self._seen.changed(measured, batches, times):
             self.ran.clear()
         self.models.observe(measured, batches, times)
         self._confirmed[measured] = agreed
@@ -287,14 +287,19 @@ class BatchControl:
         return decision, reason, rule
 
     def _uniform(self, ranks: np.ndarray) -> tuple[int, ...] | None:
-        """Equal batches for `ranks` within their bounds, or None where the bounds allow none."""
-        try:
-            real = equal_time(np.tile([0.0, 1.0], (len(ranks), 1)), self.job.global_batch, self.min_batch,
-                              self._bounds[ranks])
-            return spread(integerize(real, self.job.global_batch, self.min_batch, self._bounds[ranks]), ranks,
-                          len(self._batches))
-        except ValueError:
-            return None
+        """Equal batches for `ranks` within their bounds, or None where the bounds allow none
+        (kept while the ranks and bounds stay: at thousands of workers a split costs a decision's tenth)."""
+        key = (ranks.tobytes(), self._bounds[ranks].tobytes())
+        if self._even is None or self._even[0] != key:
+            try:
+                real = equal_time(np.tile([0.0, 1.0], (len(ranks), 1)), self.job.global_batch, self.min_batch,
+                                  self._bounds[ranks])
+                plan = spread(integerize(real, self.job.global_batch, self.min_batch, self._bounds[ranks]), ranks,
+                              len(self._batches))
+            except ValueError:
+                plan = None
+            self._even = (key, plan)
+        return self._even[1]
 
     def _persists(self, sub: Decision) -> bool:
         """Whether the plan the deadband held back has now been proposed PERSIST times running,

@@ -1,5 +1,5 @@
 """The regret guard: the step times measured under recent plans, the plan to go back to, and
-each worker's window medians by batch, which tell when those times are old news.
+each worker's last window, which tells when those times are old news.
 
 The controller's time models can be wrong the same way window after window (sustained
 noise, a worker whose time is not a line in the batch, one slow step taken for a worker's
@@ -16,10 +16,11 @@ Pure logic: windows are counted by the caller (one `record` per full window).
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from omnips.timemodel import CHANGE, MIN_SPREAD
 
 REGRET = 0.10  # a plan this much slower than the best measured is measurably worse (a window's noise is a few %)
-SEEN_BATCHES = 8  # window medians kept per worker, by batch, to tell a change of speed
 FORGET_WINDOWS = 24  # windows a measurement is kept (240 steps at --adjust-every 10)
 
 
@@ -62,11 +63,10 @@ class PlanMemory:
 
     def best(self, fits=lambda plan: True) -> tuple[tuple[int, ...], float] | None:
         """The fastest plan remembered among those `fits` accepts, with its time."""
-        kept = [(r.step_s, plan) for plan, r in self._ran.items() if fits(plan)]
-        if not kept:
-            return None
-        step_s, plan = min(kept)
-        return plan, step_s
+        for step_s, plan in sorted((r.step_s, plan) for plan, r in self._ran.items()):
+            if fits(plan):
+                return plan, step_s
+        return None
 
     def worse(self, plan: tuple[int, ...], than_s: float) -> bool:
         """Whether `plan` measured more than REGRET slower than `than_s` in two windows that agreed."""
@@ -82,32 +82,25 @@ class PlanMemory:
 
 
 class Seen:
-    """Each worker's window medians as measured (the time models rescale theirs), by batch,
-    newest last: what tells a change of speed, which makes every plan's measured time old news."""
+    """Each worker's last window median as measured (the time models rescale theirs) and its
+    batch: what tells a change of speed, which makes every plan's measured time old news."""
 
     def __init__(self, n: int):
-        self._seen: list[dict[int, float]] = [{} for _ in range(n)]
+        self.batch = np.zeros(n)  # 0: none yet
+        self.time = np.zeros(n)
 
     def forget(self, ranks) -> None:
-        for rank in ranks:
-            self._seen[rank] = {}
+        self.batch[ranks] = 0.0
 
-    def changed(self, rank: int, batch: int, step_s: float) -> bool:
-        """Record a window of `rank`; whether, against the last one measured within MIN_SPREAD
-        of its batch (scaled to it), its speed changed by more than CHANGE. Only a time
-        measured near the same batch tells: across batches a worker need not be a line (a
-        quota that runs out mid-step), and a model's prediction there rests on such a line."""
-        seen = self._seen[rank]
-        near = [b for b in seen if abs(b - batch) <= MIN_SPREAD * b]
-        changed = False
-        if near:
-            b = near[-1]
-            expected = seen[b] * batch / b
-            changed = abs(step_s - expected) > CHANGE * expected
-        if changed:
-            seen.clear()  # measured at the old speed
-        seen.pop(batch, None)
-        seen[batch] = step_s
-        if len(seen) > SEEN_BATCHES:
-            del seen[next(iter(seen))]
-        return changed
+    def changed(self, ranks, batches, seconds) -> bool:
+        """Record a window of each of `ranks`; whether any, against its last window within
+        MIN_SPREAD of its batch (scaled to it), changed speed by more than CHANGE. Only a
+        time measured near the same batch tells: across batches a worker need not be a line
+        (a quota that runs out mid-step), and a model's prediction there rests on such a line."""
+        b = np.asarray(batches, dtype=np.float64)
+        t = np.asarray(seconds, dtype=np.float64)
+        last_b, last_t = self.batch[ranks], self.time[ranks]
+        near = (last_b > 0) & (np.abs(b - last_b) <= MIN_SPREAD * last_b)
+        expected = last_t * b / np.where(near, last_b, 1.0)
+        self.batch[ranks], self.time[ranks] = b, t
+        return bool(np.any(near & (np.abs(t - expected) > CHANGE * expected)))
