@@ -129,9 +129,10 @@ class BatchControl:
             suspects.clear()
             self._track(rank)
             return
-        # the worker's own recent history: its window, or before one its model where trusted
-        typical = self._median[rank] if window else self._predicted[rank]
-        if abs(compute_s - typical) > CHANGE * typical:  # (a nan, nothing known yet, misses nothing)
+        # the worker's own recent history: its window (a window's first step is taken as it is:
+        # after a move the models' prediction is what the window is there to check)
+        typical = self._median[rank] if window else np.nan
+        if abs(compute_s - typical) > CHANGE * typical:  # (a nan misses nothing)
             if suspects and (suspects[-1] > typical) != (compute_s > typical):
                 suspects.clear()
             suspects.append(compute_s)
