@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs every benchmark that has no test of its own at a toy size (about 6 minutes on
-# 2 cores), so that a change that breaks one fails here rather than on the next real
-# run. The figures mean nothing at these sizes; the tables go to a temporary directory.
+# Runs every benchmark that has no test of its own at a toy size (each says how long it
+# took), so that a change that breaks one fails here rather than on the next real run.
+# The figures mean nothing at these sizes; the tables go to a temporary directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
