@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omnips.batching import BatchPlan, Decision, decide, equal_time, integerize, spread
+from omnips.batching import BatchPlan, Decision, decide, initial_batches, spread
 from omnips.job import JobSpec
 from omnips.timemodel import CHANGE, TimeModels
 
@@ -242,9 +242,8 @@ class BatchControl:
         self._confirmed[measured] = agreed
 
     def _unfounded_pins(self, ranks: np.ndarray, sub: Decision, reason: str) -> np.ndarray:
-        """Which workers `sub` would put at the job's minimum batch from above twice that on
-        one window's measurement, unconfirmed by their model (not at the start, whose plan is
-        a guess, nor when workers come or go)."""
+        """Which workers `sub` would put at the job's minimum batch from above twice that on one
+        window's measurement, unconfirmed by their model (not at the start, nor when workers come or go)."""
         if sub.batches is None or reason in ("probe", "membership"):
             return np.zeros(len(ranks), dtype=bool)
         to = np.asarray(sub.batches)
@@ -274,8 +273,7 @@ class BatchControl:
     def _uniform_instead(self, decision: Decision, reason: str, rule: str, ranks: np.ndarray,
                          step_s: float) -> tuple[Decision, str, str]:
         """The models for staying, but the plan in force measured REGRET slower than they predict
-        the uniform split, not yet measured: they are wrong somewhere, and the split every job
-        can have is measured."""
+        the uniform split, not yet measured: they are wrong somewhere, so measure that split."""
         uniform = self._uniform(ranks)
         if (uniform is None or uniform == self.plan.batches or uniform in self.ran
                 or not self.models.measured(ranks).all()):
@@ -293,13 +291,11 @@ class BatchControl:
         key = (ranks.tobytes(), self._bounds[ranks].tobytes())
         if self._even is None or self._even[0] != key:
             try:
-                real = equal_time(np.tile([0.0, 1.0], (len(ranks), 1)), self.job.global_batch, self.min_batch,
-                                  self._bounds[ranks])
-                plan = spread(integerize(real, self.job.global_batch, self.min_batch, self._bounds[ranks]), ranks,
-                              len(self._batches))
+                even = initial_batches("uniform", self.job.global_batch, [1.0] * len(ranks), self.min_batch,
+                                       self._bounds[ranks])
+                self._even = (key, spread(even, ranks, len(self._batches)))
             except ValueError:
-                plan = None
-            self._even = (key, plan)
+                self._even = (key, None)
         return self._even[1]
 
     def _persists(self, sub: Decision) -> bool:

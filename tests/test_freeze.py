@@ -57,19 +57,17 @@ def test_a_scheduler_frozen_for_longer_than_dead_after_is_given_up_on_and_ends_w
             stopped_at = time.monotonic()
             codes = {n: p.wait(timeout=30) for n, p in others.items()}  # each gives up on it
             gave_up_after = time.monotonic() - stopped_at
-        woken_at = time.monotonic()
         code = scheduler.wait(timeout=30)
-        ended_after = time.monotonic() - woken_at
-    assert codes == {n: 1 for n in others} and 3 < gave_up_after < 3 + 10, (codes, gave_up_after)
+    assert codes == {n: 1 for n in others} and gave_up_after > 3, (codes, gave_up_after)  # not before --dead-after
     for name in others:
         log = (run_dir / "logs" / f"{name}.log").read_text()
         errors = error_lines(log)  # one line, the reason
         assert len(errors) == 1 and "Traceback" not in log, log[-2000:]
         assert re.fullmatch(rf"no word from the scheduler at {re.escape(cluster.endpoint)} for [34] s: giving up",
                             errors[0]), errors
-    # woken, it finds that it was silent for longer than the others wait, and ends at once (not --dead-after
-    # later, having found them silent) with that reason
-    assert code == 1 and ended_after < 3, (code, ended_after)
+    # woken, it finds that it was silent for longer than the others wait, and ends with that reason (not
+    # with theirs, having found them silent --dead-after later)
+    assert code == 1, code
     status = json.loads((run_dir / "summary.json").read_text())["status"]
     reason = (r"the scheduler sent nothing for \d+ s \(it was stalled: stopped, or starved of CPU\), longer than "
               r"--dead-after \(3 s\), after which the servers and workers give up on it")
