@@ -94,9 +94,6 @@ def spread(values, ranks, n: int) -> tuple[int, ...]:
 # Bounds are met by water-filling: a worker whose batch would fall outside its
 # bounds is held there and the others share the rest at a common T.
 
-CONTROLLERS = ("affine", "proportional")
-
-
 MEMORY_USE = 0.8  # share of a worker's free memory a plan may fill: room for the allocator and the host
 BACKWARD_FACTOR = 2.0  # peak over saved activations: backward holds their gradients alongside
 

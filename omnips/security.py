@@ -12,8 +12,6 @@ needs (the server's public key and its own pair), whose public key joins the
 allow-list; deleting that allow-list entry shuts the machine out at the next start.
 """
 
-import hmac
-import ipaddress
 import logging
 import os
 import re
@@ -210,23 +208,6 @@ def handshake_failure(event: int, value: int, keys: Keys | None) -> str:
                 "it closed the connection during the handshake: if it uses --keys, start this process with --keys too")
     return ("it does not use --keys" if mismatch else "it closed the connection during the CURVE handshake") + \
         ": start every process with keys from the same 'omnips keygen', or none"
-
-
-def token_matches(given: str, expected: str) -> bool:
-    """Constant-time comparison, so a refusal's timing tells nothing about the token."""
-    return hmac.compare_digest(given.encode(), expected.encode())
-
-
-def exposed(host: str) -> bool:
-    """Whether a socket bound to `host` may be reached from other machines: true for
-    every address that is not loopback (127.0.0.0/8, ::1, localhost), wildcards included."""
-    host = host.strip().removeprefix("[").removesuffix("]").lower()
-    if host == "localhost":
-        return False
-    try:
-        return not ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host or interface name: it may face the network
-        return True
 
 
 def describe(keys: Keys | None) -> str:

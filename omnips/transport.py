@@ -17,7 +17,7 @@ import time
 
 import zmq
 
-from . import protocol, security
+from . import access, protocol, security
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def bind(sock: zmq.Socket, host: str, port: int, keys: security.Keys | None = No
             raise TransportError(f"cannot bind {host}:{port}: the port is in use") from None
         raise TransportError(f"cannot bind {host}:{port}: {exc}") from None
     endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-    if keys is None and security.exposed(endpoint.removeprefix("tcp://").rsplit(":", 1)[0]):
+    if keys is None and access.exposed(endpoint.removeprefix("tcp://").rsplit(":", 1)[0]):
         log.warning(security.EXPOSED_WARNING, endpoint)
     return endpoint
 
@@ -185,7 +185,3 @@ def reply(sock: zmq.Socket, to: bytes, msg: protocol.Message, track: bool = Fals
 
 def recv_frames(sock: zmq.Socket) -> list:
     return sock.recv_multipart(copy=False)
-
-
-def wait_readable(sock: zmq.Socket, timeout_s: float) -> bool:
-    return bool(sock.poll(int(timeout_s * 1000), zmq.POLLIN))

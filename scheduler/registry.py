@@ -19,7 +19,7 @@ from omnips.batching import BatchPlan, initial_batches, spread
 from omnips.checkpoint import Manifest
 from omnips.job import JobSpec
 from omnips.protocol import Ack, Error, Message, Register, Welcome
-from omnips.security import token_matches
+from omnips.access import token_matches
 from omnips.sharding import shard_ranges
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import zmq
 
-from omnips import cli, protocol, security, transport
+from omnips import access, cli, protocol, security, transport
 from omnips.job import JobSpec
 from omnips.launch import LocalCluster, WorkerSpec
 from omnips.link import LinkError, SchedulerLink
@@ -118,12 +118,12 @@ def test_a_key_directory_that_cannot_work_is_one_clear_line(tmp_path, case, text
                                        ("localhost", False), ("0.0.0.0", True), ("*", True), ("::", True),
                                        ("10.0.0.5", True), ("eth0", True), ("head.example.org", True)])
 def test_only_loopback_counts_as_unexposed(host, want):
-    assert security.exposed(host) is want
+    assert access.exposed(host) is want
 
 
 def test_every_role_binds_loopback_unless_told_otherwise():
-    assert not security.exposed(scheduler_parser().parse_args([]).host)
-    assert not security.exposed(server_parse(["--scheduler", "tcp://127.0.0.1:1"]).host)
+    assert not access.exposed(scheduler_parser().parse_args([]).host)
+    assert not access.exposed(server_parse(["--scheduler", "tcp://127.0.0.1:1"]).host)
 
 
 def test_binding_a_reachable_address_without_keys_logs_a_loud_warning(tmp_path, caplog):
