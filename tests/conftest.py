@@ -1,5 +1,7 @@
 """Fixtures for end-to-end tests (helpers.py holds the cluster plumbing)."""
 
+import subprocess
+
 import pytest
 from helpers import finish, stand_in, start_cluster
 
@@ -19,3 +21,13 @@ def linked():
     """helpers.stand_in's link with --dead-after 3."""
     with stand_in(dead_after_s=3.0) as linked:
         yield linked
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_in_the_cluster_tier(request, monkeypatch):
+    """`pytest -m "not cluster"` runs the in-process tier: a test that starts a process
+    must say so with the `cluster` mark, or it fails here."""
+    if request.node.get_closest_marker("cluster") is None:
+        def refused(*args, **kwargs):
+            raise AssertionError("this test starts a process: mark it pytest.mark.cluster")
+        monkeypatch.setattr(subprocess, "Popen", refused)

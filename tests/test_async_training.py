@@ -1,9 +1,13 @@
 """End to end: asynchronous jobs train with a BSP recipe (momentum 0.9), and a job that
 trains nothing says so (real processes on loopback)."""
 
+import pytest
+
 from omnips.launch import WorkerSpec
 
 from helpers import finish, start_cluster
+
+pytestmark = pytest.mark.cluster  # every test here starts processes
 
 RECIPE = ["--dataset", "digits", "--model", "mlp", "--global-batch", "96", "--lr", "0.1", "--momentum", "0.9",
           "--seed", "1"]

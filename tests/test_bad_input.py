@@ -79,6 +79,7 @@ def _attack(cluster, run_dir) -> int:
     return sent
 
 
+@pytest.mark.cluster
 def test_garbage_during_a_run_changes_nothing(tmp_path):
     quiet = finish(start_cluster(tmp_path / "quiet", JOB, WORKERS))
     cluster = start_cluster(tmp_path / "attacked", JOB, WORKERS)
@@ -125,6 +126,7 @@ def _free_port_in_use():
     return s
 
 
+@pytest.mark.cluster
 def test_startup_errors_are_one_clear_line(tmp_path):
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "summary.json").write_text("{}")

@@ -16,6 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import quota  # noqa: E402
 
+pytestmark = pytest.mark.cluster  # every test here starts processes
+
 WHY = quota.available()
 
 

@@ -3,6 +3,7 @@
 import math
 import time
 
+import pytest
 import torch
 
 from omnips import data, models
@@ -15,6 +16,7 @@ DIGITS_FAST = ["--dataset", "digits", "--model", "mlp", "--global-batch", "64", 
 HETERO = [WorkerSpec(slowdown="1"), WorkerSpec(slowdown="2"), WorkerSpec(slowdown="3")]
 
 
+@pytest.mark.cluster
 def test_bsp_trains_digits_to_90_percent(run_job):
     before = time.monotonic()
     run = run_job(["--mode", "bsp", "--epochs", "8", *DIGITS_FAST], HETERO, num_servers=2)
@@ -47,6 +49,7 @@ def test_bsp_trains_digits_to_90_percent(run_job):
     assert run.events[-1]["event"] == "end" and run.events[-1]["status"] == "completed"
 
 
+@pytest.mark.cluster
 def test_asp_trains_digits_with_the_bsp_recipe(run_job):
     run = run_job(["--mode", "asp", "--epochs", "20", *DIGITS_FAST], HETERO, num_servers=2)
     s = run.summary
@@ -63,6 +66,7 @@ def test_asp_trains_digits_with_the_bsp_recipe(run_job):
     assert sum(e["final"] for e in evals) == 1 and s["final_test_loss"] == next(e for e in evals if e["final"])["test_loss"]
 
 
+@pytest.mark.cluster
 def test_bsp_equals_single_process_training(run_job):
     """S=2, N=3, unequal batches 10/20/34, SGD with momentum and weight decay, 20 steps;
     gradients sent in 2 KiB buckets while backward runs and replies read in parts of that
@@ -84,6 +88,7 @@ def test_bsp_equals_single_process_training(run_job):
     assert not any(torch.equal(want[k], initial[k]) for k in want)  # it trained
 
 
+@pytest.mark.cluster
 def test_bsp_with_adam_equals_single_process_adam(run_job):
     """--optimizer adam: the servers step with Adam (weight decay too), as torch.optim.Adam
     in one process does on the global batches."""
@@ -126,6 +131,7 @@ def net(width=8):
 '''
 
 
+@pytest.mark.cluster
 def test_user_model_and_dataset_factories(run_job, tmp_path):
     (tmp_path / "userjob").mkdir()
     (tmp_path / "userjob" / "__init__.py").write_text("")

@@ -1,6 +1,10 @@
 """Dynamic batching end to end: emulated heterogeneous workers on loopback."""
 
+import pytest
+
 from omnips.launch import WorkerSpec
+
+pytestmark = pytest.mark.cluster  # every test here starts processes
 
 BASE = ["--batching", "dynamic", "--global-batch", "64", "--adjust-every", "6", "--seed", "1"]
 

@@ -11,6 +11,8 @@ from omnips.launch import WorkerSpec
 
 from helpers import finish, in_log, start_cluster, stopped, wait_for_event, wait_for_steps
 
+pytestmark = pytest.mark.cluster  # every test here starts processes
+
 LIVENESS = ["--heartbeat", "0.3", "--dead-after", "3"]  # short, with room for a loaded host
 # a joiner's process may take longer to start (torch import on a loaded host) than the job has
 # left, so the others wait frozen until it has registered: longer than that is not taken for dead

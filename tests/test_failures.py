@@ -14,6 +14,8 @@ from omnips.launch import LocalCluster, WorkerSpec
 from helpers import (JOB_TIMEOUT_S, assert_trained_as_one_process, error_lines, finish, poll_until,
                      start_cluster, stopped, wait_for_event, wait_for_steps)
 
+pytestmark = pytest.mark.cluster  # every test here starts processes
+
 SLOW = ["--max-steps", "100000", "--global-batch", "8"]
 
 

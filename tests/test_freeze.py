@@ -8,11 +8,15 @@ import json
 import re
 import time
 
+import pytest
+
 from omnips.launch import WorkerSpec
 from omnips.metrics import read_events
 
 from helpers import (assert_trained_as_one_process, error_lines, finish, start_cluster, stopped, wait_for_event,
                      wait_for_steps)
+
+pytestmark = pytest.mark.cluster  # every test here starts processes
 
 FREEZE_S = 1.5  # the freeze itself: the process is stopped, nothing is waited for
 LIVENESS = ["--heartbeat", "0.25", "--dead-after", "4"]

@@ -11,6 +11,8 @@ from omnips.launch import WorkerSpec
 
 from helpers import finish, in_log, start_cluster, wait_for_event
 
+pytestmark = pytest.mark.cluster  # every test here starts processes
+
 
 @contextmanager
 def small_disk(tmp_path, size: str):

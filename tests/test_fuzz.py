@@ -667,6 +667,7 @@ def _attack(cluster, run_dir) -> tuple[Counter, Counter]:
     return sent, errors
 
 
+@pytest.mark.cluster
 def test_fuzzing_every_socket_changes_nothing(tmp_path):
     # the undisturbed run goes alongside: the result does not depend on timing
     with start_cluster(tmp_path / "quiet", E2E_JOB, E2E_WORKERS, E2E_SERVERS) as quiet, \

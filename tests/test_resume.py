@@ -138,6 +138,7 @@ def test_resume_point_is_the_newest_complete_checkpoint(tmp_path, caplog):
     assert f"passed over a checkpoint: checkpoint file {damaged.resolve()} has 136 bytes" in caplog.text
 
 
+@pytest.mark.cluster
 def test_resume_sets_aside_the_checkpoints_it_passes_over_and_deletes_none(tmp_path):
     run_dir = resumable(tmp_path / "run")  # complete checkpoints at steps 5 and 10
     root = run_dir / "checkpoints"
@@ -246,6 +247,7 @@ def _resume(run_dir, *flags) -> subprocess.CompletedProcess:
     return out
 
 
+@pytest.mark.cluster
 def test_a_killed_job_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(tmp_path):
     run_dir = tmp_path / "run"
     reference = start_cluster(tmp_path / "reference", ARGS, [WorkerSpec(), WorkerSpec()], num_servers=2)
@@ -296,6 +298,7 @@ def test_a_killed_job_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(t
     assert s["final_test_accuracy"] == ref.summary["final_test_accuracy"]
 
 
+@pytest.mark.cluster
 def test_a_killed_asp_job_resumes_each_workers_stream_and_plans_afresh(tmp_path):
     """ASP, dynamic batching: each worker goes on at its own step and stream position of the
     checkpoint; batches start again from the job's rule and capacities, not the plan the

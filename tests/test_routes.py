@@ -140,6 +140,7 @@ JOB = ["--mode", "bsp", "--max-steps", "6", "--global-batch", "32", "--seed", "5
 UNREACHABLE = ["--advertise", "192.0.2.1"]  # TEST-NET-1: nothing answers there, so tcp clients would hang
 
 
+@pytest.mark.cluster
 def test_on_one_host_the_job_runs_over_ipc_alone_with_curve(tmp_path):
     """The servers advertise a tcp address nobody answers at: the job completes only if
     the worker and the scheduler really talk to them over their unix sockets, here with
@@ -160,6 +161,7 @@ def test_on_one_host_the_job_runs_over_ipc_alone_with_curve(tmp_path):
             assert logs[name].count(f"server {s}: connecting to ipc://{path} (same host)") == 1, logs[name]
 
 
+@pytest.mark.cluster
 def test_forced_tcp_keeps_every_connection_on_tcp(tmp_path):
     cluster = LocalCluster(tmp_path / "run", JOB, 1, [WorkerSpec()], env={"OMNIPS_TRANSPORT": "tcp"})
     run = finish(cluster.start())

@@ -8,9 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from omnips import security, transport
 from omnips.launch import LocalCluster, read_endpoint
 from omnips.metrics import read_events
+
+pytestmark = pytest.mark.cluster  # every test here starts processes
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_JOB = ["--max-steps", "15", "--global-batch", "32", "--seed", "2"]

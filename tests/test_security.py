@@ -286,6 +286,7 @@ def _spawn(*argv) -> subprocess.Popen:
                             text=True)
 
 
+@pytest.mark.cluster
 def test_with_keys_only_key_holders_are_heard_and_the_job_is_unaffected(tmp_path):
     """While the cluster forms, impostors knock: at the scheduler (registrations) and at
     the server (init, pull and push of the right size: any of them heard would change or

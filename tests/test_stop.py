@@ -11,6 +11,8 @@ from scheduler.checkpoints import resume_point
 
 from helpers import Run, start_cluster, stopped, wait_for_steps
 
+pytestmark = pytest.mark.cluster  # every test here starts processes
+
 
 @pytest.mark.parametrize("mode", ["bsp", "asp"])
 def test_sigterm_to_the_scheduler_writes_the_model_and_a_checkpoint_and_ends_the_job(tmp_path, mode):

@@ -272,6 +272,7 @@ def test_a_reply_after_a_restore_carries_the_restored_values():
 # -- end to end ---------------------------------------------------------------------
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("mode, wire, servers", [("bsp", "bfloat16", 2), ("asp", "float16", 1)])
 def test_digits_train_to_90_percent_over_a_narrow_wire(run_job, mode, wire, servers):
     """BSP also sends in 2 KiB buckets: narrow pushes and replies in parts."""
