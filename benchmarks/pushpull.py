@@ -28,7 +28,7 @@ Afterwards the pieces of an omnips round trip are timed in-process (worker copy 
 reply, server finiteness check, optimizer step, ShardCore.handle) to show where the
 time over raw goes.
 
-Every process runs with the glibc settings of transport.MALLOC_ENV (ZMQ_NOTES.md,
+Every process runs with the glibc settings of transport.MALLOC_ENV (docs/performance.md,
 point 1): children through their environment, this process through tune_malloc().
 
     python benchmarks/pushpull.py [--params 11000000] [--repeats 20]
@@ -565,10 +565,10 @@ def pieces(params: np.ndarray, grads: np.ndarray, repeats: int, server_threads: 
         out[f"server: ShardCore.handle(Push), {mode.upper()} (check + update)"] = median_time(push, repeats)
         if mode == "asp":
             def step():
-                core._take_step([(1.0, [(0, grads)])], job.lr)
+                core.store.take([(1.0, [(0, grads)])], core.version, job.lr)
                 core.ready(n)
 
-            out[f"server: optimizer step alone (ShardCore._take_step and ready, {job.optimizer} momentum "
+            out[f"server: optimizer step alone (ShardValues.take and ready, {job.optimizer} momentum "
                 f"{job.momentum}, {server_threads} torch thread(s) as the servers)"] = median_time(step, repeats)
             torch.set_num_threads(other)
             out[f"what-if: the same step with {other} torch thread(s)"] = median_time(step, repeats)

@@ -2,7 +2,7 @@
 
 A shard is then a zero-copy slice, a push is a view of the gradient buffer and a
 pull writes straight into the parameter buffer. Page alignment keeps loopback TCP
-copies fast (ZMQ_NOTES.md, point 8).
+copies fast (docs/performance.md).
 """
 
 import mmap

@@ -1,7 +1,7 @@
 """Which of a server's endpoints a client connects to.
 
 Every server listens on tcp and, for clients on its own host, on a unix socket
-(ipc://, ~30 % faster for large shards: ZMQ_NOTES.md). A client on the server's
+(ipc://, faster for large shards: docs/performance.md). A client on the server's
 host (same hostname) takes the ipc endpoint when it can open it; any other takes
 tcp. `--transport tcp` (or OMNIPS_TRANSPORT=tcp) keeps every client on tcp.
 """

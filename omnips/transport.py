@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 LINGER_MS = 1000  # long enough for a final reply to leave, short enough not to hang exit
 # glibc settings that stop large ZeroMQ buffers from being mmap'ed and unmapped per
-# message (ZMQ_NOTES.md: 2.5-4x faster push+pull). Launchers put these in the child's
+# message (docs/performance.md: several times faster push+pull). Launchers put these in the child's
 # environment; `tune_malloc` applies the same in-process for roles started by hand.
 MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "4294967295",
               "MALLOC_ARENA_MAX": "1"}
@@ -89,7 +89,7 @@ SWEEP_AFTER_S = 60.0  # a socket younger than this may be a starting server's, b
 def bind_ipc(sock: zmq.Socket) -> tuple[str, str]:
     """Also bind `sock` to a unix socket, in a new directory only this user may enter
     (mkdtemp: mode 0700), for clients on this host: 44 MB moves ~30 % faster than over
-    tcp loopback (ZMQ_NOTES.md). Returns the endpoint and the directory, which the
+    tcp loopback (docs/performance.md). Returns the endpoint and the directory, which the
     caller removes at exit (a killed server cannot: the next one sweeps it away). A
     socket that `bind` made a CURVE server is one here too: its options hold for every
     endpoint it binds."""

@@ -18,7 +18,8 @@ from pathlib import Path
 from omnips import checkpoint
 from omnips.protocol import Saved
 
-from .shard import Outgoing, ShardCore, ShardState, Snapshot
+from .shard import Outgoing, ShardCore
+from .shard_state import ShardState, Snapshot
 
 log = logging.getLogger("omnips.server")
 

@@ -20,7 +20,8 @@ from omnips.protocol import Ack, Error, Init, Params, Plan, ProtocolError, Push,
 
 from . import checkpointer
 from .outbox import Outbox
-from .shard import Outgoing, ShardCore, Snapshot
+from .shard import Outgoing, ShardCore
+from .shard_state import Snapshot
 
 log = logging.getLogger("omnips.server")
 

@@ -32,22 +32,22 @@ def push(rank, step, data, batch=4, ver=None, gen=0):
 
 def snapshot(core: ShardCore) -> dict:
     """Everything a refused message must leave alone."""
-    buf = getattr(core._opt, "buf", None)
+    buf = getattr(core.store.opt, "buf", None)
     return {
         "values": core.values.copy(),
         "version": core.version,
         "initialized": core.initialized,
         "pending": {r: (peer, p.step, p.batch, [(lo, v.copy()) for lo, v in segs], t)
-                    for r, (peer, p, t, segs) in core._pending.items()},
-        "owner": dict(core._owner),
-        "last_step": dict(core._last_step),
-        "pulls": list(core._pulls),
-        "held": [(peer, p.rank, p.step, t) for peer, p, t in core._held],
+                    for r, (peer, p, t, segs) in core.barrier.pending.items()},
+        "owner": dict(core.members.owner),
+        "last_step": dict(core.holds.last_step),
+        "pulls": list(core._pulls.entries),
+        "held": [(peer, p.rank, p.step, t) for peer, p, t in core.holds.held],
         "plan": core.plan,
         "momentum": None if buf is None else buf.clone().numpy(),
         "updates": core.updates,
         "staleness": (core.staleness_sum, core.staleness_max),
-        "asynchrony": core._async.state(),
+        "asynchrony": core.store.correction.state(),
     }
 
 

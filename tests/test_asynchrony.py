@@ -67,11 +67,11 @@ def test_momentum_correction_lowers_momentum_by_the_implicit_momentum_and_keeps_
     core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=LR, momentum=0.5, weight_decay=WD,
                      init=X0, async_correction="momentum")
     drive(core, [(0, 0, 0), (1, 0, 0), (2, 0, 0), (0, 1, 0)], gs[:4])
-    assert core._async.step(0.1, 1 / 3, core._opt) == (pytest.approx(0.1 / 3 * KEEP_STEP * 2), 0.0)
+    assert core.store.correction.step(0.1, 1 / 3, core.store.opt) == (pytest.approx(0.1 / 3 * KEEP_STEP * 2), 0.0)
     # a step at momentum 0 leaves in the buffer what a plain SGD step would: g + weight decay * p
     before = core.values[:4].astype(np.float64).copy()
     drive(core, [(1, 1, 1)], [gs[4]])
-    np.testing.assert_allclose(core._opt.buf.numpy(), gs[4][:4] + WD * before, rtol=1e-6)
+    np.testing.assert_allclose(core.store.opt.buf.numpy(), gs[4][:4] + WD * before, rtol=1e-6)
 
 
 def test_momentum_correction_lowers_adams_beta1_the_same_way():
@@ -160,13 +160,13 @@ def test_the_staleness_measured_survives_a_checkpoint_and_a_malformed_record_is_
     state = core.state()
     twin = make_core(mode="asp", n=6, num_trained=4, global_batch=24, async_correction="momentum")
     twin.restore(state)
-    assert twin._async.state() == core._async.state() == {"staleness": running_means(STALENESS)[-1],
+    assert twin.store.correction.state() == core.store.correction.state() == {"staleness": running_means(STALENESS)[-1],
                                                           "seen": len(STALENESS)}
     bad = make_core(mode="asp", n=6, num_trained=4, global_batch=24, async_correction="momentum")
     broken = type(state)({**state.meta, "asynchrony": {"staleness": -1.0, "seen": 2}}, state.arrays)
     with pytest.raises(ValueError, match="staleness record"):
         bad.restore(broken)
-    assert not bad.initialized and bad._async.state() == {"staleness": 0.0, "seen": 0}
+    assert not bad.initialized and bad.store.correction.state() == {"staleness": 0.0, "seen": 0}
 
 
 def test_a_restore_refused_for_its_optimizer_state_leaves_the_staleness_record_alone():
@@ -175,11 +175,11 @@ def test_a_restore_refused_for_its_optimizer_state_leaves_the_staleness_record_a
     state = core.state()
     other = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=X0, async_correction="momentum")
     drive(other, ARRIVALS[:2])
-    before = other._async.state()
+    before = other.store.correction.state()
     arrays = {**state.arrays, "opt.momentum_buffer": state.arrays["opt.momentum_buffer"][:2]}
     with pytest.raises(ValueError, match="momentum_buffer"):
         other.restore(type(state)(state.meta, arrays))
-    assert other._async.state() == before != core._async.state()
+    assert other.store.correction.state() == before != core.store.correction.state()
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
@@ -203,6 +203,6 @@ def test_after_a_restore_look_ahead_replies_derive_from_the_restored_values_neve
 def test_a_departed_worker_leaves_no_copy_of_the_values_sent_to_it():
     core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=X0, async_correction="dc")
     drive(core, ARRIVALS[:3])
-    assert sorted(core._async._sent) == [0, 1, 2]
+    assert sorted(core.store.correction._sent) == [0, 1, 2]
     core.set_plan(Plan(gen=1, batches=[12, 12, 0], departed=[[2, 0]]), 0.0)
-    assert sorted(core._async._sent) == [0, 1]
+    assert sorted(core.store.correction._sent) == [0, 1]

@@ -212,7 +212,7 @@ def test_a_core_refuses_a_bad_part_without_a_change_and_a_dropped_push_voids_its
     assert_refused(core, PEERS[0], Push(rank=0, step=0, ver=0, batch=4, gen=0, data=g[:3], offset=0, whole=7),
                    "bad_length")
     assert core.handle(PEERS[0], push(0, 0, [], batch=0), 1.0) == []  # dropped: waits at the barrier
-    assert 0 in core._pending and core._parts.open == 0
+    assert 0 in core.barrier.pending and core._parts.open == 0
     assert_refused(core, PEERS[0], parts_of(g, [3])[1], "duplicate")  # the rest of the voided push
     assert core._parts.open == 0
     for r in (1, 2):
@@ -220,7 +220,7 @@ def test_a_core_refuses_a_bad_part_without_a_change_and_a_dropped_push_voids_its
     assert core.version == 1
     assert core.handle(PEERS[0], parts_of(g, [3], step=1)[0], 1.0) == []  # a later step replaces it
     out = core.handle(PEERS[0], parts_of(g, [3], step=1)[1], 1.0)
-    assert core._parts.open == 0 and core.parts_joined == 1 and 0 in core._pending, out
+    assert core._parts.open == 0 and core.parts_joined == 1 and 0 in core.barrier.pending, out
 
 
 def test_a_refused_whole_push_leaves_the_parts_of_its_step_being_assembled():
@@ -231,7 +231,7 @@ def test_a_refused_whole_push_leaves_the_parts_of_its_step_being_assembled():
     assert_refused(core, PEERS[0], push(0, 0, [1, 1]), "bad_length")
     assert_refused(core, PEERS[0], push(0, 0, [1, np.nan, 1, 1, 1, 1]), "non_finite")
     assert core._parts.open == 1
-    assert core.handle(PEERS[0], rest, 1.0) == [] and core.parts_joined == 1 and 0 in core._pending
+    assert core.handle(PEERS[0], rest, 1.0) == [] and core.parts_joined == 1 and 0 in core.barrier.pending
 
 
 @pytest.mark.parametrize("peer, part, code", [
@@ -274,7 +274,7 @@ def test_parts_are_checked_finite_as_they_come_and_a_non_finite_one_fails_the_pu
     core = make_core(n=8, init=np.ones(8))
     assert core.handle(PEERS[0], parts_of(bad, [3])[1], 1.0) == []  # the non-finite part first: joined anyway
     assert_refused(core, PEERS[0], parts_of(bad, [3])[0], "non_finite")  # the whole push is refused
-    assert core.version == 0 and not core._pending and core._parts.open == 0
+    assert core.version == 0 and not core.barrier.pending and core._parts.open == 0
     np.testing.assert_array_equal(core.values, np.ones(8))
 
 

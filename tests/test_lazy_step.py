@@ -35,7 +35,7 @@ def _pushed(core: ShardCore, values: np.ndarray, cuts: list[int], **fields):
 
 
 def _state(core: ShardCore) -> tuple:
-    scalars, buffers = core._opt.state()
+    scalars, buffers = core.store.opt.state()
     return core.values.copy(), scalars, buffers, core.version, core.updates
 
 
@@ -84,7 +84,7 @@ def test_a_step_written_in_ranges_is_the_step_written_whole(case):
         assert all(isinstance(o.msg, Params) for o in got) and got
         stepped = any(case["batches"]) or mode == "asp"
         # corrections that read the whole step to answer (look-ahead replies, values sent kept) write it whole
-        whole = mode == "asp" and (lazy._async.tracks_sent or lazy._async.moves_replies)
+        whole = mode == "asp" and (lazy.store.correction.tracks_sent or lazy.store.correction.moves_replies)
         for hi in cuts_of_ready:
             lazy.ready(hi)
             upto = min(n, -(-hi // ALIGN) * ALIGN)  # ranges end at multiples of ALIGN
@@ -122,7 +122,7 @@ def test_state_and_detach_write_the_step_first():
     lazy.handle(PEERS[0], push(0, 1, g, ver=1), 0.0, lazy=True)
     lazy.detach()
     np.testing.assert_array_equal(lazy.values, eager.values)
-    assert torch.equal(lazy._opt.buf, eager._opt.buf)
+    assert torch.equal(lazy.store.opt.buf, eager.store.opt.buf)
 
 
 def test_a_held_ssp_reply_carries_the_narrowed_shard_of_the_step_that_releases_it():

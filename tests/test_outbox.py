@@ -170,7 +170,7 @@ def test_the_server_refuses_pushes_from_a_peer_that_does_not_read_and_tells_it_o
             rogue.send_multipart(protocol.encode(push(1, step, grad)))
         # held (the shard never gets there): once it is, the three pushes before it were handled
         rogue.send_multipart(protocol.encode(Pull(req=9, at=1000)))
-        poll_until(lambda: core._pulls or None, 10, "the rogue's pull was not held")
+        poll_until(lambda: core._pulls.entries or None, 10, "the rogue's pull was not held")
         honest.send_multipart(protocol.encode(push(0, 0, grad)))
         assert isinstance(_decoded(honest), Params)  # served, the rogue's reply still queued
         assert stop() == 0
@@ -193,7 +193,7 @@ def test_snapshot_replies_queued_unread_share_one_copy_of_the_values(linked, tmp
         for version, count in held.items():
             for _ in range(count):
                 puller.send_multipart(protocol.encode(Pull(req=version, at=version)))
-        poll_until(lambda: len(core._pulls) == 11 or None, 10, "the pulls were not held")
+        poll_until(lambda: len(core._pulls.entries) == 11 or None, 10, "the pulls were not held")
         for step in range(2):
             honest.send_multipart(protocol.encode(push(0, step, grad)))
             assert isinstance(_decoded(honest), Params)

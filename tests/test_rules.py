@@ -13,7 +13,8 @@ PACKAGES = ("omnips",) + ROLES
 # Sans-IO modules: they take events and return instructions, so they must not need sockets.
 PURE = ("omnips.batching", "omnips.timemodel", "omnips.sharding", "omnips.data", "omnips.protocol",
         "omnips.job", "omnips.optim", "omnips.wire", "omnips.checkpoint", "server.shard", "server.asynchrony",
-        "server.assembly", "scheduler.control", "scheduler.regret", "scheduler.registry",
+        "server.assembly", "server.barrier", "server.holds", "server.values", "server.members", "server.pulls",
+        "server.shard_state", "scheduler.control", "scheduler.regret", "scheduler.registry",
         "scheduler.disturbance", "scheduler.stopping", "scheduler.divergence")
 MAX_LINES = 400
 # The command-line front door starts every role's parser and checks; the one place in
@@ -21,7 +22,7 @@ MAX_LINES = 400
 FRONT_DOOR = {"omnips/cli.py"}
 # Modules over MAX_LINES today, at their size: they may shrink, not grow (each is to be
 # split into a pure core beside a thin driver).
-OVERSIZE = {"omnips/protocol.py": 500, "scheduler/service.py": 788, "server/shard.py": 673}
+OVERSIZE = {"omnips/protocol.py": 500, "scheduler/service.py": 788}
 
 
 def _modules() -> dict[str, Path]:
@@ -64,7 +65,7 @@ def _role(module: str) -> str | None:
 def test_the_rules_see_every_package():
     assert {n.split(".")[0] for n in MODULES} == set(PACKAGES)
     assert "server.shard" in MODULES and "omnips.protocol" in MODULES
-    assert _imports("server.shard", True) >= {"omnips.protocol", "server.asynchrony"}
+    assert _imports("server.shard", True) >= {"omnips.protocol", "server.barrier", "server.values"}
 
 
 @pytest.mark.parametrize("name", [n for n in MODULES if _role(n)])

@@ -61,5 +61,5 @@ def test_steps_from_parts_at_odd_offsets_equal_the_steps_from_whole_pushes_bit_f
                 parted.handle(PEERS[rank], part, 1.0)
     assert parted.version == whole.version > 0 and parted.parts_joined == 4 * workers
     np.testing.assert_array_equal(parted.values, whole.values)
-    for name, buffer in whole._opt.state()[1].items():
-        np.testing.assert_array_equal(parted._opt.state()[1][name], buffer)
+    for name, buffer in whole.store.opt.state()[1].items():
+        np.testing.assert_array_equal(parted.store.opt.state()[1][name], buffer)

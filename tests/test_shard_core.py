@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from omnips import protocol
 from omnips.protocol import Ack, Checkpoint, Heartbeat, Init, Params, Plan, Pull, Push
-from server.shard import MAX_AHEAD, Outgoing
+from server.pulls import MAX_AHEAD
+from server.shard import Outgoing
 
 from shard_helpers import PEERS, SCHED, assert_refused, assert_same_state, make_core, push, round_trip, snapshot
 
@@ -117,8 +118,8 @@ def test_buffer_slots_take_the_weighted_mean_and_never_see_the_optimizer():
         mean = (np.array(batches)[:, None] * data).sum(0) / 6
         np.testing.assert_allclose(core.values[4:], mean[4:], rtol=1e-6)
     # the optimizer holds state for the trained slots only
-    assert core._opt.buf.numel() == 4
-    assert core._opt.param.numel() == 4
+    assert core.store.opt.buf.numel() == 4
+    assert core.store.opt.param.numel() == 4
 
 
 def test_shard_of_buffers_only():
@@ -329,7 +330,7 @@ def test_pull_before_init_is_answered_at_init():
     assert out[0] == Outgoing(PEERS[0], Ack())
     replies = [(o.to, o.msg.req, o.msg.version, o.msg.held_s, o.msg.plan, o.msg.data.tolist()) for o in out[1:]]
     assert replies == [(SCHED, 5, 0, 2.5, None, [1, 2, 3]), (b"w1", 6, 0, 2.0, None, [1, 2, 3])]
-    assert len(core._pulls) == 1  # the pull at version 1 still waits
+    assert len(core._pulls.entries) == 1  # the pull at version 1 still waits
 
 
 def test_pull_at_a_future_version_is_answered_exactly_then():
@@ -350,7 +351,7 @@ def test_pull_at_a_future_version_is_answered_exactly_then():
         else:
             assert pulls == []
         assert len(outs) == 3 + len(pulls)
-    assert core._pulls == []
+    assert core._pulls.entries == []
 
 
 def test_pull_now_and_at_the_current_version():
@@ -393,7 +394,7 @@ def test_a_pull_or_checkpoint_at_a_version_the_job_never_reaches_is_refused(mode
     assert_same_state(before, snapshot(core))
     # the scheduler's: a checkpoint before the end, the final evaluation at it
     assert core.handle(SCHED, Checkpoint(req=3, step=4, at=last - 1), 0.0) == []
-    assert core.handle(SCHED, Pull(req=4, at=last), 0.0) == [] and len(core._pulls) == 2
+    assert core.handle(SCHED, Pull(req=4, at=last), 0.0) == [] and len(core._pulls.entries) == 2
 
 
 # -- batch plans ride on push replies -------------------------------------------------
@@ -439,7 +440,7 @@ def test_bsp_step_completes_without_a_departed_worker_and_drops_its_partial_push
     core.handle(PEERS[0], push(0, 0, [1, 1]), 0.0)
     assert core.handle(PEERS[2], push(2, 0, [9, 9]), 0.0) == []  # reached this shard, then it died
     out = core.set_plan(Plan(gen=1, batches=[6, 6, 0], departed=[[2, -1]]), 0.0)
-    assert out == [] and 2 not in core._pending  # its step-0 push reached not every shard: no shard uses it
+    assert out == [] and 2 not in core.barrier.pending  # its step-0 push reached not every shard: no shard uses it
     out = core.handle(PEERS[1], push(1, 0, [3, 3]), 0.0)
     assert sorted(o.to for o in out) == [PEERS[0], PEERS[1]] and core.version == 1
     np.testing.assert_allclose(core.values, [-0.2, -0.2], rtol=1e-6)  # mean of 1 and 3, lr 0.1
@@ -493,7 +494,7 @@ def test_bsp_refuses_a_push_under_a_plan_no_step_runs_any_more():
         core.handle(PEERS[r], push(r, 0, [1, 1], gen=1), 0.0)
     assert core.version == 1  # step 0 ran plan 1: plan 0 is done
     assert_refused(core, PEERS[0], push(0, 1, [1, 1], gen=0), "bad_gen")
-    assert core._pending_gen is None
+    assert core.barrier.gen is None
     # a newer plan may reach a worker (in another shard's reply) first: its step waits for it
     assert core.handle(PEERS[0], push(0, 1, [1, 1], gen=2), 0.0) == []
     assert core.handle(PEERS[1], push(1, 1, [1, 1], gen=2), 0.0) == []
@@ -533,7 +534,7 @@ def test_ssp_refuses_a_push_while_its_last_reply_is_held_and_keeps_no_gradient()
     assert gone() is None  # the held reply does not keep the gradient
     for step in (1, 2, 10**15):
         assert_refused(core, PEERS[0], push(0, step, [1, 1, 1, 1], ver=1), "reply_held")
-    assert len(core._held) == 1 and core.updates == 1
+    assert len(core.holds.held) == 1 and core.updates == 1
     out = core.handle(PEERS[1], push(1, 0, [1, 1, 1, 1]), 1.0)
     assert [(o.to, o.msg.req) for o in out] == [(PEERS[0], 0), (PEERS[1], 0)]
     assert core.handle(PEERS[0], push(0, 1, [1, 1, 1, 1], ver=2), 2.0) == []  # answered: it may push again

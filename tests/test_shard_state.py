@@ -16,7 +16,8 @@ from omnips.checkpoint import CheckpointError, FileInfo
 from omnips.job import JobSpec
 from omnips.protocol import Checkpoint, Init, Params, Pull, Saved
 from server import checkpointer
-from server.shard import ShardCore, ShardState, Snapshot
+from server.shard import ShardCore
+from server.shard_state import ShardState, Snapshot
 
 from helpers import written
 from shard_helpers import PEERS, SCHED, assert_same_state, push, snapshot
@@ -127,7 +128,7 @@ def test_asp_restore_takes_the_workers_resume_steps():
     run_steps(core, np.random.default_rng(1), 5)
     fresh = core_for("asp", dict(momentum=0.9), init=False)
     fresh.restore(core.state(), next_steps=[5, 3, 0])
-    assert fresh._last_step == {0: 4, 1: 2}
+    assert fresh.holds.last_step == {0: 4, 1: 2}
     out = fresh.handle(PEERS[1], push(1, 3, np.ones(6), ver=fresh.version), 0.0)
     assert isinstance(out[0].msg, Params)
     with pytest.raises(ValueError, match="one step count per worker"):
