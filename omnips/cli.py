@@ -1,5 +1,6 @@
 """The user's command: `omnips launch` starts a whole local cluster and shows its progress;
-`omnips plot RUN_DIR` draws a run; `omnips keygen DIR` makes the keys for --keys."""
+`omnips plot RUN_DIR` draws a run; `omnips status ADDRESS|RUN_DIR` shows a job's status;
+`omnips keygen DIR` makes the keys for --keys."""
 
 import argparse
 import contextlib
@@ -140,6 +141,8 @@ def launch(argv) -> int:
                            keys=args.keys.path if args.keys else None)
     try:
         cluster.start()
+        if cluster.status_url:
+            print(f"status page: {cluster.status_url}  (omnips status {cluster.status_url})", file=sys.stderr)
         show = Progress(run_dir, enabled=not args.no_progress)
         deadline = time.monotonic() + args.timeout
         while cluster.poll() is None:
@@ -284,9 +287,11 @@ def keygen(argv) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"launch": launch, "plot": plot, "keygen": keygen}
+    from .status_view import main as status
+    commands = {"launch": launch, "plot": plot, "keygen": keygen, "status": status}
     if not argv or argv[0] not in commands:
-        print("usage: omnips launch [options] | omnips plot RUN_DIR | omnips keygen DIR   (--help for each)",
+        print("usage: omnips launch [options] | omnips status ADDRESS|RUN_DIR | omnips plot RUN_DIR | "
+              "omnips keygen DIR   (--help for each)",
               file=sys.stderr)
         return 2
     return commands[argv[0]](argv[1:])
