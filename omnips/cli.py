@@ -15,6 +15,7 @@ from .flags import add_security, add_transport, duration, nonempty
 from .job import JobSpec
 from .launch import LaunchError, LocalCluster, WorkerSpec
 from .plot import PlotError, plot_run
+from .status import ETA_WINDOW_S, duration, eta_s
 
 PER_WORKER = {  # launcher flag -> (WorkerSpec field, type)
     "capacity": ("capacity", float),
@@ -205,6 +206,7 @@ class Progress:
         self.accuracy = None
         self.diverged: str | None = None  # the scheduler's hint, once it finds the job diverged
         self._window: list[tuple[float, int]] = []  # (t, batch) of recent steps
+        self._progress: list[tuple[float, float]] = []  # (t, epoch) over the ETA's window
         self._printed = 0.0
 
     def _read(self) -> None:
@@ -222,6 +224,7 @@ class Progress:
                 elif e["event"] == "step":
                     self.epoch = e["epoch"]
                     self._window.append((e["t"], e["batch"]))
+                    self._progress.append((e["t"], e["epoch"]))
                 elif e["event"] == "eval":
                     self.accuracy = e["test_accuracy"]
                 elif e["event"] == "diverged":
@@ -233,11 +236,15 @@ class Progress:
         span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
         rate = sum(b for _, b in recent[1:]) / span if span > 0 else 0.0
         total = self.budget_epochs
+        self._progress = [p for p in self._progress if p[0] >= self._progress[-1][0] - ETA_WINDOW_S] \
+            if self._progress else []
+        eta = eta_s([(t, epoch / total) for t, epoch in self._progress]) if total else None
         bar = "#" * int(min(1.0, self.epoch / total) * 30) if total else ""
         budget = f"{round(total, 4):g}" if total else "?"  # "?" until the scheduler's start event
         acc = f"{self.accuracy:.3f}" if self.accuracy is not None else "-"
         warning = f"  DIVERGED: {self.diverged}" if self.diverged else ""
-        return f"[{bar:<30}] epoch {self.epoch:6.2f}/{budget}  {rate:8.0f} samples/s  test acc {acc}{warning}"
+        return (f"[{bar:<30}] epoch {self.epoch:6.2f}/{budget}  {rate:8.0f} samples/s  ETA {duration(eta):>6}  "
+                f"test acc {acc}{warning}")
 
     def update(self, final: bool = False) -> None:
         if not self.enabled:

@@ -25,6 +25,16 @@ def eta_s(points) -> float | None:
     return max(0.0, (1.0 - f1) * (t1 - t0) / (f1 - f0))
 
 
+def duration(s: float | None) -> str:
+    """Seconds as a person reads them: 45s, 3m05s, 2h10m; '-' for None."""
+    if s is None:
+        return "-"
+    s = round(s)
+    h, m = divmod(s, 3600)
+    m, sec = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
+
+
 def _describe(e: dict) -> str | None:
     """One line for the recent-events list; None for events it leaves out (steps, probes)."""
     kind = e["event"]

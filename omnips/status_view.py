@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from .metrics import read_events
-from .status import StatusBook
+from .status import StatusBook, duration
 
 FETCH_TIMEOUT_S = 10.0
 
@@ -58,15 +58,6 @@ def _cell(v, digits: int = 1) -> str:
     if isinstance(v, float):
         return f"{v:.{digits}f}"
     return str(v)
-
-
-def duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    s = round(s)
-    h, m = divmod(s, 3600)
-    m, sec = divmod(m, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
 
 
 def table(snap: dict, now_unix: float | None = None) -> str:
