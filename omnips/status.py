@@ -78,16 +78,15 @@ class StatusBook:
         self.plan_changes: deque = deque(maxlen=PLAN_CHANGES_KEPT)
         self.changes_by_reason: Counter = Counter()
         self.max_batch: list | None = None  # the controller's bounds, from its latest plan
-        self.steps = 0  # BSP: the furthest global step; ASP/SSP: updates (the furthest step per worker, summed)
-        self._worker_steps: dict[int, int] = {}
-        self.samples = 0
-        self.epoch = 0.0
-        self.last_step_t: float | None = None
+        self._last: dict[int, dict] = {}  # rank -> its worker's latest step event
+        self._latest: dict | None = None  # the latest step event
+        self._step_events = 0
+        self._top_step = -1  # the furthest step number reported
+        self._top_epoch = 0.0
         self.test_accuracy: float | None = None
         self.versions: list | None = None  # the servers' versions at the latest evaluation
         self.step_time = _Series()  # (t, seconds of the step: compute + network + wait)
         self.accuracy = _Series()  # (t, epoch, accuracy)
-        self._last_step_no = -1
         self._progress: deque = deque()  # (t, fraction) over ETA_WINDOW_S
         self.events: deque = deque(maxlen=EVENTS_KEPT)
         self.events_total = 0
@@ -96,10 +95,15 @@ class StatusBook:
     # -- events in ----------------------------------------------------------------
     def on_event(self, e: dict) -> None:
         self.events_total += 1
-        self.t = e.get("t", self.t)
+        self.t = e["t"]
         kind = e["event"]
-        if kind == "step":
-            self._step(e)  # first and alone: one event per worker per step
+        if kind == "step":  # one per worker report: the hot path, a few assignments
+            self._last[e["worker"]] = self._latest = e
+            self._step_events += 1
+            if e["epoch"] > self._top_epoch:  # a rewind takes the epoch back, not the samples consumed
+                self._top_epoch = e["epoch"]
+            if e["step"] > self._top_step:  # once per step (BSP: its workers' times are alike)
+                self._new_step(e)
             return
         handler = getattr(self, "_on_" + kind, None)
         if handler is not None:
@@ -108,27 +112,14 @@ class StatusBook:
         if line is not None:
             self.events.append({"t": e.get("t"), "event": kind, "text": line})
 
-    def _step(self, e: dict) -> None:
-        rank, step = e["worker"], e["step"]
-        w = self.workers.setdefault(rank, {"rank": rank})
-        w.update(state="training", batch=e["batch"], compute_s=e["compute_s"], network_s=e["network_s"],
-                 wait_s=e["wait_s"], staleness=e.get("staleness", 0), loss=e.get("loss"),
-                 mem_free=e.get("mem_free", 0), mem_batch=e.get("mem_batch", 0), step=step)
-        self._worker_steps[rank] = max(self._worker_steps.get(rank, 0), step + 1)
-        self.steps = max(self.steps, max(self._worker_steps.values()) if self.job.get("mode") == "bsp"
-                         else sum(self._worker_steps.values()))
-        self.epoch = e["epoch"]
-        train = self.start.get("train_size")
-        if train:
-            self.samples = max(self.samples, round(self.epoch * train))
-        self.last_step_t = e["t"]
-        if step > self._last_step_no:  # one point per step (BSP: its workers' times are alike)
-            self._last_step_no = step
-            self.step_time.add((e["t"], e["compute_s"] + e["network_s"] + e["wait_s"]))
+    def _new_step(self, e: dict) -> None:
+        t = e["t"]
+        self._top_step = e["step"]
+        self.step_time.add((t, e["compute_s"] + e["network_s"] + e["wait_s"]))
         budget = self.start.get("budget_epochs")
         if budget:
-            self._progress.append((e["t"], min(1.0, self.epoch / budget)))
-            while self._progress[-1][0] - self._progress[0][0] > ETA_WINDOW_S:
+            self._progress.append((t, min(1.0, e["epoch"] / budget)))
+            while t - self._progress[0][0] > ETA_WINDOW_S:
                 self._progress.popleft()
 
     def _on_start(self, e: dict) -> None:
@@ -141,8 +132,7 @@ class StatusBook:
         lost = e["change"] == "lost"
         row.update(host=e.get("host"), device=e.get("device"), state="lost" if lost else "joined")
         if not lost and e["role"] == "worker":
-            for key in ("batch", "compute_s", "network_s", "wait_s", "staleness", "mem_free", "mem_batch"):
-                row.pop(key, None)  # a new worker in a rank starts a new row
+            self._last.pop(e["rank"], None)  # a new worker in a rank starts a new row
 
     def _on_assign(self, e: dict) -> None:
         self.plan = {k: e.get(k) for k in ("gen", "batches", "reason", "step", "predicted_step_s", "rule")}
@@ -167,21 +157,43 @@ class StatusBook:
                 w["state"] = "finished" if self.state == "completed" else "stopped"
 
     # -- snapshot out -------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """BSP: the furthest global step; ASP/SSP: updates reported (replays after a rewind count again)."""
+        return self._top_step + 1 if self.job.get("mode") == "bsp" else self._step_events
+
+    @property
+    def samples(self) -> int:
+        """Training samples consumed: the furthest epoch over the training set (as the scheduler counts them)."""
+        return round(self._top_epoch * self.start.get("train_size", 0))
+
+    @property
+    def epoch(self) -> float:
+        return self._latest["epoch"] if self._latest else 0.0
+
+    @property
+    def last_step_t(self) -> float | None:
+        return self._latest["t"] if self._latest else None
+
     def _worker_row(self, w: dict) -> dict:
-        total = w.get("compute_s", 0) + w.get("network_s", 0) + w.get("wait_s", 0)
-        rank = w["rank"]
-        bound = w.get("mem_batch") or (self.max_batch[rank] if self.max_batch and rank < len(self.max_batch)
-                                       else None)
-        return {"rank": rank, "host": w.get("host"), "device": w.get("device"), "state": w.get("state", "joined"),
-                "batch": w.get("batch"),
-                "compute_ms": 1000 * w["compute_s"] if "compute_s" in w else None,
-                "step_ms": 1000 * total if "compute_s" in w else None,
-                "wait_share": (w["network_s"] + w["wait_s"]) / total if "compute_s" in w and total > 0 else None,
-                "staleness": w.get("staleness"), "loss": w.get("loss"),
-                "mem_free_bytes": w.get("mem_free") or None, "mem_bound": bound, "step": w.get("step")}
+        rank, e = w["rank"], self._last.get(w["rank"])
+        state = w.get("state", "joined")
+        row = {"rank": rank, "host": w.get("host"), "device": w.get("device"),
+               "state": "training" if state == "joined" and e is not None else state,
+               "batch": None, "compute_ms": None, "step_ms": None, "wait_share": None, "staleness": None,
+               "loss": None, "mem_free_bytes": None, "step": None,
+               "mem_bound": self.max_batch[rank] if self.max_batch and rank < len(self.max_batch) else None}
+        if e is not None:
+            total = e["compute_s"] + e["network_s"] + e["wait_s"]
+            row.update(batch=e["batch"], compute_ms=1000 * e["compute_s"], step_ms=1000 * total,
+                       wait_share=(e["network_s"] + e["wait_s"]) / total if total > 0 else None,
+                       staleness=e.get("staleness", 0), loss=e.get("loss"), mem_free_bytes=e.get("mem_free") or None,
+                       step=e["step"])
+            row["mem_bound"] = e.get("mem_batch") or row["mem_bound"]
+        return row
 
     def snapshot(self) -> dict:
-        workers = [self._worker_row(self.workers[r]) for r in sorted(self.workers)]
+        workers = [self._worker_row(self.workers.get(r, {"rank": r})) for r in sorted({*self.workers, *self._last})]
         timed = [w for w in workers if w["state"] != "lost" and w["compute_ms"] is not None]
         straggler = max(timed, key=lambda w: w["compute_ms"])["rank"] if len(timed) > 1 else None
         budget = self.start.get("budget_epochs")
@@ -199,6 +211,7 @@ class StatusBook:
             servers.append({**self.servers[s], "shard": list(ranges[s]) if s < len(ranges) else None,
                             "version": version})
         ended = self.state not in ("forming", "running")
+        eta = None if ended or fraction is None else eta_s([*self._progress, (self.last_step_t, fraction)])
         return {
             "job": {k: self.job.get(k) for k in ("mode", "batching", "num_workers", "num_servers", "global_batch",
                                                   "model", "dataset", "optimizer", "lr")},
@@ -206,7 +219,7 @@ class StatusBook:
             "state": self.state,
             "progress": {"steps": self.steps, "samples": self.samples, "epoch": self.epoch,
                          "budget_epochs": budget, "fraction": fraction,
-                         "eta_s": None if ended else eta_s(self._progress),
+                         "eta_s": eta,
                          "last_step_t": self.last_step_t, "last_step_unix": unix(self.last_step_t)},
             "plan": self.plan,
             "plan_changes": list(self.plan_changes),
