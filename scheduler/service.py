@@ -18,7 +18,7 @@ from omnips.batching import BatchPlan, memory_batch
 from omnips.checkpoint import Manifest, newest_complete, set_aside_after
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
-from omnips.metrics import RunDir, atomic_file, read_events
+from omnips.metrics import RunDir, atomic_file
 from omnips.protocol import (Ack, Checkpoint, Heartbeat, Params, Plan, Probe, ProtocolError, Register, Report, Restore,
                              Rewind, Saved, Shutdown)
 from omnips.servers import ServerError, ServerGroup
@@ -124,7 +124,7 @@ class Scheduler:
             self.endpoint = transport.bind(self.router, opts.host, opts.port, opts.keys)
             self.status = open_status(job.to_dict(), opts.run_dir, opts.status_host, opts.status_port, opts.token)
             self.run = RunDir(opts.run_dir, resume=resume is not None)
-            self.status.attach(self.run, read_events(opts.run_dir) if resume is not None else ())
+            self.status.attach(self.run, resumed=resume is not None)
             if resume is None:
                 self.run.write_config(job.to_dict())
             else:

@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from omnips import security
 from omnips.flags import port
-from omnips.metrics import finite
+from omnips.metrics import finite, read_events
 from omnips.status import StatusBook
 
 from . import status_metrics
@@ -125,30 +125,33 @@ class StatusPublisher:
     def __init__(self, job: dict, run_dir: str, host: str, port_: int, token: str):
         self.book = StatusBook(job, run_dir)
         self.snapshot = self.book.snapshot()
-        self._dirty, self._next = False, 0.0
+        self._published, self._next = 0, 0.0  # events in the published snapshot; when the next may be
         self.server = StatusServer(host, port_, token, lambda: self.snapshot)
         self.url = self.server.url
 
-    def attach(self, run, history=()) -> None:
-        """Take every event `run` (a RunDir) writes from now on, after `history` (a resumed
-        run's earlier events); the book's times become Unix times from run's clock."""
-        for e in history:
-            self.book.on_event(e)
+    def attach(self, run, resumed: bool = False) -> None:
+        """Take every event `run` (a RunDir) writes from now on, after those its metrics.jsonl
+        holds when `resumed`; the book's times become Unix times from run's clock."""
+        if resumed:
+            try:
+                for e in read_events(run.path):
+                    self.book.on_event(e)
+            except (ValueError, OSError) as exc:  # the page is no reason to refuse a resume
+                log.warning("scheduler: the status page shows no events from before the resume: %s", exc)
         self.book.unix_t0 = time.time() - (run.clock() - run.t0)
-        run.tap = self.on_event
+        run.tap = self.book.on_event  # straight in: one call per report
 
     def on_event(self, record: dict) -> None:
         self.book.on_event(record)
-        self._dirty = True
 
     def tick(self, now: float) -> None:
         """Once a loop turn: publish when something changed and the last is old enough."""
-        if self._dirty and now >= self._next:
+        if now >= self._next and self.book.events_total != self._published:
             self.publish(now)
 
     def publish(self, now: float) -> None:
         self.snapshot = self.book.snapshot()  # one reference swapped: readers see the old or the new whole
-        self._dirty, self._next = False, now + PUBLISH_EVERY_S
+        self._published, self._next = self.book.events_total, now + PUBLISH_EVERY_S
 
     def announce(self, say) -> None:
         say(f"omnips status page on {self.url}", flush=True)
@@ -162,7 +165,7 @@ class NoStatus:
 
     url = None
 
-    def attach(self, run, history=()) -> None:
+    def attach(self, run, resumed: bool = False) -> None:
         pass
 
     def tick(self, now: float) -> None:

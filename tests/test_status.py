@@ -162,6 +162,17 @@ def test_the_server_answers_with_the_published_snapshot_and_refuses_a_missing_to
         pub.close()
 
 
+def test_a_status_server_reachable_from_elsewhere_without_a_token_is_warned_about(caplog):
+    for host, token, warned in (("0.0.0.0", "", True), ("0.0.0.0", "tok", False), ("127.0.0.1", "", False)):
+        caplog.clear()
+        pub = StatusPublisher(JOB, "runs/x", host, 0, token)
+        pub.close()
+        said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert bool(said) is warned, (host, token, said)
+        if warned:
+            assert said[0].startswith(f"status server on {pub.url} without --token: anyone who can reach this port")
+
+
 def test_the_page_fetches_nothing_from_elsewhere():
     page = PAGE.read_text()
     assert not re.search(r"""(src|href)\s*=\s*["'](https?:)?//""", page)
