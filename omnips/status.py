@@ -80,7 +80,6 @@ class StatusBook:
         self.max_batch: list | None = None  # the controller's bounds, from its latest plan
         self._last: dict[int, dict] = {}  # rank -> its worker's latest step event
         self._latest: dict | None = None  # the latest step event
-        self._step_events = 0
         self._top_step = -1  # the furthest step number reported
         self._top_epoch = 0.0
         self.test_accuracy: float | None = None
@@ -89,22 +88,23 @@ class StatusBook:
         self.accuracy = _Series()  # (t, epoch, accuracy)
         self._progress: deque = deque()  # (t, fraction) over ETA_WINDOW_S
         self.events: deque = deque(maxlen=EVENTS_KEPT)
-        self.events_total = 0
-        self.t = 0.0  # time of the latest event
+        self._step_events = self._other_events = 0
+        # whom the job waits for, {"rank": R, "why": TEXT}, as the scheduler itself judges it; the
+        # scheduler sets it (it is in no event); the page and `omnips status` mark it before the straggler
+        self.waits_for: dict | None = None
+        self._t = 0.0  # time of the latest event other than a step
 
     # -- events in ----------------------------------------------------------------
     def on_event(self, e: dict) -> None:
-        self.events_total += 1
-        self.t = e["t"]
-        kind = e["event"]
-        if kind == "step":  # one per worker report: the hot path, a few assignments
+        if e["event"] == "step":  # one per worker report: the hot path, two assignments and a test
             self._last[e["worker"]] = self._latest = e
             self._step_events += 1
-            if e["epoch"] > self._top_epoch:  # a rewind takes the epoch back, not the samples consumed
-                self._top_epoch = e["epoch"]
             if e["step"] > self._top_step:  # once per step (BSP: its workers' times are alike)
                 self._new_step(e)
             return
+        self._other_events += 1
+        self._t = e["t"]
+        kind = e["event"]
         handler = getattr(self, "_on_" + kind, None)
         if handler is not None:
             handler(e)
@@ -163,8 +163,19 @@ class StatusBook:
         return self._top_step + 1 if self.job.get("mode") == "bsp" else self._step_events
 
     @property
+    def events_total(self) -> int:
+        return self._step_events + self._other_events
+
+    @property
+    def t(self) -> float:
+        """The time of the latest event."""
+        return max(self._t, self.last_step_t or 0.0)
+
+    @property
     def samples(self) -> int:
-        """Training samples consumed: the furthest epoch over the training set (as the scheduler counts them)."""
+        """Training samples consumed: the furthest epoch seen over the training set (as the scheduler
+        counts them; a rewind takes the epoch back, not the samples consumed)."""
+        self._top_epoch = max(self._top_epoch, self.epoch)
         return round(self._top_epoch * self.start.get("train_size", 0))
 
     @property
@@ -226,7 +237,7 @@ class StatusBook:
             "plan_changes_by_reason": dict(self.changes_by_reason),
             "workers": workers,
             "straggler": straggler,  # the slowest worker by compute time
-            "waits_for": None,  # whom the job waits for, from the scheduler's own account (not filled yet)
+            "waits_for": self.waits_for,
             "servers": servers,
             "test_accuracy": self.test_accuracy,
             "series": {"step_time": list(self.step_time.points), "accuracy": list(self.accuracy.points)},

@@ -191,6 +191,15 @@ def test_omnips_status_prints_a_finished_runs_table_from_its_files(tmp_path, cap
     assert "progress 40.0 %" in out and "plan 1 (window): batches [5, 3]" in out
 
 
+def test_whom_the_scheduler_finds_the_job_waiting_for_is_marked_before_the_slowest():
+    b = book()
+    b.waits_for = {"rank": 0, "why": "its pushes arrive last"}
+    s = b.snapshot()
+    assert s["straggler"] == 1 and s["waits_for"] == {"rank": 0, "why": "its pushes arrive last"}
+    marked = [line.split()[0] for line in status_view.table(s).splitlines() if line.endswith("<- straggler")]
+    assert marked == ["0"]
+
+
 def test_omnips_status_says_why_when_the_address_does_not_answer(capsys):
     assert status_view.main(["127.0.0.1:1"]) == 1
     assert "cannot read http://127.0.0.1:1/status.json" in capsys.readouterr().err
