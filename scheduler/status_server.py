@@ -55,15 +55,41 @@ def authorized(token: str, authorization: str | None, query: str) -> bool:
     return security.token_matches(given, token)
 
 
-def route(path: str, snapshot: dict, page: bytes, metrics) -> tuple[int, str, bytes]:
-    """(status code, content type, body) for GET `path`; `metrics()` makes the Prometheus text."""
+def route(path: str, page: bytes, render) -> tuple[int, str, bytes]:
+    """(status code, content type, body) for GET `path`; `render(kind)` makes the JSON or the
+    Prometheus text of the newest snapshot."""
     if path == "/":
         return 200, "text/html; charset=utf-8", page
     if path == "/status.json":
-        return 200, "application/json", json.dumps(finite(snapshot), allow_nan=False).encode()
+        return 200, "application/json", render("json")
     if path == "/metrics":
-        return 200, status_metrics.CONTENT_TYPE, metrics()
+        return 200, status_metrics.CONTENT_TYPE, render("metrics")
     return 404, "text/plain; charset=utf-8", f"no such page: {path} (try /, /status.json or /metrics)\n".encode()
+
+
+def render(snap: dict, kind: str) -> bytes:
+    if kind == "json":
+        return json.dumps(finite(snap), allow_nan=False).encode()
+    return status_metrics.exposition(status_metrics.registry(lambda: snap))
+
+
+class Rendered:
+    """The bodies of the newest snapshot, each made once (not once a request): however often
+    clients ask, the server's threads take the GIL from the loop about twice a second."""
+
+    def __init__(self, snapshot):
+        self.snapshot = snapshot
+        self._lock = threading.Lock()  # among the server's threads only; the loop never takes it
+        self._snap, self._bodies = None, {}
+
+    def __call__(self, kind: str) -> bytes:
+        with self._lock:
+            snap = self.snapshot()
+            if snap is not self._snap:
+                self._snap, self._bodies = snap, {}
+            if kind not in self._bodies:
+                self._bodies[kind] = render(snap, kind)
+            return self._bodies[kind]
 
 
 class StatusServer:
@@ -71,7 +97,7 @@ class StatusServer:
 
     def __init__(self, host: str, port_: int, token: str, snapshot):
         page = PAGE.read_bytes()
-        reg = status_metrics.registry(snapshot)
+        bodies = Rendered(snapshot)
 
         class Handler(BaseHTTPRequestHandler):
             timeout = REQUEST_TIMEOUT_S
@@ -82,7 +108,7 @@ class StatusServer:
                     self._send(401, "text/plain; charset=utf-8", b"this job's status needs its token: "
                                b"'Authorization: Bearer TOKEN' or ?token=TOKEN\n", {"WWW-Authenticate": "Bearer"})
                     return
-                self._send(*route(url.path, snapshot(), page, lambda: status_metrics.exposition(reg)))
+                self._send(*route(url.path, page, bodies))
 
             def _send(self, code: int, kind: str, body: bytes, headers=None):
                 self.send_response(code)

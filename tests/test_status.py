@@ -14,7 +14,7 @@ from omnips import status_view
 from omnips.status import StatusBook, eta_s
 from scheduler.__main__ import parser as scheduler_parser
 from scheduler.status_metrics import exposition, registry
-from scheduler.status_server import PAGE, StatusPublisher, authorized, open_status, route, status_port
+from scheduler.status_server import PAGE, Rendered, StatusPublisher, authorized, open_status, route, status_port
 
 JOB = {"mode": "bsp", "batching": "dynamic", "num_workers": 2, "num_servers": 2, "global_batch": 8,
        "model": "mlp", "dataset": "digits"}
@@ -111,11 +111,14 @@ def test_the_metrics_follow_prometheus_names_and_leave_out_what_is_not_known():
 
 def test_routes_serve_the_page_json_and_metrics_and_404_anything_else():
     snap = book().snapshot()
-    code, kind, body = route("/status.json", snap, b"<html>", lambda: b"m")
+    bodies = Rendered(lambda: snap)
+    code, kind, body = route("/status.json", b"<html>", bodies)
     assert code == 200 and kind == "application/json" and json.loads(body)["progress"]["steps"] == 4
-    assert route("/", snap, b"<html>", lambda: b"m")[:2] == (200, "text/html; charset=utf-8")
-    assert route("/metrics", snap, b"", lambda: b"m")[2] == b"m"
-    assert route("/admin", snap, b"", lambda: b"m")[0] == 404
+    assert route("/", b"<html>", bodies)[:3] == (200, "text/html; charset=utf-8", b"<html>")
+    metrics = route("/metrics", b"", bodies)[2]
+    assert b"omnips_steps_total 4.0" in metrics
+    assert route("/metrics", b"", bodies)[2] is metrics  # made once per snapshot
+    assert route("/admin", b"", bodies)[0] == 404
 
 
 def test_the_token_is_asked_for_by_bearer_header_or_query_when_the_job_has_one():
