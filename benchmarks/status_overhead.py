@@ -7,10 +7,11 @@ The scheduler's own report handler (Scheduler._on_report, as its loop calls it, 
 status server's once-a-turn tick) is driven in-process with --workers simulated BSP
 workers (no server or worker process runs; replies go to a socket without peers), each
 run a fresh scheduler through --steps global steps. With the status server on, a
-client thread scrapes /metrics and /status.json every --scrape-every seconds meanwhile,
-so the cost of answering it (its share of the GIL) is counted too.
+client thread scrapes /metrics and /status.json every few seconds (--rows) meanwhile,
+so the cost of answering it (its share of the GIL) is counted too. A third run per
+round, off again, measures the method's own noise.
 
-    python benchmarks/status_overhead.py [--workers 64] [--steps 200] [--rounds 6]
+    python benchmarks/status_overhead.py [--workers 64] [--steps 100] [--rounds 12]
 
 Prints a table and writes it to benchmarks/results/status_overhead.md.
 """
@@ -103,15 +104,17 @@ def fold_cost(workers: int, steps: int) -> float:
     return 1e6 * (time.thread_time() - start) / len(events)
 
 
+KINDS = ("off", "on", "off again")  # the last: a second baseline, whose ratio to the first is the noise alone
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=64)
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--rounds", type=int, default=6, help="off/on pairs per batching")
-    p.add_argument("--scrape-every", type=float, nargs="+", default=[1.0, 0.1],
-                   help="seconds between scrapes while on: the page refreshes every 1 s; Prometheus scrapes "
-                        "every 15 s by default")
-    p.add_argument("--batching", nargs="+", default=["uniform", "dynamic"])
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=12, help="rounds of three runs (off, on, off again) per row")
+    p.add_argument("--rows", nargs="+", default=["uniform:1", "dynamic:1", "uniform:0.1"], metavar="BATCHING:SCRAPE",
+                   help="batching and seconds between scrapes while on: the page refreshes every 1 s; "
+                        "Prometheus scrapes every 15 s by default")
     p.add_argument("--out", type=Path, default=HERE / "results" / "status_overhead.md")
     args = p.parse_args()
     logging.getLogger("omnips").setLevel(logging.ERROR)  # each run's replies go nowhere, and say so
@@ -119,38 +122,42 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="omnips-status-bench-") as tmp:
         n = 0
-        for batching in args.batching:
-            for every in args.scrape_every:
-                off_wall, on_wall, off_cpu, on_cpu = [], [], [], []
-                for i in range(args.rounds):
-                    order = ((False, off_wall, off_cpu), (True, on_wall, on_cpu))
-                    for status, walls, cpus in order[::-1] if i % 2 else order:  # on first every other round
-                        wall, cpu = run(Path(tmp), n, args, batching, status, every)
-                        walls.append(wall)
-                        cpus.append(cpu)
-                        n += 1
-                pair_wall = [b / a for a, b in zip(off_wall, on_wall)]
-                pair_cpu = [b / a for a, b in zip(off_cpu, on_cpu)]
-                rows.append((batching, every, off_wall, on_wall, pair_wall, off_cpu, on_cpu, pair_cpu))
+        for row in args.rows:
+            batching, every = row.split(":")
+            got = {kind: ([], []) for kind in KINDS}  # kind -> (wall, cpu) per round
+            for i in range(args.rounds):
+                for kind in KINDS[i % 3:] + KINDS[:i % 3]:  # each kind first, second and last in turn
+                    wall, cpu = run(Path(tmp), n, args, batching, kind == "on", float(every))
+                    got[kind][0].append(wall)
+                    got[kind][1].append(cpu)
+                    n += 1
+            rows.append((batching, float(every), got))
     book_us = fold_cost(args.workers, args.steps)
-    us = lambda xs: f"{1e6 * statistics.median(xs):.1f} ({1e6 * min(xs):.1f}-{1e6 * max(xs):.1f})"  # noqa: E731
-    ratio = lambda xs: f"{statistics.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f})"  # noqa: E731
+    us = lambda xs: f"{1e6 * statistics.median(xs):.1f}"  # noqa: E731
+
+    def ratio(got, kind, m):
+        xs = [b / a for a, b in zip(got["off"][m], got[kind][m])]
+        q = statistics.quantiles(xs, n=4)
+        return f"{statistics.median(xs):.3f} ({q[0]:.3f}-{q[2]:.3f})"
+
     lines = ["# The status server's cost to the scheduler's loop", "", *machine_lines(),
              f"- command: `python benchmarks/status_overhead.py --workers {args.workers} --steps {args.steps} "
-             f"--rounds {args.rounds} --scrape-every {' '.join(f'{x:g}' for x in args.scrape_every)}` "
-             f"({time.monotonic() - began:.0f} s)",
+             f"--rounds {args.rounds} --rows {' '.join(args.rows)}` ({time.monotonic() - began:.0f} s)",
              f"- BSP, {args.workers} simulated workers, {args.steps} global steps a run, each run a fresh "
-             "scheduler; runs with the status server off and on interleaved; on: /metrics and /status.json "
-             "scraped every `scrape` seconds", "",
-             "| batching | scrape, s | off: µs per report, wall | on: µs per report, wall | on/off, wall | "
-             "off: µs CPU | on: µs CPU | on/off, CPU |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for batching, every, ow, nw, pw, oc, nc, pc in rows:
-        lines.append(f"| {batching} | {every:g} | {us(ow)} | {us(nw)} | {ratio(pw)} | {us(oc)} | {us(nc)} | {ratio(pc)} |")
-    lines += ["", f"The status book alone folds a report's step event in {book_us:.2f} µs ({args.workers} x {args.steps} "
-              "events, this machine, this load). "
-              "Medians over the rounds, (min-max) beside; a ratio is an on run over the off run of its round "
-              "(off first, then on first, alternately). "
-              "Wall time counts what the scrapes take from the loop (the GIL); CPU time is the loop thread's own."]
+             "scheduler; per round three runs, the status server off, on, and off again, in turn order; on: "
+             "/metrics and /status.json scraped every `scrape` seconds meanwhile", "",
+             "| batching | scrape, s | µs per report, wall: off, on | on/off, wall | off again/off, wall | "
+             "µs CPU: off, on | on/off, CPU | off again/off, CPU |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for batching, every, got in rows:
+        lines.append(f"| {batching} | {every:g} | {us(got['off'][0])}, {us(got['on'][0])} | {ratio(got, 'on', 0)} | "
+                     f"{ratio(got, 'off again', 0)} | {us(got['off'][1])}, {us(got['on'][1])} | "
+                     f"{ratio(got, 'on', 1)} | {ratio(got, 'off again', 1)} |")
+    lines += ["", f"Medians over {args.rounds} rounds, quartiles in brackets. A ratio is a run over the off run of "
+              "its round; off again/off is two runs alike, the noise of the method on this machine under this load: "
+              "an on/off within it is no measurable cost. Wall time includes what the server's threads take "
+              "from the loop (the GIL); CPU time is the loop thread's own.", "",
+              f"The status book alone folds a report's step event in {book_us:.2f} µs ({args.workers} x "
+              f"{args.steps} events)."]
     publish(lines, args.out)
 
 
