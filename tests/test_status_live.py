@@ -37,11 +37,11 @@ def scrape(url: str) -> dict | None:
 def expected(events: list[dict]) -> dict:
     """What a scrape taken after `events` (metrics.jsonl's first lines) must say, worked out
     here apart from the scheduler's own book."""
-    train = next(e for e in events if e["event"] == "start")["train_size"]
-    steps = [e for e in events if e["event"] == "step"]
+    steps = [e for e in events if e["event"] == "step"]  # (none before the start event)
     want = {("omnips_events_total", ()): len(events)}
     if steps:
         want[("omnips_steps_total", ())] = max(e["step"] for e in steps) + 1  # BSP: the furthest global step
+        train = next(e for e in events if e["event"] == "start")["train_size"]
         want[("omnips_samples_total", ())] = round(steps[-1]["epoch"] * train)
         want[("omnips_epoch", ())] = steps[-1]["epoch"]
     for e in steps:  # each worker's latest step
