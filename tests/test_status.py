@@ -165,6 +165,26 @@ def test_the_server_answers_with_the_published_snapshot_and_refuses_a_missing_to
         pub.close()
 
 
+def test_a_resumed_runs_page_shows_the_events_before_the_resume_and_goes_on_counting(tmp_path):
+    from omnips.metrics import RunDir
+    run = RunDir(tmp_path / "run")
+    for e in events():
+        run.event(e.pop("event"), **{k: v for k, v in e.items() if k != "t"})
+    run.close()
+    run = RunDir(tmp_path / "run", resume=True)
+    pub = StatusPublisher(JOB, str(run.path), "127.0.0.1", 0, "")
+    try:
+        pub.attach(run, resumed=True)
+        run.event("resume", step=4, checkpoint="c")
+        pub.tick(now=0.0)
+        s = pub.snapshot
+        assert s["events_total"] == len(list(events())) + 1 and s["progress"]["steps"] == 4
+        assert s["events"][-1]["text"] == "resume step 4"
+    finally:
+        pub.close()
+        run.close()
+
+
 def test_a_status_server_reachable_from_elsewhere_without_a_token_is_warned_about(caplog):
     for host, token, warned in (("0.0.0.0", "", True), ("0.0.0.0", "tok", False), ("127.0.0.1", "", False)):
         caplog.clear()
