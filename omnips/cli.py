@@ -15,7 +15,8 @@ from .flags import add_security, add_transport, duration, nonempty
 from .job import JobSpec
 from .launch import LaunchError, LocalCluster, WorkerSpec
 from .plot import PlotError, plot_run
-from .status import ETA_WINDOW_S, duration, eta_s
+from .status import ETA_WINDOW_S, eta_s
+from .status import duration as readable  # (flags.duration is --timeout's type)
 
 PER_WORKER = {  # launcher flag -> (WorkerSpec field, type)
     "capacity": ("capacity", float),
@@ -243,7 +244,7 @@ class Progress:
         budget = f"{round(total, 4):g}" if total else "?"  # "?" until the scheduler's start event
         acc = f"{self.accuracy:.3f}" if self.accuracy is not None else "-"
         warning = f"  DIVERGED: {self.diverged}" if self.diverged else ""
-        return (f"[{bar:<30}] epoch {self.epoch:6.2f}/{budget}  {rate:8.0f} samples/s  ETA {duration(eta):>6}  "
+        return (f"[{bar:<30}] epoch {self.epoch:6.2f}/{budget}  {rate:8.0f} samples/s  ETA {readable(eta):>6}  "
                 f"test acc {acc}{warning}")
 
     def update(self, final: bool = False) -> None:

@@ -31,3 +31,8 @@ def test_the_progress_line_follows_the_events_and_says_when_the_budget_is_not_kn
     hint = "try --async-correction momentum (the default), or a lower --lr"
     assert shown({"event": "diverged", "t": 3.5, "reason": "stuck", "hint": hint}).endswith(
         f"test acc 0.812  DIVERGED: {hint}")
+
+
+def test_the_launchers_timeout_stays_a_number_of_seconds_beside_the_etas_readable_durations():
+    from omnips.cli import launch_parser
+    assert launch_parser().parse_args(["--timeout", "90"]).timeout == 90.0
