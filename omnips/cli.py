@@ -1,5 +1,6 @@
 """The user's command: `omnips launch` starts a whole local cluster and shows its progress;
-`omnips plot RUN_DIR` draws a run; `omnips keygen DIR` makes the keys for --keys."""
+`omnips plot RUN_DIR` draws a run; `omnips status ADDRESS|RUN_DIR` shows a job's status;
+`omnips keygen DIR` makes the keys for --keys."""
 
 import argparse
 import contextlib
@@ -14,6 +15,8 @@ from .flags import add_security, add_transport, duration, nonempty
 from .job import JobSpec
 from .launch import LaunchError, LocalCluster, WorkerSpec
 from .plot import PlotError, plot_run
+from .status import ETA_WINDOW_S, eta_s
+from .status import duration as readable  # (flags.duration is --timeout's type)
 
 PER_WORKER = {  # launcher flag -> (WorkerSpec field, type)
     "capacity": ("capacity", float),
@@ -140,6 +143,8 @@ def launch(argv) -> int:
                            keys=args.keys.path if args.keys else None)
     try:
         cluster.start()
+        if cluster.status_url:
+            print(f"status page: {cluster.status_url}  (omnips status {cluster.status_url})", file=sys.stderr)
         show = Progress(run_dir, enabled=not args.no_progress)
         deadline = time.monotonic() + args.timeout
         while cluster.poll() is None:
@@ -202,6 +207,7 @@ class Progress:
         self.accuracy = None
         self.diverged: str | None = None  # the scheduler's hint, once it finds the job diverged
         self._window: list[tuple[float, int]] = []  # (t, batch) of recent steps
+        self._progress: list[tuple[float, float]] = []  # (t, epoch) over the ETA's window
         self._printed = 0.0
 
     def _read(self) -> None:
@@ -219,6 +225,7 @@ class Progress:
                 elif e["event"] == "step":
                     self.epoch = e["epoch"]
                     self._window.append((e["t"], e["batch"]))
+                    self._progress.append((e["t"], e["epoch"]))
                 elif e["event"] == "eval":
                     self.accuracy = e["test_accuracy"]
                 elif e["event"] == "diverged":
@@ -230,11 +237,15 @@ class Progress:
         span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
         rate = sum(b for _, b in recent[1:]) / span if span > 0 else 0.0
         total = self.budget_epochs
+        self._progress = [p for p in self._progress if p[0] >= self._progress[-1][0] - ETA_WINDOW_S] \
+            if self._progress else []
+        eta = eta_s([(t, epoch / total) for t, epoch in self._progress]) if total else None
         bar = "#" * int(min(1.0, self.epoch / total) * 30) if total else ""
         budget = f"{round(total, 4):g}" if total else "?"  # "?" until the scheduler's start event
         acc = f"{self.accuracy:.3f}" if self.accuracy is not None else "-"
         warning = f"  DIVERGED: {self.diverged}" if self.diverged else ""
-        return f"[{bar:<30}] epoch {self.epoch:6.2f}/{budget}  {rate:8.0f} samples/s  test acc {acc}{warning}"
+        return (f"[{bar:<30}] epoch {self.epoch:6.2f}/{budget}  {rate:8.0f} samples/s  ETA {readable(eta):>6}  "
+                f"test acc {acc}{warning}")
 
     def update(self, final: bool = False) -> None:
         if not self.enabled:
@@ -284,9 +295,11 @@ def keygen(argv) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"launch": launch, "plot": plot, "keygen": keygen}
+    from .status_view import main as status
+    commands = {"launch": launch, "plot": plot, "keygen": keygen, "status": status}
     if not argv or argv[0] not in commands:
-        print("usage: omnips launch [options] | omnips plot RUN_DIR | omnips keygen DIR   (--help for each)",
+        print("usage: omnips launch [options] | omnips status ADDRESS|RUN_DIR | omnips plot RUN_DIR | "
+              "omnips keygen DIR   (--help for each)",
               file=sys.stderr)
         return 2
     return commands[argv[0]](argv[1:])

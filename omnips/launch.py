@@ -19,6 +19,7 @@ from pathlib import Path
 from .transport import MALLOC_ENV
 
 _ENDPOINT = re.compile(r"listening on (tcp://\S+)")
+_STATUS = re.compile(r"status page on (http://\S+)")  # printed before the address
 
 
 class LaunchError(RuntimeError):
@@ -27,23 +28,30 @@ class LaunchError(RuntimeError):
 
 def read_endpoint(stream, timeout_s: float) -> str | None:
     """The address a starting scheduler prints on `stream` (its stdout pipe), or None if
-    it exits or stays silent for `timeout_s`. Reads the raw descriptor: a buffered
-    readline could hold a second line back from select()."""
+    it exits or stays silent for `timeout_s`."""
+    return read_announcements(stream, timeout_s)[0]
+
+
+def read_announcements(stream, timeout_s: float) -> tuple[str | None, str | None]:
+    """(the scheduler's address, its status page's URL or None) as read_endpoint finds them.
+    Reads the raw descriptor: a buffered readline could hold a second line back from select()."""
     deadline = time.monotonic() + timeout_s
     fd, seen = stream.fileno(), b""
     with selectors.DefaultSelector() as sel:
         sel.register(fd, selectors.EVENT_READ)
         while time.monotonic() < deadline:
             if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                return None
+                return None, None
             chunk = os.read(fd, 4096)
             if not chunk:  # the scheduler exited before listening
-                return None
+                return None, None
             seen += chunk
-            match = _ENDPOINT.search(seen.decode(errors="replace"))
+            text = seen.decode(errors="replace")
+            match = _ENDPOINT.search(text)
             if match:
-                return match.group(1)
-    return None
+                status = _STATUS.search(text)
+                return match.group(1), status.group(1) if status else None
+    return None, None
 
 
 def _drain(stream, path: Path) -> None:
@@ -85,6 +93,7 @@ class LocalCluster:
     ranks: int | None = None  # worker ranks (--num-workers); default: one per worker started now
     procs: dict = field(default_factory=dict)  # name -> Popen
     endpoint: str | None = None
+    status_url: str | None = None  # the scheduler's status page, unless --status-port off
 
     def __post_init__(self):
         self.run_dir = Path(self.run_dir)
@@ -137,7 +146,7 @@ class LocalCluster:
         return name
 
     def _read_endpoint(self, proc: subprocess.Popen, timeout_s: float) -> str:
-        endpoint = read_endpoint(proc.stdout, timeout_s)
+        endpoint, self.status_url = read_announcements(proc.stdout, timeout_s)
         if endpoint is None:
             self.stop()
             raise LaunchError(f"the scheduler did not start (see {self.run_dir / 'logs' / 'scheduler.log'}): "

@@ -78,6 +78,7 @@ class RunDir:
                                   "choose another --run-dir")
             self.path.mkdir(parents=True, exist_ok=True)
         self._events = EventLog(events, new=not resume)
+        self.tap = None  # called with every event record as it is written (the status server's book)
 
     def write_config(self, config: dict) -> None:
         write_json_atomic(self.path / "config.json", config)
@@ -89,6 +90,8 @@ class RunDir:
         except ValueError:
             line = json.dumps(finite(record), allow_nan=False)
         self._events.append(line)
+        if self.tap is not None:
+            self.tap(record)
 
     def step(self, r, epoch: float, disturbed: bool = False) -> None:
         """A worker's report (protocol.Report) as its `step` line, at the job's `epoch`;

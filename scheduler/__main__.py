@@ -19,6 +19,7 @@ from omnips.metrics import RunDirInUse
 
 from .checkpoints import resume_point
 from .service import Scheduler, SchedulerOptions
+from .status_server import status_port
 
 
 def _json_object(text: str) -> dict:
@@ -56,6 +57,12 @@ def parser() -> argparse.ArgumentParser:
                    help="start once this many workers are in; the others join the running job (default: all)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=port, default=0, help="port to bind; 0 picks a free one (printed)")
+    p.add_argument("--status-host", default="127.0.0.1",
+                   help="address the status server binds (default loopback; another one is reachable by anyone "
+                        "who can reach it: give the job a --token)")
+    p.add_argument("--status-port", type=status_port, default=0, metavar="PORT|off",
+                   help="the status server's port: GET / (a page), /status.json, /metrics (Prometheus); "
+                        "0 picks a free one (printed); off: none (default 0)")
     p.add_argument("--model", default=d.model, help="mlp, cnn, resnet, or pkg.module:fn")
     p.add_argument("--model-args", type=_json_object, default={}, help="JSON object passed to the model factory")
     p.add_argument("--dataset", default=d.dataset, help="digits, synthetic, or pkg.module:fn")
@@ -147,7 +154,7 @@ def main(argv=None) -> int:
     transport.tune_malloc()
     opts = SchedulerOptions(a.host, a.port, a.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"), a.heartbeat, a.dead_after, a.register_timeout,
                             a.stall_timeout, checkpoint_every=a.checkpoint_every, keys=a.keys, token=a.token,
-                            transport=a.transport)
+                            transport=a.transport, status_host=a.status_host, status_port=a.status_port)
     try:
         scheduler = Scheduler(job, opts, resume=resume)
     except (FactoryError, ValueError, OSError, RunDirInUse, transport.TransportError) as exc:

@@ -30,6 +30,7 @@ from .divergence import Diverged, LossWatch
 from .evaluation import EvalBook, PendingEval
 from .progress import EvalPoint, Progress
 from .registry import Registry
+from .status_server import NoStatus, open_status
 from .stopping import STOP_WAIT_S, Stop
 
 log = logging.getLogger("omnips.scheduler")
@@ -55,6 +56,8 @@ class SchedulerOptions:
     keys: security.Keys | None = None  # CURVE on every connection, clients from the allow-list only
     token: str = field(default="", repr=False)
     transport: str = "auto"  # how to reach servers on this host: auto (ipc) or tcp (omnips.routes)
+    status_host: str = "127.0.0.1"
+    status_port: int | None = None  # the status server's (0: any free one); None: none
 
 
 class JobFailed(RuntimeError):
@@ -114,11 +117,14 @@ class Scheduler:
         self.gate = security.Gate(self.ctx, opts.keys) if opts.keys else None
         self.router = transport.socket(self.ctx, zmq.ROUTER)
         self.router.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_HEADER_BYTES)  # the scheduler takes headers only
+        self.status = NoStatus()
         try:
             # bound before the run directory is touched: a scheduler that cannot listen leaves no
             # run behind, and a resumed run's checkpoints as they were
             self.endpoint = transport.bind(self.router, opts.host, opts.port, opts.keys)
+            self.status = open_status(job.to_dict(), opts.run_dir, opts.status_host, opts.status_port, opts.token)
             self.run = RunDir(opts.run_dir, resume=resume is not None)
+            self.status.attach(self.run, resumed=resume is not None)
             if resume is None:
                 self.run.write_config(job.to_dict())
             else:
@@ -134,6 +140,7 @@ class Scheduler:
     # -- lifecycle ----------------------------------------------------------------
     def serve(self) -> int:
         try:
+            self.status.announce(self.announce)  # first: a launcher reads up to the address
             self.announce(f"omnips scheduler listening on {self.endpoint}", flush=True)
             if self.resume is not None:
                 self.run.event("resume", step=self.resume.step, checkpoint=str(self.resume.path))
@@ -179,6 +186,7 @@ class Scheduler:
         return 0 if ok else 1
 
     def _close(self, linger: int) -> None:
+        self.status.close()
         if self.gate is not None:
             self.gate.stop()
         self.ctx.destroy(linger=linger)
@@ -205,6 +213,7 @@ class Scheduler:
             if self._stop_asked is not None or self._stop is not None:
                 self._stopping(now)
             self._heartbeat()
+            self.status.tick(now)
             self._check_timeouts(start, now)
 
     def _heartbeat(self) -> None:

@@ -24,6 +24,7 @@ run wire_dtype --epochs 1 --seeds 0 --params 100000 --repeats 3 --warmup 1
 run failures --dead-after 1 --checkpoint-every 5 --repeats 1
 run heterogeneity --only HL8 --epochs 0.5 --ms-per-step 5 --ms-per-sample 0.5
 run unread --params 100000 --pulls 5 --steps 2
+run status_overhead --workers 8 --steps 5 --rounds 3 --rows uniform:0.5
 run asp_accuracy --quick --sections corrections,cost --cost-values 100000
 # CPU quotas need root and a cgroup cpu controller: where they are refused, say why and go on
 refused=$("$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); import quota; print(quota.available() or '')")

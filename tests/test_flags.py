@@ -61,6 +61,7 @@ def test_a_workers_max_batch_is_one_a_report_can_carry(text, ok, capsys):
     ("server", ["--log-level", "loud"], "invalid choice"), ("worker", ["--log-level", "loud"], "invalid choice"),
     ("scheduler", ["--model-args", '{"width": NaN}'], "NaN is not a JSON value"),
     ("scheduler", ["--dataset-args", '{"noise": Infinity}'], "Infinity is not a JSON value"),
+    ("scheduler", ["--status-port", "70000"], "70000 is not a port: use 0 to 65535 (0: any free one), or 'off'"),
     ("scheduler", ["--run-dir", ""], "must not be empty"), ("scheduler", ["--resume", ""], "must not be empty"),
 ])
 def test_a_value_no_process_could_use_is_refused_not_wrapped_or_replaced(role, argv, text, capsys):

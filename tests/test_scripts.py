@@ -44,7 +44,7 @@ def test_the_demo_runs_its_job_and_prints_the_summary(tmp_path):
         assert re.search(rf"^{key}\s+{value}$", out.stdout, re.M), (key, out.stdout)
     assert re.search(r"^final_batches\s+\d+ \d+ \d+$", out.stdout, re.M), out.stdout
     epochs = 20 * 64 / 1438  # of digits' training split
-    progress = re.escape(f"{epochs:.2f}/{round(epochs, 4):g}") + r" .* samples/s  test acc 0\.\d{3}$"
+    progress = re.escape(f"{epochs:.2f}/{round(epochs, 4):g}") + r" .* samples/s  ETA +\S+  test acc 0\.\d{3}$"
     assert re.search(r"epoch\s+" + progress, out.stderr, re.M), out.stderr
     # worker i of the command line is rank i, on the virtual device of 1, 2 or 4 ms a sample: the
     # plan is about the equal-time one of 3 ms + 1/2/4 ms a sample, 37/18/9 (the timed sleeps carry
