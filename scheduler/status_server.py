@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from omnips import security
+from omnips import access
 from omnips.flags import port
 from omnips.metrics import finite, read_events
 from omnips.status import StatusBook
@@ -52,7 +52,7 @@ def authorized(token: str, authorization: str | None, query: str) -> bool:
         given = authorization.removeprefix("Bearer ").strip()
     else:
         given = parse_qs(query).get("token", [""])[0]
-    return security.token_matches(given, token)
+    return access.token_matches(given, token)
 
 
 def route(path: str, page: bytes, render) -> tuple[int, str, bytes]:
@@ -131,7 +131,7 @@ class StatusServer:
         self.httpd.daemon_threads = True
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{self.httpd.server_address[1]}/"
-        if security.exposed(host) and not token:
+        if access.exposed(host) and not token:
             log.warning(EXPOSED_WARNING, self.url)
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="status-server", daemon=True)

@@ -18,6 +18,8 @@ from omnips.launch import WorkerSpec
 from omnips.metrics import read_events
 from helpers import JOB_TIMEOUT_S, finish, start_cluster
 
+pytestmark = pytest.mark.cluster  # a real job, and a browser
+
 COUNTERS = ("omnips_steps_total", "omnips_samples_total", "omnips_events_total", "omnips_plan_changes_total")
 
 
