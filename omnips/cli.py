@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import io
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -138,6 +139,8 @@ def launch(argv) -> int:
     env = {"OMNIPS_TOKEN": args.token, "OMNIPS_TRANSPORT": args.transport}
     cluster = LocalCluster(run_dir, scheduler_args, args.num_servers, workers, env=env,
                            keys=args.keys.path if args.keys else None)
+    # a supervisor's stop or a closed terminal: as Ctrl-C (the children, in their own process group, see none)
+    handlers = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         cluster.start()
         show = Progress(run_dir, enabled=not args.no_progress)
@@ -153,9 +156,12 @@ def launch(argv) -> int:
         print(f"omnips launch: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        print(("\n" if sys.stderr.isatty() else "") + interrupted(run_dir, cluster), file=sys.stderr)
         return 130
     finally:
         cluster.stop(grace_s=0)  # nothing outlives the launcher
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     code = report(run_dir, code, cluster)
     if not args.no_plots:
         try:
@@ -163,6 +169,19 @@ def launch(argv) -> int:
         except PlotError as exc:
             print(f"plots skipped: {exc}", file=sys.stderr)
     return code
+
+
+def interrupted(run_dir: Path, cluster: LocalCluster) -> str:
+    """Stop the job through its scheduler (Ctrl-C, SIGTERM or SIGHUP to the launcher): one
+    line saying what was stopped, where the run is and how to go on."""
+    from scheduler.stopping import STOP_WAIT_S
+    cluster.interrupt(STOP_WAIT_S + 10.0)  # the scheduler's own stop window, and time to write
+    path = run_dir / "summary.json"
+    status = json.loads(path.read_text())["status"] if path.exists() else "stopped before the job began"
+    ckpts = run_dir / "checkpoints"
+    go_on = (f"resume with: omnips launch --resume {run_dir}" if ckpts.is_dir() and any(ckpts.glob("*/manifest.json"))
+             else "no checkpoint to resume from (--checkpoint-every STEPS writes them)")
+    return f"omnips launch: {status}; run directory {run_dir}; {go_on}"
 
 
 def report(run_dir: Path, code: int, cluster: LocalCluster) -> int:

@@ -3,12 +3,15 @@
 Used by `omnips launch` / scripts/launch_local.py, by the end-to-end tests and by
 the benchmarks. Each child gets the allocator settings of transport.MALLOC_ENV and
 logs to RUN_DIR/logs/. The scheduler binds port 0 and prints its address, which
-the other processes are then given.
+the other processes are then given. Children run in their own process group: a
+terminal's Ctrl-C reaches the launcher alone, which stops the job through the
+scheduler (interrupt), so that the run directory is written to its end.
 """
 
 import os
 import re
 import selectors
+import signal
 import subprocess
 import sys
 import threading
@@ -94,7 +97,7 @@ class LocalCluster:
         env = {**os.environ, **MALLOC_ENV, "PYTHONUNBUFFERED": "1", **self.env}
         log = open(self.run_dir / "logs" / f"{name}.log", "a")  # a resumed run's processes continue its logs
         proc = subprocess.Popen([sys.executable, "-m", module, *args], env=env, stdin=subprocess.DEVNULL,
-                                stdout=stdout or log, stderr=log)
+                                stdout=stdout or log, stderr=log, process_group=0)
         log.close()
         self.procs[name] = proc
         return proc
@@ -161,6 +164,29 @@ class LocalCluster:
         except subprocess.TimeoutExpired:
             self.stop()
             raise LaunchError(f"the job did not finish within {timeout_s:g} s") from None
+        self.stop(grace_s=15.0)
+        return code
+
+    def interrupt(self, wait_s: float) -> int | None:
+        """Stop the job as a Ctrl-C does: one SIGINT to the scheduler, which has the workers
+        stop and writes the model, a checkpoint and its summary; wait up to `wait_s` for it,
+        then for the others it told to exit. A second KeyboardInterrupt meanwhile is passed
+        on (the scheduler then ends at once). Returns the scheduler's exit code, None if it
+        had to be killed."""
+        sched = self.procs.get("scheduler")
+        code = None
+        if sched is not None and sched.poll() is None:
+            sched.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + wait_s
+            while code is None and time.monotonic() < deadline:
+                try:
+                    code = sched.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    break
+                except KeyboardInterrupt:
+                    sched.send_signal(signal.SIGINT)
+        elif sched is not None:
+            code = sched.returncode
         self.stop(grace_s=15.0)
         return code
 

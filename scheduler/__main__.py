@@ -153,8 +153,9 @@ def main(argv=None) -> int:
     except (FactoryError, ValueError, OSError, RunDirInUse, transport.TransportError) as exc:
         logging.getLogger("omnips.scheduler").error("%s", exc)
         return 1
-    # a terminated job (a preemption) writes its model, a checkpoint and its summary first
-    signal.signal(signal.SIGTERM, lambda signum, frame: scheduler.request_stop("SIGTERM"))
+    # a terminated job (a preemption, Ctrl-C) writes its model, a checkpoint and its summary first
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: scheduler.request_stop(signal.Signals(signum).name))
     return scheduler.serve()
 
 
