@@ -28,7 +28,7 @@ PER_WORKER = {  # launcher flag -> (WorkerSpec field, type)
 
 def launch_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="omnips launch", description="Start a scheduler, S servers and N workers on this machine. "
+        prog="omnips launch", allow_abbrev=False, description="Start a scheduler, S servers and N workers on this machine. "
         "Per-worker flags take one value for all workers or one per worker; every other flag goes to the "
         "scheduler (see python -m scheduler --help).")
     p.add_argument("--num-servers", type=int, default=None, help="default 1, or the resumed job's")
@@ -123,6 +123,7 @@ def borrowed_check(parser, prefix: str, parse, argv):
 
 
 def launch(argv) -> int:
+    """start a scheduler, servers and workers on this machine and show the job's progress"""
     parser = launch_parser()
     args, scheduler_args = parser.parse_known_args(argv)
     cluster_size(args, parser)
@@ -267,7 +268,8 @@ class Progress:
 
 
 def plot(argv) -> int:
-    p = argparse.ArgumentParser(prog="omnips plot", description="Draw PNGs of a run directory into RUN_DIR/plots.")
+    """draw a run directory's PNGs into RUN_DIR/plots"""
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="omnips plot", description="Draw PNGs of a run directory into RUN_DIR/plots.")
     p.add_argument("run_dir")
     args = p.parse_args(argv)
     try:
@@ -280,7 +282,8 @@ def plot(argv) -> int:
 
 
 def keygen(argv) -> int:
-    p = argparse.ArgumentParser(prog="omnips keygen", description="Make the CURVE keys for --keys: a server pair, "
+    """make the CURVE keys for --keys (or add one machine's key)"""
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="omnips keygen", description="Make the CURVE keys for --keys: a server pair, "
                                 "a client pair and the allow-list DIR/authorized/. With --client NAME, add a key "
                                 "for one machine instead: DIR/clients/NAME (copy it there and use it as --keys) "
                                 "and its public key in DIR/authorized/NAME.key (delete it to shut that machine out).")
@@ -305,10 +308,21 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"launch": launch, "plot": plot, "keygen": keygen}
     if not argv or argv[0] not in commands:
-        print("usage: omnips launch [options] | omnips plot RUN_DIR | omnips keygen DIR   (--help for each)",
-              file=sys.stderr)
-        return 2
+        return usage(commands, argv[0] if argv else None)
     return commands[argv[0]](argv[1:])
+
+
+def usage(commands: dict, given: str | None) -> int:
+    """The subcommands, one line each (from their docstrings); exit 0 for --help, else 2."""
+    width = max(map(len, commands))
+    lines = [f"  {name:<{width}}  {''.join((fn.__doc__ or '').strip().splitlines()[:1])}"
+             for name, fn in commands.items()]
+    text = "usage: omnips COMMAND [options]   (omnips COMMAND --help for its options)\n\ncommands:\n" + "\n".join(lines)
+    if given in ("-h", "--help"):
+        print(text)
+        return 0
+    print((f"omnips: unknown command {given}\n" if given else "") + text, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

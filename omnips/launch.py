@@ -11,6 +11,7 @@ scheduler (interrupt), so that the run directory is written to its end.
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -91,6 +92,8 @@ class LocalCluster:
 
     def __post_init__(self):
         self.run_dir = Path(self.run_dir)
+        made = [d for d in (self.run_dir, *self.run_dir.parents) if not d.exists()]
+        self._made = made[-1] if made else None  # the outermost folder made here: a failed start removes it
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
 
     def _spawn(self, name: str, module: str, args: list[str], stdout=None) -> subprocess.Popen:
@@ -143,8 +146,11 @@ class LocalCluster:
         endpoint = read_endpoint(proc.stdout, timeout_s)
         if endpoint is None:
             self.stop()
-            raise LaunchError(f"the scheduler did not start (see {self.run_dir / 'logs' / 'scheduler.log'}): "
-                              f"{self.tail('scheduler')}")
+            tail = self.tail("scheduler")
+            if self._made is not None and not (self.run_dir / "config.json").exists():
+                shutil.rmtree(self._made, ignore_errors=True)  # no run began: leave none behind
+                raise LaunchError(f"the scheduler did not start: {tail}")
+            raise LaunchError(f"the scheduler did not start (see {self.run_dir / 'logs' / 'scheduler.log'}): {tail}")
         return endpoint
 
     def tail(self, name: str, lines: int = 5) -> str:

@@ -11,14 +11,12 @@ from pathlib import Path
 
 from omnips import logs, transport
 from omnips.flags import add_log_level, add_security, add_transport, nonempty, port, seconds
-from omnips.data import FactoryError
 from omnips.job import (ASYNC_CORRECTIONS, BATCHINGS, CONTROLLERS, MODES, NAN_POLICIES, OPTIMIZERS, STALENESS_LR,
                         WIRE_DTYPES, JobSpec)
 
 from omnips.metrics import RunDirInUse
 
 from .checkpoints import resume_point
-from .service import Scheduler, SchedulerOptions
 
 
 def _json_object(text: str) -> dict:
@@ -38,7 +36,7 @@ def _not_json(name: str):
 
 def parser() -> argparse.ArgumentParser:
     d = JobSpec()
-    p = argparse.ArgumentParser(prog="omnips-scheduler", description=__doc__)
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="omnips-scheduler", description=__doc__)
     p.add_argument("--mode", choices=MODES, default=d.mode,
                    help="bsp: synchronous; asp: asynchronous; ssp: asynchronous within --staleness steps")
     p.add_argument("--staleness", type=int, default=d.staleness,
@@ -145,6 +143,8 @@ def main(argv=None) -> int:
                 p.error(f"{given}: a resumed job keeps its settings")
         a.run_dir = a.resume
     transport.tune_malloc()
+    from omnips.data import FactoryError  # torch: imported once the flags are known good (seconds)
+    from .service import Scheduler, SchedulerOptions
     opts = SchedulerOptions(a.host, a.port, a.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"), a.heartbeat, a.dead_after, a.register_timeout,
                             a.stall_timeout, checkpoint_every=a.checkpoint_every, keys=a.keys, token=a.token,
                             transport=a.transport)

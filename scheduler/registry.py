@@ -106,6 +106,18 @@ class Registry:
             out += self._complete()
         return out
 
+    def missing(self) -> str:
+        """Who the start still waits for, in words (the cluster is not complete)."""
+        job = self.job
+        gaps = [f"{job.num_servers - len(self.servers)} of {job.num_servers} servers"] \
+            if len(self.servers) < job.num_servers else []
+        if len(self.waiting) < job.start_workers:
+            asked = {m.info.rank for m in self.waiting}
+            gaps.append(f"{job.start_workers - len(self.waiting)} of {job.start_workers} workers")
+            if -1 not in asked:  # every worker in asked for its rank (the launcher's do): name the others
+                gaps[-1] += f" (ranks {', '.join(str(r) for r in range(job.num_workers) if r not in asked)} not in)"
+        return " and ".join(gaps)
+
     def _rank_refusal(self, reg: Register, taken) -> Error | None:
         if reg.role != "worker" or reg.rank < 0:
             return None

@@ -6,14 +6,11 @@ import signal
 import sys
 
 from omnips import logs, transport
-from omnips.flags import add_log_level, add_security, port, seconds
-from omnips.link import LinkError
-
-from .service import serve
+from omnips.flags import add_log_level, add_security, parse_args, port, seconds
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="omnips-server", description=__doc__)
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="omnips-server", description=__doc__)
     p.add_argument("--scheduler", required=True, help="the scheduler's address, tcp://HOST:PORT")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=port, default=0, help="port to bind; 0 picks a free one")
@@ -25,7 +22,7 @@ def parse(argv):
     p.add_argument("--welcome-timeout", type=seconds, default=300.0, help="seconds to wait for the cluster to form")
     add_security(p, listens=True)
     add_log_level(p)
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
     if args.threads < 1:
         p.error("--threads must be >= 1")
     return args
@@ -34,8 +31,10 @@ def parse(argv):
 def main(argv=None) -> int:
     args = parse(argv)
     logs.setup("server", args.log_level)
-    import torch
+    import torch  # once the flags are known good: it takes seconds
 
+    from omnips.link import LinkError
+    from .service import serve
     torch.set_num_threads(args.threads)
     transport.tune_malloc()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # exit through `finally`: it removes the ipc socket

@@ -4,12 +4,11 @@ import logging
 import os
 import socket as pysocket
 import time
-from dataclasses import dataclass, field
 
 import torch
 import zmq
 
-from omnips import data, models, routes, security
+from omnips import data, models, routes
 from omnips.batching import PROBE_BATCHES, PROBE_ROUNDS, BatchPlan, probe_agrees, probe_times
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
@@ -21,7 +20,7 @@ from omnips.wire import WireDtype
 
 from . import memory
 from .buckets import bucket_values
-from .emulation import Emulation
+from .options import WorkerOptions
 from .pushing import Pusher
 from .trainer import Trainer, resolve_device
 
@@ -38,28 +37,6 @@ class Rewound(Exception):
     def __init__(self, msg: Rewind):
         super().__init__(f"rewind to steps {msg.steps}")
         self.msg = msg
-
-
-@dataclass(frozen=True)
-class WorkerOptions:
-    scheduler: str
-    device: str = "auto"
-    threads: int = 0
-    capacity: float = 1.0
-    rank: int = -1
-    max_batch: int = 0
-    memory_limit: int = 0  # bytes; 0: what the device has free
-    fault_oom_above: int = 0
-    fault_nan_at: frozenset = frozenset()  # test knob: steps whose gradient is made NaN
-    emulation: Emulation = Emulation()
-    ack_timeout_s: float = 10.0
-    welcome_timeout_s: float = 300.0
-    server_timeout_s: float = 120.0
-    keys: security.Keys | None = None
-    token: str = field(default="", repr=False)
-    bucket_bytes: int = 4 << 20  # the gradient leaves in buckets of this size while backward runs; 0: after it
-    transport: str = "auto"  # how to reach servers on this host: auto (ipc) or tcp (omnips.routes)
-    log_level: str = "INFO"
 
 
 def run(opts: WorkerOptions) -> int:
