@@ -123,11 +123,12 @@ class LocalCluster:
 
     def start_servers(self) -> None:
         for s in range(self.num_servers):
-            self.start_server(f"server{s}")
+            self.start_server(f"server{s}", rank=s)  # asked for: serverS.log is server S's
 
-    def start_server(self, name: str) -> None:
+    def start_server(self, name: str, rank: int = -1) -> None:
         """A server with the cluster's command line (also one that takes a lost server's shard)."""
-        self._spawn(name, "server", ["--scheduler", self.endpoint, *self._keys(), *self.server_args])
+        self._spawn(name, "server", ["--scheduler", self.endpoint, "--rank", str(rank), *self._keys(),
+                                     *self.server_args])
 
     def start_workers(self) -> None:
         for i, w in enumerate(self.workers):

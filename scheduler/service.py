@@ -420,9 +420,9 @@ class Scheduler:
         member = self.registry.by_peer.get(peer)
         if member is not None and member.info is msg:
             log.info("%s registered from %s (pid %d)", msg.role, msg.host, msg.pid)
-            if msg.role == "server":
-                self._membership(member)
         if not servers_before and len(self.registry.servers) == self.job.num_servers:
+            for server in self.registry.servers:  # ranks are final only now
+                self._membership(server)
             self._connect_servers()
         if self.registry.complete and not self._plan_logged:
             self._plan_logged = True

@@ -14,6 +14,8 @@ def parse(argv):
     p.add_argument("--scheduler", required=True, help="the scheduler's address, tcp://HOST:PORT")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=port, default=0, help="port to bind; 0 picks a free one")
+    p.add_argument("--rank", type=int, default=-1,
+                   help="ask for this server rank (its shard); default: the next free one")
     p.add_argument("--advertise", default=None, help="host name workers use to reach this server")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads for the optimizer update (default 1: it is memory-bound, and a "
@@ -25,6 +27,8 @@ def parse(argv):
     args = parse_args(p, argv)
     if args.threads < 1:
         p.error("--threads must be >= 1")
+    if args.rank < -1:
+        p.error("--rank must be >= 0")
     return args
 
 
@@ -40,7 +44,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # exit through `finally`: it removes the ipc socket
     try:
         return serve(args.scheduler, args.host, args.port, args.advertise, args.ack_timeout, args.welcome_timeout,
-                     args.keys, args.token)
+                     args.keys, args.token, args.rank)
     except (LinkError, transport.TransportError, ValueError) as exc:
         logging.getLogger("omnips.server").error("%s", exc)
         return 1
