@@ -206,6 +206,8 @@ class Registry:
             "num_params": self.num_params, "total_steps": self.total_steps, "plan": self.plan.to_wire(),
             "dead_after_s": self.dead_after_s, "heartbeat_s": self.heartbeat_s, "join_gen": join_gen,
             "resumed": self.resume is not None,
+            # the job's workers on its host (itself included): it shares the cores among them
+            "host_workers": max(1, sum(w.info.host == m.info.host for w in self.workers.values())),
             "start_step": self.resume.worker_steps[m.rank] if self.resume and join_gen < 0 else start_step,
             "start_position": self.resume.positions[m.rank] if self.resume and join_gen < 0 else 0})
 

@@ -106,3 +106,13 @@ def test_servers_get_the_ranks_they_ask_for_whatever_order_they_register_in():
     welcomes = {to: m.rank for to, m in out if isinstance(m, Welcome)}
     assert welcomes == {b"s2": 2, b"any": 1, b"s0": 0}
     assert [m.peer for m in reg.servers] == [b"s0", b"any", b"s2"] and reg.by_peer[b"any"].rank == 1
+
+
+def test_a_workers_welcome_counts_the_jobs_workers_on_its_host():
+    reg = registry()
+    server(reg)
+    reg.register(b"a", Register(role="worker", host="h"))
+    reg.register(b"b", Register(role="worker", host="g"))
+    out = reg.register(b"c", Register(role="worker", host="h"))
+    counts = {to: m.cluster["host_workers"] for to, m in out if isinstance(m, Welcome)}
+    assert counts == {b"a": 2, b"b": 1, b"c": 2}

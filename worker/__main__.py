@@ -25,7 +25,8 @@ def parse(argv) -> WorkerOptions:
     p = argparse.ArgumentParser(allow_abbrev=False, prog="omnips-worker", description=__doc__)
     p.add_argument("--scheduler", required=True, help="the scheduler's address, tcp://HOST:PORT")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads; 0 keeps torch's default")
+    p.add_argument("--threads", type=int, default=0, help="torch threads; 0 (default): an equal share of the cores among the job's "
+                   "workers on this host, as the scheduler counts them")
     p.add_argument("--capacity", type=float, default=1.0,
                    help="relative speed declared for --batching static (e.g. core count)")
     p.add_argument("--rank", type=int, default=-1, help="ask for this worker rank (default: the next free one)")

@@ -18,7 +18,7 @@ from omnips.servers import ServerGroup
 from omnips.sharding import shard_ranges
 from omnips.wire import WireDtype
 
-from . import memory
+from . import memory, threads
 from .buckets import bucket_values
 from .options import WorkerOptions
 from .pushing import Pusher
@@ -48,7 +48,7 @@ def run(opts: WorkerOptions) -> int:
         link = SchedulerLink(ctx, opts.scheduler, keys=opts.keys)
         welcome = link.register(
             Register(role="worker", host=pysocket.gethostname(), capacity=opts.capacity, device=str(device),
-                     threads=torch.get_num_threads(), pid=os.getpid(), rank=opts.rank,
+                     threads=opts.threads, pid=os.getpid(), rank=opts.rank,  # 0: chosen at the welcome
                      memory_limit=opts.memory_limit, token=opts.token),
             opts.ack_timeout_s, opts.welcome_timeout_s)
         cluster = link.cluster_fields(welcome, servers=list, ranges=list, num_params=int, total_steps=int,
@@ -56,6 +56,8 @@ def run(opts: WorkerOptions) -> int:
                                       start_step=int, start_position=int)
         job = JobSpec.from_dict(welcome.job)
         _check_seat(welcome.rank, job, cluster)
+        if not opts.threads:
+            _choose_threads(welcome.rank, cluster)
         link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
         session = _Session(job, welcome.rank, cluster, device, opts, link)
         session.connect = lambda servers, local: ServerGroup(
@@ -70,6 +72,16 @@ def run(opts: WorkerOptions) -> int:
             return 0
     finally:
         ctx.destroy(linger=1000)
+
+
+def _choose_threads(rank: int, cluster: dict) -> None:
+    """An equal share of this host's cores among the job's workers on it (worker/threads.py)."""
+    here = cluster.get("host_workers")
+    here = here if isinstance(here, int) and here >= 1 else 1  # a scheduler that sends none: alone
+    cores = threads.usable_cores()
+    torch.set_num_threads(threads.share(cores, here))
+    log.info("worker %d: %d torch thread(s): %d core(s) shared by %d worker(s) of this job on this host "
+             "(--threads N to choose)", rank, torch.get_num_threads(), cores, here)
 
 
 def _check_seat(rank: int, job: JobSpec, cluster: dict) -> None:
