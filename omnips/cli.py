@@ -281,6 +281,24 @@ def plot(argv) -> int:
     return 0
 
 
+def export(argv) -> int:
+    """write a run's metrics in another format: omnips export tensorboard RUN_DIR"""
+    p = argparse.ArgumentParser(prog="omnips export", allow_abbrev=False,
+                                description="Write a run directory's metrics in another format.")
+    p.add_argument("format", choices=["tensorboard"])
+    p.add_argument("run_dir", type=nonempty)
+    p.add_argument("--out", type=nonempty, default=None, metavar="DIR",
+                   help="the TensorBoard log directory (default RUN_DIR/tensorboard)")
+    args = p.parse_args(argv)
+    from .scalars import ScalarsError, export as export_scalars
+    try:
+        print(export_scalars(args.run_dir, args.out))
+    except ScalarsError as exc:
+        print(f"omnips export: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def keygen(argv) -> int:
     """make the CURVE keys for --keys (or add one machine's key)"""
     p = argparse.ArgumentParser(allow_abbrev=False, prog="omnips keygen", description="Make the CURVE keys for --keys: a server pair, "
@@ -306,7 +324,7 @@ def keygen(argv) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"launch": launch, "plot": plot, "keygen": keygen}
+    commands = {"launch": launch, "plot": plot, "export": export, "keygen": keygen}
     if not argv or argv[0] not in commands:
         return usage(commands, argv[0] if argv else None)
     return commands[argv[0]](argv[1:])
