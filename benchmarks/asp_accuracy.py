@@ -246,7 +246,7 @@ def update_cost(n: int, rounds: int) -> list[str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("--sections", default="corrections,adam,speeds,cnn,cost")
     p.add_argument("--seeds", default="0,1,2")

@@ -1,5 +1,6 @@
 """The user's command: `omnips launch` starts a whole local cluster and shows its progress;
-`omnips plot RUN_DIR` draws a run; `omnips keygen DIR` makes the keys for --keys."""
+`omnips plot RUN_DIR` draws a run; `omnips export tensorboard RUN_DIR` writes its scalars for
+TensorBoard; `omnips keygen DIR` makes the keys for --keys."""
 
 import argparse
 import contextlib
@@ -28,7 +29,8 @@ PER_WORKER = {  # launcher flag -> (WorkerSpec field, type)
 
 def launch_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="omnips launch", allow_abbrev=False, description="Start a scheduler, S servers and N workers on this machine. "
+        prog="omnips launch", allow_abbrev=False,
+        description="Start a scheduler, S servers and N workers on this machine. "
         "Per-worker flags take one value for all workers or one per worker; every other flag goes to the "
         "scheduler (see python -m scheduler --help).")
     p.add_argument("--num-servers", type=int, default=None, help="default 1, or the resumed job's")
@@ -269,7 +271,8 @@ class Progress:
 
 def plot(argv) -> int:
     """draw a run directory's PNGs into RUN_DIR/plots"""
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="omnips plot", description="Draw PNGs of a run directory into RUN_DIR/plots.")
+    p = argparse.ArgumentParser(prog="omnips plot", allow_abbrev=False,
+                                description="Draw PNGs of a run directory into RUN_DIR/plots.")
     p.add_argument("run_dir")
     args = p.parse_args(argv)
     try:
@@ -301,7 +304,8 @@ def export(argv) -> int:
 
 def keygen(argv) -> int:
     """make the CURVE keys for --keys (or add one machine's key)"""
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="omnips keygen", description="Make the CURVE keys for --keys: a server pair, "
+    p = argparse.ArgumentParser(prog="omnips keygen", allow_abbrev=False,
+                                description="Make the CURVE keys for --keys: a server pair, "
                                 "a client pair and the allow-list DIR/authorized/. With --client NAME, add a key "
                                 "for one machine instead: DIR/clients/NAME (copy it there and use it as --keys) "
                                 "and its public key in DIR/authorized/NAME.key (delete it to shut that machine out).")
