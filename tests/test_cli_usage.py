@@ -26,7 +26,7 @@ def run(*argv, timeout=120):
 def test_omnips_lists_its_subcommands_and_names_an_unknown_one():
     code, out, err, _ = run("-m", "omnips.cli", "--help")
     assert code == 0 and err == ""
-    for name in ("launch", "plot", "keygen"):  # one line each, with what it does
+    for name in ("launch", "plot", "export", "keygen"):  # one line each, with what it does
         assert any(line.split()[:1] == [name] and len(line.split()) > 2 for line in out.splitlines()), out
     code, _, bare, _ = run("-m", "omnips.cli")
     assert code == 2 and bare.strip() == out.strip()
