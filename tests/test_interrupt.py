@@ -6,6 +6,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from omnips.metrics import read_events
 
 from helpers import wait_for_steps
@@ -19,12 +21,14 @@ def alive(pid: int) -> bool:
     return True
 
 
-def test_sigint_to_the_launcher_stops_the_job_and_leaves_a_complete_run_directory(tmp_path):
+@pytest.mark.parametrize("checkpoints", [True, False], ids=["checkpoints", "none"])
+def test_sigint_to_the_launcher_stops_the_job_and_leaves_a_complete_run_directory(tmp_path, checkpoints):
     run_dir = tmp_path / "run"
     launcher = subprocess.Popen(
         [sys.executable, "-m", "omnips.cli", "launch", "--run-dir", str(run_dir), "--num-servers", "1",
          "--num-workers", "2", "--emulate-ms-per-step", "20", "--max-steps", "100000", "--global-batch", "32",
-         "--checkpoint-every", "10", "--heartbeat", "0.3", "--no-progress", "--no-plots"],
+         *(["--checkpoint-every", "10"] if checkpoints else []), "--heartbeat", "0.3", "--no-progress",
+         "--no-plots"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_steps(run_dir, 2 * 25, timeout_s=120)
@@ -40,8 +44,9 @@ def test_sigint_to_the_launcher_stops_the_job_and_leaves_a_complete_run_director
     assert status.startswith("interrupted (SIGINT) at step ") and "model.pt written" in status, status
     assert status in summary and (run_dir / "model.pt").exists()
     # one line: what was stopped, where the run is, how to resume; nothing else
-    assert err.strip().splitlines() == [f"omnips launch: {status}; run directory {run_dir}; "
-                                        f"resume with: omnips launch --resume {run_dir}"], err
+    go_on = (f"resume with: omnips launch --resume {run_dir}" if checkpoints
+             else "no checkpoint to resume from (--checkpoint-every STEPS writes them)")
+    assert err.strip().splitlines() == [f"omnips launch: {status}; run directory {run_dir}; {go_on}"], err
     assert out == ""
     # one stop, taken gracefully: no traceback in any log, and no process left behind
     for log in (run_dir / "logs").glob("*.log"):
