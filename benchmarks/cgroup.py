@@ -37,7 +37,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,7 +180,7 @@ def verdicts(results: list[dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--repeats", type=int, default=1)

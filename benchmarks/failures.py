@@ -115,7 +115,7 @@ def restart_one(root: Path, every: int, k: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--dead-after", default="1,2,5", help="comma-separated --dead-after values, seconds")
     p.add_argument("--checkpoint-every", default="5,10,20", help="comma-separated intervals for the server part")
     p.add_argument("--repeats", type=int, default=2)

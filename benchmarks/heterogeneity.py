@@ -466,7 +466,7 @@ def render(results, args, total_s, scenarios, revisions) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=float, default=None, help="budget of the static levels (default 15, --quick 4)")
     p.add_argument("--schedule-steps", type=int, default=None,
                    help="budget (--max-steps) of the dynamic schedule (default 200, --quick 80)")

@@ -66,7 +66,7 @@ def run_one(root: Path, bucket: str, round_: int, args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="0,1M,4M,16M", help="--bucket-size values to compare; 0 first (baseline)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=40)

@@ -751,7 +751,7 @@ def render(rows, raw_by_kind, floor_rows, gl, piece_times, args, n, total_s) -> 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--params", type=int, default=11_000_000, help="float32 values per round trip (approximate "
                    "for omnips: the mlp's size; the baselines use the same count)")
     p.add_argument("--repeats", type=int, default=20, help="timed round trips per configuration")

@@ -367,7 +367,7 @@ def short_averages_only():
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", default="4,64,1024,4096")
     p.add_argument("--noise", type=float, default=0.05)
     p.add_argument("--steps", type=int, default=240)

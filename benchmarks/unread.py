@@ -70,7 +70,7 @@ def phase(job: SoloWorker, group, puller: zmq.Socket, read: bool, first_step: in
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--params", type=int, default=11_000_000, help="values in the model, about (default 44 MB)")
     p.add_argument("--pulls", type=int, default=100, help="pulls before each step")
     p.add_argument("--steps", type=int, default=3, help="steps of the worker in each phase")

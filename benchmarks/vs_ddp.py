@@ -400,7 +400,7 @@ def render(rows: list[dict], workloads: list[Workload], levels: list[str], args,
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads (digits,large)")
     p.add_argument("--speeds", default=",".join(SPEEDS), help="comma-separated speed sets (4:2:1,HL8)")
     p.add_argument("--epochs-scale", type=float, default=1.0, help="multiply every workload's epochs")

@@ -187,7 +187,7 @@ def render(acc_rows, n, times, nbytes, conv, args, total_s) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=float, default=10.0, help="epochs of each digits run")
     p.add_argument("--seeds", default="0,1", help="comma-separated job seeds for the digits runs")
     p.add_argument("--params", type=int, default=11_000_000, help="values per push (approximate: the mlp's size)")

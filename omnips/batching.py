@@ -165,9 +165,13 @@ def integerize(real, total: int, lo, hi, lines=None) -> list[int]:
     """Round to integers in [lo_i, hi_i] summing to `total`, each within one of `real`.
     The samples left after rounding down go to the largest remainders (ties to the
     lower index); given the workers' time models (`lines`), to the workers that one
-    more sample slows least instead (ties to the largest remainder), which makes the
+    more sample slows least instead (ties to the largest remainder, then to the faster
+    line: a smaller per-sample time, then a smaller fixed time), which makes the
     slowest worker as fast as a split within one of `real` allows (a remainder says
-    nothing of time: a sample is 1 % of a big worker's step and 15 % of a 7-sample one's)."""
+    nothing of time: a sample is 1 % of a big worker's step and 15 % of a 7-sample one's).
+    Taking samples off goes the other way round. The last tie-break keeps a faster worker's
+    batch no smaller where two lines differ by less than the times can show (fixed times
+    9.46e-183 apart)."""
     real = np.asarray(real, dtype=np.float64)
     lo = np.broadcast_to(np.asarray(lo, dtype=np.int64), real.shape)
     hi = np.broadcast_to(np.asarray(hi, dtype=np.int64), real.shape)
@@ -179,6 +183,7 @@ def integerize(real, total: int, lo, hi, lines=None) -> list[int]:
     keys = [np.arange(len(out)), remainder]
     if lines is not None:
         a, c = _line_arrays(lines)
+        keys = [np.arange(len(out)), step * a, step * c, remainder]  # ties: faster first (taking off: slower)
         # the time after one sample more; or, taking samples off, the slowest first
         keys.append(a + c * (out + 1) if step > 0 else -(a + c * out))
     eligible = np.flatnonzero(room)

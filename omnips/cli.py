@@ -1,11 +1,13 @@
 """The user's command: `omnips launch` starts a whole local cluster and shows its progress;
 `omnips plot RUN_DIR` draws a run; `omnips status ADDRESS|RUN_DIR` shows a job's status;
-`omnips keygen DIR` makes the keys for --keys."""
+`omnips export tensorboard RUN_DIR` writes its scalars for TensorBoard; `omnips keygen DIR` makes
+the keys for --keys."""
 
 import argparse
 import contextlib
 import io
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -30,7 +32,8 @@ PER_WORKER = {  # launcher flag -> (WorkerSpec field, type)
 
 def launch_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="omnips launch", description="Start a scheduler, S servers and N workers on this machine. "
+        prog="omnips launch", allow_abbrev=False,
+        description="Start a scheduler, S servers and N workers on this machine. "
         "Per-worker flags take one value for all workers or one per worker; every other flag goes to the "
         "scheduler (see python -m scheduler --help).")
     p.add_argument("--num-servers", type=int, default=None, help="default 1, or the resumed job's")
@@ -125,6 +128,7 @@ def borrowed_check(parser, prefix: str, parse, argv):
 
 
 def launch(argv) -> int:
+    """start a scheduler, servers and workers on this machine and show the job's progress"""
     parser = launch_parser()
     args, scheduler_args = parser.parse_known_args(argv)
     cluster_size(args, parser)
@@ -141,6 +145,8 @@ def launch(argv) -> int:
     env = {"OMNIPS_TOKEN": args.token, "OMNIPS_TRANSPORT": args.transport}
     cluster = LocalCluster(run_dir, scheduler_args, args.num_servers, workers, env=env,
                            keys=args.keys.path if args.keys else None)
+    # a supervisor's stop or a closed terminal: as Ctrl-C (the children, in their own process group, see none)
+    handlers = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         cluster.start()
         if cluster.status_url:
@@ -158,9 +164,12 @@ def launch(argv) -> int:
         print(f"omnips launch: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        print(("\n" if sys.stderr.isatty() else "") + interrupted(run_dir, cluster), file=sys.stderr)
         return 130
     finally:
         cluster.stop(grace_s=0)  # nothing outlives the launcher
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     code = report(run_dir, code, cluster)
     if not args.no_plots:
         try:
@@ -168,6 +177,19 @@ def launch(argv) -> int:
         except PlotError as exc:
             print(f"plots skipped: {exc}", file=sys.stderr)
     return code
+
+
+def interrupted(run_dir: Path, cluster: LocalCluster) -> str:
+    """Stop the job through its scheduler (Ctrl-C, SIGTERM or SIGHUP to the launcher): one
+    line saying what was stopped, where the run is and how to go on."""
+    from scheduler.stopping import STOP_WAIT_S
+    cluster.interrupt(STOP_WAIT_S + 10.0)  # the scheduler's own stop window, and time to write
+    path = run_dir / "summary.json"
+    status = json.loads(path.read_text())["status"] if path.exists() else "stopped before the job began"
+    ckpts = run_dir / "checkpoints"
+    go_on = (f"resume with: omnips launch --resume {run_dir}" if ckpts.is_dir() and any(ckpts.glob("*/manifest.json"))
+             else "no checkpoint to resume from (--checkpoint-every STEPS writes them)")
+    return f"omnips launch: {status}; run directory {run_dir}; {go_on}"
 
 
 def report(run_dir: Path, code: int, cluster: LocalCluster) -> int:
@@ -259,7 +281,9 @@ class Progress:
 
 
 def plot(argv) -> int:
-    p = argparse.ArgumentParser(prog="omnips plot", description="Draw PNGs of a run directory into RUN_DIR/plots.")
+    """draw a run directory's PNGs into RUN_DIR/plots"""
+    p = argparse.ArgumentParser(prog="omnips plot", allow_abbrev=False,
+                                description="Draw PNGs of a run directory into RUN_DIR/plots.")
     p.add_argument("run_dir")
     args = p.parse_args(argv)
     try:
@@ -271,8 +295,28 @@ def plot(argv) -> int:
     return 0
 
 
+def export(argv) -> int:
+    """write a run's metrics in another format: omnips export tensorboard RUN_DIR"""
+    p = argparse.ArgumentParser(prog="omnips export", allow_abbrev=False,
+                                description="Write a run directory's metrics in another format.")
+    p.add_argument("format", choices=["tensorboard"])
+    p.add_argument("run_dir", type=nonempty)
+    p.add_argument("--out", type=nonempty, default=None, metavar="DIR",
+                   help="the TensorBoard log directory (default RUN_DIR/tensorboard)")
+    args = p.parse_args(argv)
+    from .scalars import ScalarsError, export as export_scalars
+    try:
+        print(export_scalars(args.run_dir, args.out))
+    except ScalarsError as exc:
+        print(f"omnips export: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def keygen(argv) -> int:
-    p = argparse.ArgumentParser(prog="omnips keygen", description="Make the CURVE keys for --keys: a server pair, "
+    """make the CURVE keys for --keys (or add one machine's key)"""
+    p = argparse.ArgumentParser(prog="omnips keygen", allow_abbrev=False,
+                                description="Make the CURVE keys for --keys: a server pair, "
                                 "a client pair and the allow-list DIR/authorized/. With --client NAME, add a key "
                                 "for one machine instead: DIR/clients/NAME (copy it there and use it as --keys) "
                                 "and its public key in DIR/authorized/NAME.key (delete it to shut that machine out).")
@@ -296,13 +340,23 @@ def keygen(argv) -> int:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from .status_view import main as status
-    commands = {"launch": launch, "plot": plot, "keygen": keygen, "status": status}
+    commands = {"launch": launch, "status": status, "plot": plot, "export": export, "keygen": keygen}
     if not argv or argv[0] not in commands:
-        print("usage: omnips launch [options] | omnips status ADDRESS|RUN_DIR | omnips plot RUN_DIR | "
-              "omnips keygen DIR   (--help for each)",
-              file=sys.stderr)
-        return 2
+        return usage(commands, argv[0] if argv else None)
     return commands[argv[0]](argv[1:])
+
+
+def usage(commands: dict, given: str | None) -> int:
+    """The subcommands, one line each (from their docstrings); exit 0 for --help, else 2."""
+    width = max(map(len, commands))
+    lines = [f"  {name:<{width}}  {''.join((fn.__doc__ or '').strip().splitlines()[:1])}"
+             for name, fn in commands.items()]
+    text = "usage: omnips COMMAND [options]   (omnips COMMAND --help for its options)\n\ncommands:\n" + "\n".join(lines)
+    if given in ("-h", "--help"):
+        print(text)
+        return 0
+    print((f"omnips: unknown command {given}\n" if given else "") + text, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

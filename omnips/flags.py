@@ -88,3 +88,22 @@ def add_transport(p: argparse.ArgumentParser) -> None:
                    help="how to reach a server on this host: auto takes its unix socket (ipc://, faster), "
                         "tcp always uses tcp; servers on other hosts are reached over tcp either way "
                         "(default: $OMNIPS_TRANSPORT, else auto)")
+
+
+def parse_args(p: argparse.ArgumentParser, argv) -> argparse.Namespace:
+    """p.parse_args(argv), naming an unknown flag before a missing required one: argparse
+    reports only the missing one, so a mistyped `--schedular` read as `--scheduler` missing."""
+    required = [a for a in p._actions if a.required]
+    for a in required:
+        a.required = False
+    try:
+        args, unknown = p.parse_known_args(argv)
+    finally:
+        for a in required:
+            a.required = True
+    if unknown:
+        p.error(f"unrecognized arguments: {' '.join(unknown)}")
+    missing = [a.option_strings[0] if a.option_strings else a.dest for a in required if getattr(args, a.dest) is None]
+    if missing:
+        p.error(f"the following arguments are required: {', '.join(missing)}")
+    return args

@@ -3,12 +3,16 @@
 Used by `omnips launch` / scripts/launch_local.py, by the end-to-end tests and by
 the benchmarks. Each child gets the allocator settings of transport.MALLOC_ENV and
 logs to RUN_DIR/logs/. The scheduler binds port 0 and prints its address, which
-the other processes are then given.
+the other processes are then given. Children run in their own process group: a
+terminal's Ctrl-C reaches the launcher alone, which stops the job through the
+scheduler (interrupt), so that the run directory is written to its end.
 """
 
 import os
 import re
 import selectors
+import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -97,13 +101,15 @@ class LocalCluster:
 
     def __post_init__(self):
         self.run_dir = Path(self.run_dir)
+        made = [d for d in (self.run_dir, *self.run_dir.parents) if not d.exists()]
+        self._made = made[-1] if made else None  # the outermost folder made here: a failed start removes it
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
 
     def _spawn(self, name: str, module: str, args: list[str], stdout=None) -> subprocess.Popen:
         env = {**os.environ, **MALLOC_ENV, "PYTHONUNBUFFERED": "1", **self.env}
         log = open(self.run_dir / "logs" / f"{name}.log", "a")  # a resumed run's processes continue its logs
         proc = subprocess.Popen([sys.executable, "-m", module, *args], env=env, stdin=subprocess.DEVNULL,
-                                stdout=stdout or log, stderr=log)
+                                stdout=stdout or log, stderr=log, process_group=0)
         log.close()
         self.procs[name] = proc
         return proc
@@ -126,11 +132,12 @@ class LocalCluster:
 
     def start_servers(self) -> None:
         for s in range(self.num_servers):
-            self.start_server(f"server{s}")
+            self.start_server(f"server{s}", rank=s)  # asked for: serverS.log is server S's
 
-    def start_server(self, name: str) -> None:
+    def start_server(self, name: str, rank: int = -1) -> None:
         """A server with the cluster's command line (also one that takes a lost server's shard)."""
-        self._spawn(name, "server", ["--scheduler", self.endpoint, *self._keys(), *self.server_args])
+        self._spawn(name, "server", ["--scheduler", self.endpoint, "--rank", str(rank), *self._keys(),
+                                     *self.server_args])
 
     def start_workers(self) -> None:
         for i, w in enumerate(self.workers):
@@ -149,8 +156,11 @@ class LocalCluster:
         endpoint, self.status_url = read_announcements(proc.stdout, timeout_s)
         if endpoint is None:
             self.stop()
-            raise LaunchError(f"the scheduler did not start (see {self.run_dir / 'logs' / 'scheduler.log'}): "
-                              f"{self.tail('scheduler')}")
+            tail = self.tail("scheduler")
+            if self._made is not None and not (self.run_dir / "config.json").exists():
+                shutil.rmtree(self._made, ignore_errors=True)  # no run began: leave none behind
+                raise LaunchError(f"the scheduler did not start: {tail}")
+            raise LaunchError(f"the scheduler did not start (see {self.run_dir / 'logs' / 'scheduler.log'}): {tail}")
         return endpoint
 
     def tail(self, name: str, lines: int = 5) -> str:
@@ -170,6 +180,29 @@ class LocalCluster:
         except subprocess.TimeoutExpired:
             self.stop()
             raise LaunchError(f"the job did not finish within {timeout_s:g} s") from None
+        self.stop(grace_s=15.0)
+        return code
+
+    def interrupt(self, wait_s: float) -> int | None:
+        """Stop the job as a Ctrl-C does: one SIGINT to the scheduler, which has the workers
+        stop and writes the model, a checkpoint and its summary; wait up to `wait_s` for it,
+        then for the others it told to exit. A second KeyboardInterrupt meanwhile is passed
+        on (the scheduler then ends at once). Returns the scheduler's exit code, None if it
+        had to be killed."""
+        sched = self.procs.get("scheduler")
+        code = None
+        if sched is not None and sched.poll() is None:
+            sched.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + wait_s
+            while code is None and time.monotonic() < deadline:
+                try:
+                    code = sched.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    break
+                except KeyboardInterrupt:
+                    sched.send_signal(signal.SIGINT)
+        elif sched is not None:
+            code = sched.returncode
         self.stop(grace_s=15.0)
         return code
 

@@ -1,6 +1,7 @@
 """The run directory: config.json, metrics.jsonl (one event per line), summary.json."""
 
 import json
+import logging
 import math
 import os
 import time
@@ -8,6 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .eventlog import EventLog
+
+log = logging.getLogger("omnips.scheduler")
 
 
 def finite(obj):
@@ -78,7 +81,7 @@ class RunDir:
                                   "choose another --run-dir")
             self.path.mkdir(parents=True, exist_ok=True)
         self._events = EventLog(events, new=not resume)
-        self.tap = None  # called with every event record as it is written (the status server's book)
+        self.watchers: list = []  # objects with add(event) and close(), given every event (TensorBoard)
 
     def write_config(self, config: dict) -> None:
         write_json_atomic(self.path / "config.json", config)
@@ -90,8 +93,12 @@ class RunDir:
         except ValueError:
             line = json.dumps(finite(record), allow_nan=False)
         self._events.append(line)
-        if self.tap is not None:
-            self.tap(record)
+        for watcher in list(self.watchers):
+            try:
+                watcher.add(record)
+            except Exception as exc:  # a side output (a full disk, say) must not end the job
+                self.watchers.remove(watcher)
+                log.warning("stopped writing %s: %s", type(watcher).__name__, exc)
 
     def step(self, r, epoch: float, disturbed: bool = False) -> None:
         """A worker's report (protocol.Report) as its `step` line, at the job's `epoch`;
@@ -116,6 +123,8 @@ class RunDir:
 
     def close(self) -> None:
         self._events.close()
+        for watcher in self.watchers:
+            watcher.close()
 
 
 def _continue_events(path: Path) -> float:

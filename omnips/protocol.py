@@ -72,7 +72,7 @@ class Register(Message):
     device: str = "cpu"
     threads: int = 0
     pid: int = 0
-    rank: int = -1  # a worker's requested rank; -1 takes the next free one
+    rank: int = -1  # the rank a worker or server asks for; -1 takes the next free one
     memory_limit: int = 0  # bytes a worker's step may fill at most (--memory-limit); 0: what is free
     token: str = field(default="", repr=False)  # the job token (--token); never printed
 

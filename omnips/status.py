@@ -95,7 +95,8 @@ class StatusBook:
         self._t = 0.0  # time of the latest event other than a step
 
     # -- events in ----------------------------------------------------------------
-    def on_event(self, e: dict) -> None:
+    def add(self, e: dict) -> None:
+        """An event as metrics.jsonl holds it (the book watches the run directory)."""
         if e["event"] == "step":  # one per worker report: the hot path, two assignments and a test
             self._last[e["worker"]] = self._latest = e
             self._step_events += 1
@@ -111,6 +112,10 @@ class StatusBook:
         line = _describe(e)
         if line is not None:
             self.events.append({"t": e.get("t"), "event": kind, "text": line})
+
+
+    def close(self) -> None:
+        """Nothing to release: the book is memory only."""
 
     def _new_step(self, e: dict) -> None:
         t = e["t"]

@@ -33,7 +33,7 @@ def from_run_dir(path) -> dict:
     unix_t0 = (path / "metrics.jsonl").stat().st_mtime - events[-1]["t"] if events else None
     book = StatusBook(job, str(path), unix_t0)
     for e in events:
-        book.on_event(e)
+        book.add(e)
     return book.snapshot()
 
 

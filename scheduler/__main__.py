@@ -11,14 +11,12 @@ from pathlib import Path
 
 from omnips import logs, transport
 from omnips.flags import add_log_level, add_security, add_transport, nonempty, port, seconds
-from omnips.data import FactoryError
 from omnips.job import (ASYNC_CORRECTIONS, BATCHINGS, CONTROLLERS, MODES, NAN_POLICIES, OPTIMIZERS, STALENESS_LR,
                         WIRE_DTYPES, JobSpec)
 
 from omnips.metrics import RunDirInUse
 
 from .checkpoints import resume_point
-from .service import Scheduler, SchedulerOptions
 from .status_server import status_port
 
 
@@ -39,7 +37,7 @@ def _not_json(name: str):
 
 def parser() -> argparse.ArgumentParser:
     d = JobSpec()
-    p = argparse.ArgumentParser(prog="omnips-scheduler", description=__doc__)
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="omnips-scheduler", description=__doc__)
     p.add_argument("--mode", choices=MODES, default=d.mode,
                    help="bsp: synchronous; asp: asynchronous; ssp: asynchronous within --staleness steps")
     p.add_argument("--staleness", type=int, default=d.staleness,
@@ -108,6 +106,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", type=nonempty, default=None, metavar="RUN_DIR",
                    help="continue the interrupted run in RUN_DIR from its newest complete checkpoint, with the job "
                         "of its config.json (job flags, if given, must match it)")
+    p.add_argument("--tensorboard", type=nonempty, default=None, metavar="DIR",
+                   help="write TensorBoard scalars into DIR as the job runs: loss, accuracy, samples/s, per-worker "
+                        "batch, compute time and staleness (needs pip install 'omnips[tensorboard]')")
     p.add_argument("--heartbeat", type=seconds, default=1.0, help="seconds between heartbeats")
     p.add_argument("--dead-after", type=seconds, default=30.0,
                    help="seconds of silence after which a worker leaves the job, a server fails it, and a process "
@@ -152,16 +153,33 @@ def main(argv=None) -> int:
                 p.error(f"{given}: a resumed job keeps its settings")
         a.run_dir = a.resume
     transport.tune_malloc()
+    from omnips.data import FactoryError  # torch: imported once the flags are known good (seconds)
+    from .service import Scheduler, SchedulerOptions
     opts = SchedulerOptions(a.host, a.port, a.run_dir or time.strftime("runs/%Y%m%d-%H%M%S"), a.heartbeat, a.dead_after, a.register_timeout,
                             a.stall_timeout, checkpoint_every=a.checkpoint_every, keys=a.keys, token=a.token,
                             transport=a.transport, status_host=a.status_host, status_port=a.status_port)
+    board = None
+    if a.tensorboard is not None:  # before the run starts: a missing package is a start-up error
+        from omnips.scalars import ScalarsError, TensorBoard
+        try:
+            board = TensorBoard(a.tensorboard, job.num_workers, wall0=time.time())
+        except (ScalarsError, OSError) as exc:
+            logging.getLogger("omnips.scheduler").error("--tensorboard: %s", exc)
+            return 1
     try:
         scheduler = Scheduler(job, opts, resume=resume)
     except (FactoryError, ValueError, OSError, RunDirInUse, transport.TransportError) as exc:
         logging.getLogger("omnips.scheduler").error("%s", exc)
+        if board is not None:
+            board.close()
         return 1
-    # a terminated job (a preemption) writes its model, a checkpoint and its summary first
-    signal.signal(signal.SIGTERM, lambda signum, frame: scheduler.request_stop("SIGTERM"))
+    if board is not None:
+        run = scheduler.run
+        board.wall0 = time.time() - (run.clock() - run.t0)  # the wall-clock time of the run's t = 0
+        run.watchers.append(board)
+    # a terminated job (a preemption, Ctrl-C) writes its model, a checkpoint and its summary first
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: scheduler.request_stop(signal.Signals(signum).name))
     return scheduler.serve()
 
 

@@ -1,9 +1,9 @@
 """Rendezvous: who has registered, their ranks, and the welcomes once the cluster is whole.
 
 Pure logic: `register` takes a peer's identity and its `Register` message and
-returns what to send. Servers are ranked in registration order; a worker may ask
-for a rank (the launcher asks for its command-line order), the others fill the
-free ranks in registration order once all are in.
+returns what to send. A server or a worker may ask for a rank (the launcher asks
+for its command-line order, which names its log); the others fill the free ranks
+in registration order once all servers (all workers) are in.
 Servers are welcomed as soon as all of them are in (they need only their shard
 range); workers once every server and --min-workers workers are in (they need
 every server's address). Later a worker takes a vacant rank: one never filled, or
@@ -95,31 +95,43 @@ class Registry:
         refusal = self._rank_refusal(reg, {m.info.rank for m in group})
         if refusal:
             return [(peer, refusal)]
-        member = Member(peer, reg.role, len(group), reg)
+        member = Member(peer, reg.role, len(group), reg)  # a server's rank is final once all are in
         group.append(member)
         self.by_peer[peer] = member
         out = [(peer, Ack())]
         servers_in = len(self.servers) == self.job.num_servers
         if reg.role == "server" and servers_in:
+            self.servers = sorted(_ranked(self.servers, self.job.num_servers), key=lambda m: m.rank)
+            self.by_peer.update({m.peer: m for m in self.servers})
             out += [(m.peer, self.server_welcome(m)) for m in self.servers]
         if servers_in and len(self.waiting) >= self.job.start_workers:
             out += self._complete()
         return out
 
+    def missing(self) -> str:
+        """Who the start still waits for, in words (the cluster is not complete)."""
+        job = self.job
+        gaps = [f"{job.num_servers - len(self.servers)} of {job.num_servers} servers"] \
+            if len(self.servers) < job.num_servers else []
+        if len(self.waiting) < job.start_workers:
+            asked = {m.info.rank for m in self.waiting}
+            gaps.append(f"{job.start_workers - len(self.waiting)} of {job.start_workers} workers")
+            if -1 not in asked:  # every worker in asked for its rank (the launcher's do): name the others
+                gaps[-1] += f" (ranks {', '.join(str(r) for r in range(job.num_workers) if r not in asked)} not in)"
+        return " and ".join(gaps)
+
     def _rank_refusal(self, reg: Register, taken) -> Error | None:
-        if reg.role != "worker" or reg.rank < 0:
+        if reg.rank < 0:
             return None
-        if reg.rank >= self.job.num_workers:
-            return Error(code="bad_rank", text=f"rank {reg.rank} asked for, the job has ranks 0..{self.job.num_workers - 1}")
+        ranks = self.job.num_workers if reg.role == "worker" else self.job.num_servers
+        if reg.rank >= ranks:
+            return Error(code="bad_rank", text=f"{reg.role} rank {reg.rank} asked for, the job has ranks 0..{ranks - 1}")
         if reg.rank in taken:
-            return Error(code="rank_taken", text=f"another worker has rank {reg.rank}")
+            return Error(code="rank_taken", text=f"another {reg.role} has rank {reg.rank}")
         return None
 
     def _complete(self):
-        asked = {m.info.rank for m in self.waiting}
-        free = iter(r for r in range(self.job.num_workers) if r not in asked)
-        self.workers = {m.rank: m for m in (Member(m.peer, m.role, m.info.rank if m.info.rank >= 0 else next(free),
-                                                   m.info) for m in self.waiting)}
+        self.workers = {m.rank: m for m in _ranked(self.waiting, self.job.num_workers)}
         self.workers = dict(sorted(self.workers.items()))
         self.waiting = []
         self.by_peer.update({m.peer: m for m in self.workers.values()})
@@ -194,5 +206,14 @@ class Registry:
             "num_params": self.num_params, "total_steps": self.total_steps, "plan": self.plan.to_wire(),
             "dead_after_s": self.dead_after_s, "heartbeat_s": self.heartbeat_s, "join_gen": join_gen,
             "resumed": self.resume is not None,
+            # the job's workers on its host (itself included): it shares the cores among them
+            "host_workers": max(1, sum(w.info.host == m.info.host for w in self.workers.values())),
             "start_step": self.resume.worker_steps[m.rank] if self.resume and join_gen < 0 else start_step,
             "start_position": self.resume.positions[m.rank] if self.resume and join_gen < 0 else 0})
+
+
+def _ranked(members: list[Member], ranks: int) -> list[Member]:
+    """`members` with final ranks: the one each asked for, the free ones in registration order."""
+    asked = {m.info.rank for m in members}
+    free = iter(r for r in range(ranks) if r not in asked)
+    return [Member(m.peer, m.role, m.info.rank if m.info.rank >= 0 else next(free), m.info) for m in members]

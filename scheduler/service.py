@@ -36,6 +36,7 @@ from .stopping import STOP_WAIT_S, Stop
 log = logging.getLogger("omnips.scheduler")
 
 POLL_MS = 100
+WAITING_SAY_S = 5.0  # while the cluster forms, how often the scheduler says who is still missing
 ROUTER_BURST = 1000  # messages read from the router per loop turn, at most
 EVALS_AHEAD = 32
 CHECKPOINTS_AHEAD = 32  # BSP checkpoint requests kept waiting at the servers: one asked after its version
@@ -112,6 +113,7 @@ class Scheduler:
         self._stop_asked: str | None = None  # what asked for a stop (request_stop), until it is begun
         self._stop: Stop | None = None
         self._complete_at = 0.0
+        self._waiting_said = 0.0  # when (s after the start) the scheduler last said who it waits for
         self._next_beat = 0.0
         self.ctx = zmq.Context()
         self.gate = security.Gate(self.ctx, opts.keys) if opts.keys else None
@@ -244,8 +246,11 @@ class Scheduler:
         if not self.registry.complete:
             if now - start > self.opts.register_timeout_s:
                 raise JobFailed(f"cluster incomplete after {self.opts.register_timeout_s:g} s: "
-                                f"{len(self.registry.servers)}/{self.job.num_servers} servers, "
-                                f"{len(self.registry.waiting)}/{self.job.start_workers} workers registered")
+                                f"missing {self.registry.missing()}")
+            if now - start > self._waiting_said + WAITING_SAY_S:  # say who is missing, not only at the timeout
+                self._waiting_said = now - start
+                log.info("waiting for %s (%.0f s of --register-timeout %g s)", self.registry.missing(), now - start,
+                         self.opts.register_timeout_s)
         elif self.progress.all_done:
             if self._done_at is None:
                 self._done_at = now
@@ -424,9 +429,9 @@ class Scheduler:
         member = self.registry.by_peer.get(peer)
         if member is not None and member.info is msg:
             log.info("%s registered from %s (pid %d)", msg.role, msg.host, msg.pid)
-            if msg.role == "server":
-                self._membership(member)
         if not servers_before and len(self.registry.servers) == self.job.num_servers:
+            for server in self.registry.servers:  # ranks are final only now
+                self._membership(server)
             self._connect_servers()
         if self.registry.complete and not self._plan_logged:
             self._plan_logged = True

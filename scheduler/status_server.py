@@ -161,14 +161,14 @@ class StatusPublisher:
         if resumed:
             try:
                 for e in read_events(run.path):
-                    self.book.on_event(e)
+                    self.book.add(e)
             except (ValueError, OSError) as exc:  # the page is no reason to refuse a resume
                 log.warning("scheduler: the status page shows no events from before the resume: %s", exc)
         self.book.unix_t0 = time.time() - (run.clock() - run.t0)
-        run.tap = self.book.on_event  # straight in: one call per report
+        run.watchers.append(self.book)  # one call per report
 
-    def on_event(self, record: dict) -> None:
-        self.book.on_event(record)
+    def add(self, record: dict) -> None:
+        self.book.add(record)
 
     def tick(self, now: float) -> None:
         """Once a loop turn: publish when something changed and the last is old enough."""

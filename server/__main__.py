@@ -6,17 +6,16 @@ import signal
 import sys
 
 from omnips import logs, transport
-from omnips.flags import add_log_level, add_security, port, seconds
-from omnips.link import LinkError
-
-from .service import serve
+from omnips.flags import add_log_level, add_security, parse_args, port, seconds
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="omnips-server", description=__doc__)
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="omnips-server", description=__doc__)
     p.add_argument("--scheduler", required=True, help="the scheduler's address, tcp://HOST:PORT")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=port, default=0, help="port to bind; 0 picks a free one")
+    p.add_argument("--rank", type=int, default=-1,
+                   help="ask for this server rank (its shard); default: the next free one")
     p.add_argument("--advertise", default=None, help="host name workers use to reach this server")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads for the optimizer update (default 1: it is memory-bound, and a "
@@ -25,23 +24,27 @@ def parse(argv):
     p.add_argument("--welcome-timeout", type=seconds, default=300.0, help="seconds to wait for the cluster to form")
     add_security(p, listens=True)
     add_log_level(p)
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
     if args.threads < 1:
         p.error("--threads must be >= 1")
+    if args.rank < -1:
+        p.error("--rank must be >= 0")
     return args
 
 
 def main(argv=None) -> int:
     args = parse(argv)
     logs.setup("server", args.log_level)
-    import torch
+    import torch  # once the flags are known good: it takes seconds
 
+    from omnips.link import LinkError
+    from .service import serve
     torch.set_num_threads(args.threads)
     transport.tune_malloc()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # exit through `finally`: it removes the ipc socket
     try:
         return serve(args.scheduler, args.host, args.port, args.advertise, args.ack_timeout, args.welcome_timeout,
-                     args.keys, args.token)
+                     args.keys, args.token, args.rank)
     except (LinkError, transport.TransportError, ValueError) as exc:
         logging.getLogger("omnips.server").error("%s", exc)
         return 1

@@ -36,7 +36,8 @@ def advertised_host(host: str, advertise: str | None) -> str:
 
 
 def serve(scheduler: str, host: str, port: int, advertise: str | None,
-          ack_timeout_s: float, welcome_timeout_s: float, keys: security.Keys | None = None, token: str = "") -> int:
+          ack_timeout_s: float, welcome_timeout_s: float, keys: security.Keys | None = None, token: str = "",
+          rank: int = -1) -> int:
     ctx = zmq.Context()
     gate = security.Gate(ctx, keys) if keys else None  # before binding: it admits the clients
     ipc_dir = None
@@ -51,7 +52,7 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
             log.warning("%s: clients on this host connect over tcp", exc)
         link = SchedulerLink(ctx, scheduler, keys=keys)
         me = Register(role="server", host=pysocket.gethostname(), endpoint=endpoint, ipc=ipc,
-                      threads=torch.get_num_threads(), pid=os.getpid(), token=token)
+                      threads=torch.get_num_threads(), pid=os.getpid(), token=token, rank=rank)
         welcome = link.register(me, ack_timeout_s, welcome_timeout_s)
         job = JobSpec.from_dict(welcome.job)
         cluster = link.cluster_fields(welcome, range=list, dead_after_s=float, heartbeat_s=float, num_trained=int,

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from omnips.batching import (PROBE_RETRIES, PROBE_ROUNDS, BatchPlan, Decision, decide, equal_time, initial_batches,
@@ -283,6 +283,8 @@ def test_decide_sums_exactly_within_per_worker_bounds(problem, data):
 
 @settings(max_examples=100, deadline=None)
 @given(problem=problems())
+@example(problem=([(9.46e-183, 1.0), (0.0, 1.0)], 3, 1, [300, 300]))  # a tie the times cannot show: to the faster
+@example(problem=([(0.0, 1.0), (0.0, 1.0), (9.46e-183, 1.0)], 7, 1, [300, 300, 300]))
 def test_decide_gives_a_faster_worker_no_smaller_batch(problem):
     lines, total, lo, hi = problem
     his = hi if isinstance(hi, list) else [hi] * len(lines)

@@ -94,3 +94,25 @@ def test_workers_share_the_memory_of_their_host_and_device():
                                (b"d", "h", "cpu"), (b"e", "g", "cuda:0")):
         reg.register(peer, Register(role="worker", host=host, device=device))
     assert [reg.sharing(rank) for rank in range(5)] == [2, 2, 1, 1, 1]
+
+
+def test_servers_get_the_ranks_they_ask_for_whatever_order_they_register_in():
+    reg = registry(num_servers=3)
+    reg.register(b"s2", Register(role="server", host="h", endpoint="tcp://h:2", rank=2))
+    reg.register(b"any", Register(role="server", host="h", endpoint="tcp://h:9"))
+    refused = reg.register(b"dup", Register(role="server", host="h", endpoint="tcp://h:3", rank=2))
+    assert [m.code for _, m in refused] == ["rank_taken"]
+    out = reg.register(b"s0", Register(role="server", host="h", endpoint="tcp://h:0", rank=0))
+    welcomes = {to: m.rank for to, m in out if isinstance(m, Welcome)}
+    assert welcomes == {b"s2": 2, b"any": 1, b"s0": 0}
+    assert [m.peer for m in reg.servers] == [b"s0", b"any", b"s2"] and reg.by_peer[b"any"].rank == 1
+
+
+def test_a_workers_welcome_counts_the_jobs_workers_on_its_host():
+    reg = registry()
+    server(reg)
+    reg.register(b"a", Register(role="worker", host="h"))
+    reg.register(b"b", Register(role="worker", host="g"))
+    out = reg.register(b"c", Register(role="worker", host="h"))
+    counts = {to: m.cluster["host_workers"] for to, m in out if isinstance(m, Welcome)}
+    assert counts == {b"a": 2, b"b": 1, b"c": 2}

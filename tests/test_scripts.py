@@ -33,6 +33,7 @@ def test_the_demo_runs_its_job_and_prints_the_summary(tmp_path):
     assert out.returncode == 0, out.stderr
     logs = {p.stem: p.read_text() for p in (tmp_path / "run" / "logs").glob("*.log")}
     assert sorted(logs) == ["scheduler", "server0", "server1", "worker0", "worker1", "worker2"]
+    assert "server 0 serves" in logs["server0"] and "server 1 serves" in logs["server1"]  # each log its own rank
     # --keys and --token reach every process: a worker without either would not be admitted
     assert "connections: CURVE, admitting the 1 client key(s)" in logs["scheduler"]
     assert "a job token is required" in logs["scheduler"] and "CURVE" in logs["server0"]

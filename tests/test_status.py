@@ -43,7 +43,7 @@ def events():
 def book(upto=None) -> StatusBook:
     b = StatusBook(JOB, "runs/x", unix_t0=1000.0)
     for e in list(events())[:upto]:
-        b.on_event(e)
+        b.add(e)
     return b
 
 
@@ -71,13 +71,13 @@ def test_the_snapshot_folds_the_events_into_progress_rows_servers_and_the_plan()
 
 def test_a_lost_worker_is_struck_off_the_metrics_and_a_finished_job_reads_completed():
     b = book()
-    b.on_event({"event": "membership", "t": 5, "change": "lost", "role": "worker", "rank": 1, "host": "b",
+    b.add({"event": "membership", "t": 5, "change": "lost", "role": "worker", "rank": 1, "host": "b",
                 "reason": "silent for 30 s"})
     s = b.snapshot()
     assert s["workers"][1]["state"] == "lost" and s["straggler"] is None
     ranks = {f.name: [x.labels.get("rank") for x in f.samples] for f in parse(s)}
     assert ranks["omnips_worker_batch"] == ["0"]
-    b.on_event({"event": "end", "t": 6, "status": "completed"})
+    b.add({"event": "end", "t": 6, "status": "completed"})
     s = b.snapshot()
     assert s["state"] == "completed" and s["progress"]["fraction"] == 1.0 and s["progress"]["eta_s"] is None
     assert [w["state"] for w in s["workers"]] == ["finished", "lost"]
@@ -153,7 +153,7 @@ def test_the_server_answers_with_the_published_snapshot_and_refuses_a_missing_to
     pub = StatusPublisher(JOB, "runs/x", "127.0.0.1", 0, "tok")
     try:
         for e in events():
-            pub.on_event(e)
+            pub.add(e)
         assert json.loads(get(pub.url + "status.json", "tok")[1])["progress"]["steps"] == 0  # not published yet
         pub.tick(now=1.0)
         assert json.loads(get(pub.url + "status.json", "tok")[1])["progress"]["steps"] == 4

@@ -7,14 +7,11 @@ import sys
 import zmq
 
 from omnips import logs, transport
-from omnips.flags import add_log_level, add_security, add_transport, seconds, size
-from omnips.data import FactoryError
-from omnips.link import LinkError
+from omnips.flags import add_log_level, add_security, add_transport, parse_args, seconds, size
 from omnips.protocol import MAX_BATCH
-from omnips.servers import ServerError
 
 from .emulation import Emulation, parse_schedule
-from .service import WorkerOptions, run
+from .options import WorkerOptions
 
 
 def _steps(text: str) -> frozenset:
@@ -25,10 +22,11 @@ def _steps(text: str) -> frozenset:
 
 
 def parse(argv) -> WorkerOptions:
-    p = argparse.ArgumentParser(prog="omnips-worker", description=__doc__)
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="omnips-worker", description=__doc__)
     p.add_argument("--scheduler", required=True, help="the scheduler's address, tcp://HOST:PORT")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads; 0 keeps torch's default")
+    p.add_argument("--threads", type=int, default=0, help="torch threads; 0 (default): an equal share of the cores among the job's "
+                   "workers on this host, as the scheduler counts them")
     p.add_argument("--capacity", type=float, default=1.0,
                    help="relative speed declared for --batching static (e.g. core count)")
     p.add_argument("--rank", type=int, default=-1, help="ask for this worker rank (default: the next free one)")
@@ -51,7 +49,7 @@ def parse(argv) -> WorkerOptions:
     add_security(p, listens=False)
     add_transport(p)
     add_log_level(p)
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
     if args.threads < 0:
         p.error("--threads must be >= 0")
     if not 0 <= args.max_batch <= MAX_BATCH or args.fault_oom_above < 0:
@@ -81,6 +79,10 @@ def main(argv=None) -> int:
     opts = parse(argv)
     logs.setup("worker", opts.log_level)  # here, not in parse: a launcher checks workers' flags with it
     transport.tune_malloc()
+    from omnips.data import FactoryError  # torch: imported once the flags are known good (seconds)
+    from omnips.link import LinkError
+    from omnips.servers import ServerError
+    from .service import run
     try:
         return run(opts)
     except (LinkError, ServerError, FactoryError, transport.TransportError, ValueError, MemoryError,

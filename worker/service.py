@@ -4,12 +4,11 @@ import logging
 import os
 import socket as pysocket
 import time
-from dataclasses import dataclass, field
 
 import torch
 import zmq
 
-from omnips import data, models, routes, security
+from omnips import data, models, routes
 from omnips.batching import PROBE_BATCHES, PROBE_ROUNDS, BatchPlan, probe_agrees, probe_times
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
@@ -19,9 +18,9 @@ from omnips.servers import ServerGroup
 from omnips.sharding import shard_ranges
 from omnips.wire import WireDtype
 
-from . import memory
+from . import memory, threads
 from .buckets import bucket_values
-from .emulation import Emulation
+from .options import WorkerOptions
 from .pushing import Pusher
 from .trainer import Trainer, resolve_device
 
@@ -40,28 +39,6 @@ class Rewound(Exception):
         self.msg = msg
 
 
-@dataclass(frozen=True)
-class WorkerOptions:
-    scheduler: str
-    device: str = "auto"
-    threads: int = 0
-    capacity: float = 1.0
-    rank: int = -1
-    max_batch: int = 0
-    memory_limit: int = 0  # bytes; 0: what the device has free
-    fault_oom_above: int = 0
-    fault_nan_at: frozenset = frozenset()  # test knob: steps whose gradient is made NaN
-    emulation: Emulation = Emulation()
-    ack_timeout_s: float = 10.0
-    welcome_timeout_s: float = 300.0
-    server_timeout_s: float = 120.0
-    keys: security.Keys | None = None
-    token: str = field(default="", repr=False)
-    bucket_bytes: int = 4 << 20  # the gradient leaves in buckets of this size while backward runs; 0: after it
-    transport: str = "auto"  # how to reach servers on this host: auto (ipc) or tcp (omnips.routes)
-    log_level: str = "INFO"
-
-
 def run(opts: WorkerOptions) -> int:
     device = resolve_device(opts.device)
     if opts.threads:
@@ -71,7 +48,7 @@ def run(opts: WorkerOptions) -> int:
         link = SchedulerLink(ctx, opts.scheduler, keys=opts.keys)
         welcome = link.register(
             Register(role="worker", host=pysocket.gethostname(), capacity=opts.capacity, device=str(device),
-                     threads=torch.get_num_threads(), pid=os.getpid(), rank=opts.rank,
+                     threads=opts.threads, pid=os.getpid(), rank=opts.rank,  # 0: chosen at the welcome
                      memory_limit=opts.memory_limit, token=opts.token),
             opts.ack_timeout_s, opts.welcome_timeout_s)
         cluster = link.cluster_fields(welcome, servers=list, ranges=list, num_params=int, total_steps=int,
@@ -79,6 +56,8 @@ def run(opts: WorkerOptions) -> int:
                                       start_step=int, start_position=int)
         job = JobSpec.from_dict(welcome.job)
         _check_seat(welcome.rank, job, cluster)
+        if not opts.threads:
+            _choose_threads(welcome.rank, cluster)
         link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
         session = _Session(job, welcome.rank, cluster, device, opts, link)
         session.connect = lambda servers, local: ServerGroup(
@@ -93,6 +72,16 @@ def run(opts: WorkerOptions) -> int:
             return 0
     finally:
         ctx.destroy(linger=1000)
+
+
+def _choose_threads(rank: int, cluster: dict) -> None:
+    """An equal share of this host's cores among the job's workers on it (worker/threads.py)."""
+    here = cluster.get("host_workers")
+    here = here if isinstance(here, int) and here >= 1 else 1  # a scheduler that sends none: alone
+    cores = threads.usable_cores()
+    torch.set_num_threads(threads.share(cores, here))
+    log.info("worker %d: %d torch thread(s): %d core(s) shared by %d worker(s) of this job on this host "
+             "(--threads N to choose)", rank, torch.get_num_threads(), cores, here)
 
 
 def _check_seat(rank: int, job: JobSpec, cluster: dict) -> None:
