@@ -23,6 +23,7 @@ def run(*argv, timeout=120):
     return out.returncode, out.stdout, err, any(line.rstrip().endswith("| torch") for line in imports)
 
 
+@pytest.mark.cluster
 def test_omnips_lists_its_subcommands_and_names_an_unknown_one():
     code, out, err, _ = run("-m", "omnips.cli", "--help")
     assert code == 0 and err == ""
@@ -44,12 +45,14 @@ def test_omnips_lists_its_subcommands_and_names_an_unknown_one():
     (["-m", "scheduler", "--num-worker", "2"], "unrecognized arguments: --num-worker 2"),
 ], ids=["launch-prefix", "launch-value", "worker-typo", "server-typo", "worker-prefix", "server-missing",
         "scheduler-prefix"])
+@pytest.mark.cluster
 def test_a_flag_error_names_the_flag_given_and_comes_before_torch_is_imported(argv, error):
     code, out, err, torch_imported = run(*argv)
     assert code == 2 and err.splitlines()[-1].endswith(f"error: {error}"), err
     assert not torch_imported
 
 
+@pytest.mark.cluster
 def test_a_failed_start_leaves_no_run_directory(tmp_path):
     code, _, err, _ = run("-m", "omnips.cli", "launch", "--model", "no_such_pkg.mod:fn",
                           "--run-dir", str(tmp_path / "runs" / "r"), "--no-plots")
@@ -57,6 +60,7 @@ def test_a_failed_start_leaves_no_run_directory(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.cluster
 def test_the_scheduler_says_whom_it_waits_for_while_the_cluster_forms(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "scheduler", "--num-workers", "2", "--register-timeout", "12",
                            "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)

@@ -21,6 +21,7 @@ def alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("checkpoints", [True, False], ids=["checkpoints", "none"])
 def test_sigint_to_the_launcher_stops_the_job_and_leaves_a_complete_run_directory(tmp_path, checkpoints):
     run_dir = tmp_path / "run"

@@ -50,6 +50,7 @@ def agree(got: dict, want: dict) -> None:
         assert [v for _, v in got[tag]] == pytest.approx([v for _, v in want[tag]], rel=1e-6, abs=1e-6), tag
 
 
+@pytest.mark.cluster
 def test_live_and_exported_scalars_agree_with_metrics_jsonl(tmp_path):
     live = tmp_path / "live"
     job = ["--mode", "bsp", "--max-steps", "40", "--global-batch", "32", "--seed", "3", "--epochs", "1",
@@ -65,6 +66,7 @@ def test_live_and_exported_scalars_agree_with_metrics_jsonl(tmp_path):
     agree(scalars(tmp_path / "exported"), want)
 
 
+@pytest.mark.cluster
 def test_export_refuses_a_directory_without_a_run(tmp_path):
     out = subprocess.run([sys.executable, "-m", "omnips.cli", "export", "tensorboard", str(tmp_path)],
                          capture_output=True, text=True, timeout=120)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from omnips.launch import LocalCluster
 from worker.threads import share, usable_cores
 
@@ -18,6 +20,7 @@ def test_share_gives_each_worker_an_equal_part_and_at_least_one_thread():
     assert share(2, 3) == 1 and share(2, 0) == 2
 
 
+@pytest.mark.cluster
 def test_workers_started_by_hand_take_an_equal_share_of_the_cores_and_log_it(tmp_path):
     run_dir = tmp_path / "run"
     with LocalCluster(run_dir, ["--max-steps", "5", "--global-batch", "30", "--heartbeat", "0.3"], 1, [],
