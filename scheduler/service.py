@@ -14,7 +14,7 @@ import torch
 import zmq
 
 from omnips import data, models, protocol, routes, security, transport
-from omnips.batching import BatchPlan, memory_batch
+from omnips.batching import BatchPlan
 from omnips.checkpoint import Manifest, newest_complete, set_aside_after
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
@@ -24,10 +24,10 @@ from omnips.protocol import (Ack, Checkpoint, Heartbeat, Params, Plan, Probe, Pr
 from omnips.servers import ServerError, ServerGroup
 
 from .checkpoints import CheckpointBook
-from .control import Adjustment, BatchControl
 from .disturbance import Disturbances
 from .divergence import Diverged, LossWatch
 from .evaluation import EvalBook, PendingEval
+from .planning import Planner
 from .progress import EvalPoint, Progress
 from .registry import Registry
 from .status_server import NoStatus, open_status
@@ -96,7 +96,6 @@ class Scheduler:
         self.final: tuple[float, float] | None = None
         self.servers: ServerGroup | None = None
         self._bsp_points: list[EvalPoint] = []
-        self.control: BatchControl | None = None
         self.nonfinite = 0  # gradients with NaN or inf the workers reported
         self.losses = LossWatch(job, len(train), resumed=resume is not None)
         self.disturbances = Disturbances()  # evaluations and checkpoint writes: steps then are not measured
@@ -104,10 +103,6 @@ class Scheduler:
         self.restores = 0  # times a lost server's shard was taken over and the job went back
         self._recovery: Recovery | None = None
         self._heard: dict[bytes, float] = {}  # registered peer -> when it last said anything
-        self._memory_warned: set[int] = set()  # ranks whose memory estimate could not be applied
-        self._probing: set[int] = set()  # ranks whose probe the start plan still waits for
-        self._probes: dict[int, tuple[list, list]] = {}  # rank -> its probe's (batches, seconds)
-        self._probe_memory: dict[int, int] = {}  # rank -> the batch its free memory holds, from its probe
         self._plan_logged = False
         self._done_at: float | None = None
         self._stop_asked: str | None = None  # what asked for a stop (request_stop), until it is begun
@@ -136,6 +131,7 @@ class Scheduler:
         except BaseException:
             self._close(linger=0)
             raise
+        self.planner = Planner(job, self.registry, self.run)
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
 
@@ -439,12 +435,7 @@ class Scheduler:
             for worker in self.registry.workers.values():  # ranks are final only now
                 self.progress.seat(worker.rank, joined=False)
                 self._membership(worker)
-            plan = self.registry.plan
-            if self.job.batching == "dynamic":
-                self.control = BatchControl(self.job, plan)
-                if self.job.probe and self.resume is None:  # a resumed job's workers go on at once
-                    self._probing = set(self.registry.workers)
-            self.run.event("assign", gen=plan.gen, batches=list(plan.batches), step=0, reason="start")
+            plan = self.planner.start(probe=self.job.probe and self.resume is None)  # a resumed job's workers go on
             log.info("cluster complete; batches %s", list(plan.batches))
             self._send_plan(plan)  # every server learns whom a step waits for
         for member in self.registry.joined:
@@ -494,27 +485,18 @@ class Scheduler:
             plan = self._membership_plan(sorted(self.registry.workers), "lost")
         self._send_plan(plan, departed=[[rank, last]])
         self._ask_final_eval_if_done()
-        self._probes.pop(rank, None)  # a probe of a worker gone says nothing of whoever takes its rank
-        self._probe_memory.pop(rank, None)
-        if rank in self._probing:  # the others need not wait for its probe
-            self._probing.discard(rank)
-            if not self._probing:
-                self._start_plan()
+        self._start_plan(self._planned(self.planner.departed, rank))
 
     def _membership_plan(self, active: list[int], change: str) -> BatchPlan:
-        if self.control is None:
-            plan = BatchPlan(self.registry.plan.gen + 1, self.registry.static_batches(active))
-            predicted = None
-        else:
-            try:
-                predicted = self.control.resize(active).decision.predicted_s
-            except ValueError as exc:
-                raise JobFailed(f"the workers left cannot hold the global batch: {exc}") from None
-            plan = self.control.plan
-        self.run.event("assign", gen=plan.gen, batches=list(plan.batches), reason=change,
-                       step=max((w.next_step or 0 for w in self.progress.workers if w.present), default=0),
-                       predicted_step_s=predicted)
-        return plan
+        step = max((w.next_step or 0 for w in self.progress.workers if w.present), default=0)
+        return self._planned(self.planner.membership, active, change, step)
+
+    def _planned(self, decide, *args) -> BatchPlan | None:
+        """decide(*args), a Planner's decision; a plan the workers cannot run fails the job."""
+        try:
+            return decide(*args)
+        except ValueError as exc:
+            raise JobFailed(str(exc)) from None
 
     def _connect_servers(self) -> None:
         endpoints = routes.endpoints([m.info.endpoint for m in self.registry.servers],
@@ -580,8 +562,10 @@ class Scheduler:
             plan = self.registry.plan
             self._send_plan(BatchPlan(plan.gen + 1, plan.batches, stop=True))
             log.info("sample budget reached: asking workers to stop")
-        elif self.control is not None and not self.registry.plan.stop:
-            self._control(r, disturbed)
+        elif self.planner.control is not None and not self.registry.plan.stop:
+            plan = self._planned(self.planner.on_report, r, disturbed)
+            if plan is not None:
+                self._send_plan(plan)
 
     def _on_probe(self, peer: bytes, msg: Probe) -> None:
         """A worker's timed passes before its first step: once every starting worker's are in,
@@ -590,89 +574,26 @@ class Scheduler:
         if member is None or member.role != "worker" or member.rank != msg.rank:
             self._refuse(peer, "bad_rank", "probe from an unregistered peer or the wrong rank")
             return
-        if msg.rank not in self._probing:
+        if msg.rank not in self.planner.probing:
             self._refuse(peer, "bad_step", f"no probe expected from worker {msg.rank}: the job is past its start")
             return
-        self._probing.discard(msg.rank)
-        self._probes[msg.rank] = (msg.batches, msg.seconds)
-        estimate = self._memory_estimate(msg.rank, msg.mem_free, msg.sample_bytes)
-        if estimate is not None:
-            self._probe_memory[msg.rank] = estimate
-        self.run.event("probe", worker=msg.rank, batches=msg.batches, seconds=msg.seconds)
+        plan = self._planned(self.planner.on_probe, msg)
         self.progress.on_probe(sum(msg.seconds), time.monotonic())
-        if not self._probing:
-            self._start_plan()
+        self._start_plan(plan)
 
-    def _start_plan(self) -> None:
-        """Every starting worker still in the job has probed: plan from the probes (none when
-        all that probed left: the plan stays) and let the workers go."""
-        if self._probes:
-            try:
-                adjustment, refused = self.control.probed(self._probes, self._probe_memory)
-            except ValueError as exc:
-                raise JobFailed(f"dynamic batching failed on the probes: {exc}") from None
-            for rank in refused:
-                self._memory_not_applied(rank, self._probe_memory[rank])
-            self._record_plan(adjustment, 0, "start batches from the probes")
-        plan = self.control.plan
+    def _start_plan(self, plan: BatchPlan | None) -> None:
+        """The first step's plan, made from the probes (None: still waiting for some): to the
+        servers, and to each worker, which waits for it."""
+        if plan is None:
+            return
         self._send_plan(plan)
         for m in self.registry.workers.values():
             self._tell(m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop))
 
-    def _control(self, r: Report, disturbed: bool) -> None:
-        if not disturbed:
-            self.control.on_step(r.rank, r.batch, r.compute_s)
-        adjustment = None
-        estimate = self._memory_estimate(r.rank, r.mem_free, r.sample_bytes)
-        if r.mem_batch and r.mem_batch < self.control.hard_max[r.rank]:
-            log.warning("worker %d can hold at most %d samples", r.rank, r.mem_batch)
-            try:
-                adjustment = self.control.limit(r.rank, r.mem_batch)
-            except ValueError as exc:
-                raise JobFailed(str(exc)) from None
-        elif estimate is not None and estimate != self.control.memory_max[r.rank]:
-            applied, adjustment = self.control.estimate(r.rank, estimate)
-            if not applied:
-                self._memory_not_applied(r.rank, estimate)
-        if adjustment is None and self.control.ready:
-            try:
-                adjustment = self.control.replan()
-            except ValueError as exc:
-                raise JobFailed(f"dynamic batching failed: {exc}") from None
-        if adjustment is None or self.control.plan == self.registry.plan:
-            return  # inside the deadband: nothing to hand out
-        self._record_plan(adjustment, r.step, "new batches", measured_batches=list(adjustment.batches),
-                          compute_s=list(adjustment.times),
-                          throughput=[b / t if t > 0 else None for b, t in zip(adjustment.batches, adjustment.times)])
-        self._send_plan(self.control.plan)
-
-    def _record_plan(self, adjustment: Adjustment, step: int, what: str, **measured) -> None:
-        """The plan the controller just made, into the run's events and the log."""
-        plan, d = self.control.plan, adjustment.decision
-        self.run.event("assign", gen=plan.gen, batches=list(plan.batches), reason=adjustment.reason,
-                       rule=adjustment.rule, step=step, **measured, targets=list(d.targets),
-                       predicted_step_s=d.predicted_s, max_batch=list(self.control.max_batch))
-        log.info("%s %s (predicted step %.1f ms; %s)", what, list(plan.batches), 1000 * d.predicted_s, adjustment.rule)
-
-    def _memory_estimate(self, rank: int, mem_free: int, sample_bytes: int) -> int | None:
-        """The batch a worker's free memory holds (None: it did not measure)."""
-        if not (mem_free and sample_bytes):
-            return None
-        return memory_batch(mem_free, sample_bytes, self.registry.sharing(rank),
-                            self.registry.workers[rank].info.memory_limit)
-
-    def _memory_not_applied(self, rank: int, estimate: int) -> None:
-        if rank not in self._memory_warned:
-            self._memory_warned.add(rank)
-            log.warning("worker %d's free memory holds about %d samples, too few for the others to hold the "
-                        "global batch: not applied (it will compute in chunks if it runs out)", rank, estimate)
-
     def _send_plan(self, plan: BatchPlan, departed=()) -> None:
         """Every server hands the plan on with its replies; a worker takes the newest it
         gets in a step's replies, which every BSP worker gets alike: all switch at one step."""
-        self.registry.plan = plan
-        if self.control is not None:
-            self.control.plan = plan
+        self.planner.set(plan)
         for m in self.registry.servers:
             self._tell(m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop,
                                                       departed=list(departed)))
@@ -788,7 +709,7 @@ class Scheduler:
             "final_batches": list(plan.batches) if plan else [],
             "final_test_accuracy": acc,
             "final_test_loss": loss,
-            "adjustments": self.control.adjustments if self.control else 0,
+            "adjustments": self.planner.adjustments,
             "nonfinite_gradients": self.nonfinite,
             "diverged": self.losses.verdict is not None,
             "diverged_reason": (f"{self.losses.verdict.reason}; {self.losses.verdict.hint}"

@@ -15,7 +15,7 @@ PURE = ("omnips.batching", "omnips.timemodel", "omnips.sharding", "omnips.data",
         "omnips.job", "omnips.optim", "omnips.wire", "omnips.checkpoint", "server.shard", "server.asynchrony",
         "server.assembly", "server.barrier", "server.holds", "server.values", "server.members", "server.pulls",
         "server.shard_state", "scheduler.control", "scheduler.regret", "scheduler.registry",
-        "scheduler.disturbance", "scheduler.stopping", "scheduler.divergence")
+        "scheduler.disturbance", "scheduler.stopping", "scheduler.divergence", "scheduler.planning")
 MAX_LINES = 400
 # The command-line front door starts every role's parser and checks; the one place in
 # omnips/ that may import them (lazily, inside the commands that need them).

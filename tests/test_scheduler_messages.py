@@ -43,23 +43,23 @@ def probe(s, peer, rank, a, c, **memory):
 
 
 def refused(s, peer, msg) -> bool:
-    before = (set(s._probing), dict(s._probes), s.registry.plan)
+    before = (set(s.planner.probing), dict(s.planner._probes), s.registry.plan)
     s._on_probe(peer, msg)
-    return (set(s._probing), dict(s._probes), s.registry.plan) == before
+    return (set(s.planner.probing), dict(s.planner._probes), s.registry.plan) == before
 
 
 def test_the_start_plan_waits_for_every_probe_and_refuses_the_others(make):
     s = make(num_workers=2, global_batch=60)
     for r in range(2):
         register(s, b"W%d" % r, "worker", r)
-    assert s._probing == {0, 1} and s.registry.plan.gen == 0
+    assert s.planner.probing == {0, 1} and s.registry.plan.gen == 0
     assert refused(s, b"X", Probe(rank=0, batches=[2, 4], seconds=[0.1, 0.2]))  # not a registered peer
     assert refused(s, b"W1", Probe(rank=0, batches=[2, 4], seconds=[0.1, 0.2]))  # another worker's rank
     probe(s, b"W0", 0, 0.005, 0.001)
-    assert s.registry.plan.gen == 0 and s._probing == {1}
+    assert s.registry.plan.gen == 0 and s.planner.probing == {1}
     assert refused(s, b"W0", Probe(rank=0, batches=[2, 4], seconds=[0.1, 0.2]))  # twice
     probe(s, b"W1", 1, 0.005, 0.002)
-    assert not s._probing and s.registry.plan.gen == 1 and s.registry.plan.batches == (40, 20)
+    assert not s.planner.probing and s.registry.plan.gen == 1 and s.registry.plan.batches == (40, 20)
     assert refused(s, b"W1", Probe(rank=1, batches=[2, 4], seconds=[0.1, 0.2]))  # after the start
 
 
@@ -72,7 +72,7 @@ def test_a_probe_of_a_worker_gone_does_not_stand_for_whoever_takes_its_rank(make
     register(s, b"NEW", "worker", 1)  # takes rank 1 while worker 0 still probes: it does not probe
     probe(s, b"W0", 0, 0.005, 0.001)
     plan = s.registry.plan
-    assert s.control.max_batch[1] == 60 and not s.control.models.measured([1])[0]
+    assert s.planner.control.max_batch[1] == 60 and not s.planner.control.models.measured([1])[0]
     # the newcomer is taken as fast as the typical worker at its batch, not as the one gone
     assert abs(plan.batches[1] - 30) <= 3 and sum(plan.batches) == 60, plan
 
@@ -80,10 +80,10 @@ def test_a_probe_of_a_worker_gone_does_not_stand_for_whoever_takes_its_rank(make
 def test_workers_that_joined_during_the_probe_go_on_when_every_prober_left(make):
     s = make(num_workers=2, global_batch=32, min_workers=1, mode="asp")
     register(s, b"W0", "worker", 0)
-    assert s._probing == {0}
+    assert s.planner.probing == {0}
     register(s, b"W1", "worker")  # joins while worker 0 probes
     s._depart(0, "silent")  # before its probe: nothing to plan from
-    assert not s._probing and s.registry.plan.batches == (0, 32)
+    assert not s.planner.probing and s.registry.plan.batches == (0, 32)
 
 
 def test_a_memory_bound_from_a_probe_holds_inside_the_deadband(make):
@@ -95,7 +95,7 @@ def test_a_memory_bound_from_a_probe_holds_inside_the_deadband(make):
     probe(s, b"W0", 0, 0.005, 0.001, mem_free=296_250, sample_bytes=1000)
     for r in (1, 2):
         probe(s, b"W%d" % r, r, 0.005, 0.001)
-    assert s.control.max_batch[0] == 39
+    assert s.planner.control.max_batch[0] == 39
     assert s.registry.plan.batches[0] <= 39 and sum(s.registry.plan.batches) == 120
 
 
