@@ -1,5 +1,6 @@
 """The user's command: `omnips launch` starts a whole local cluster and shows its progress;
-`omnips plot RUN_DIR` draws a run; `omnips keygen DIR` makes the keys for --keys."""
+`omnips plot RUN_DIR` draws a run; `omnips keygen DIR` makes the keys for --keys; `omnips slurm`
+and `omnips k8s` print the job for a cluster manager."""
 
 import argparse
 import contextlib
@@ -282,12 +283,20 @@ def keygen(argv) -> int:
     return 0
 
 
+def _cluster(name: str):
+    """`omnips slurm` and `omnips k8s` print a job for a cluster manager (omnips/slurm.py, omnips/k8s.py)."""
+    def run(argv) -> int:
+        import importlib
+        return importlib.import_module(f"omnips.{name}").main(argv)
+    return run
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"launch": launch, "plot": plot, "keygen": keygen}
+    commands = {"launch": launch, "plot": plot, "keygen": keygen, "slurm": _cluster("slurm"), "k8s": _cluster("k8s")}
     if not argv or argv[0] not in commands:
-        print("usage: omnips launch [options] | omnips plot RUN_DIR | omnips keygen DIR   (--help for each)",
-              file=sys.stderr)
+        print("usage: omnips launch [options] | omnips plot RUN_DIR | omnips keygen DIR | omnips slurm [options] | "
+              "omnips k8s [options]   (--help for each)", file=sys.stderr)
         return 2
     return commands[argv[0]](argv[1:])
 

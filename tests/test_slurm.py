@@ -1,0 +1,90 @@
+"""`omnips slurm`'s sbatch script, submitted to a real Slurm (tests/slurm_cluster.py): a
+heterogeneous job of the scheduler and a server on one node and two CPU workers on another."""
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from slurm_cluster import SlurmCluster, SlurmUnavailable
+
+from omnips import slurm
+
+TINY_JOB = ["--num-servers", "1", "--num-workers", "2", "--model", "mlp", "--dataset", "digits", "--epochs", "1",
+            "--global-batch", "32"]
+JOB_TIMEOUT_S = 300
+
+
+@pytest.fixture
+def slurm_cluster(tmp_path_factory):
+    try:
+        cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    except SlurmUnavailable as exc:
+        pytest.skip(f"NO SLURM TEST: Debian's Slurm packages cannot be had here: {exc}")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+def generate(*argv) -> str:
+    out = subprocess.run([sys.executable, "-m", "omnips.cli", "slurm", *argv], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_the_script_asks_for_one_component_per_kind_of_node(tmp_path):
+    script = generate(*TINY_JOB, "--num-workers", "3", "--device", "cuda", "cpu", "cpu", "--threads", "2",
+                      "--partition", "cpu", "--gpu-partition", "gpu", "--gpus-per-worker", "2", "--time", "30",
+                      "--run-dir", str(tmp_path / "run"))
+    directives = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert directives[-5:] == ["--partition=cpu --ntasks=2", "hetjob", "--partition=gpu --ntasks=1 --gpus-per-task=2",
+                               "hetjob", "--partition=cpu --ntasks=2 --cpus-per-task=2"]
+    assert "--time=30" in directives and f"--signal=B:USR1@{slurm.WARNING_S}" in directives
+    assert "--requeue" in directives
+    workers = [line for line in script.splitlines() if line.startswith("srun") and "-m worker" in line]
+    assert [re.search(r"--het-group=(\d)", w).group(1) for w in workers] == ["1", "2", "2"]
+    assert all("--kill-on-bad-exit=0" in w and f"{sys.executable} -m worker" in w for w in workers)
+    assert "--gpus-per-task=2" in workers[0] and "--gpus-per-task" not in workers[1]
+    assert f"PREEMPTED_EXIT={slurm.PREEMPTED_EXIT}" in script
+
+
+def test_refused_flags_say_why(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "omnips.cli", "slurm", "--mode", "nope"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "--mode" in out.stderr.splitlines()[-1]
+    out = subprocess.run([sys.executable, "-m", "omnips.cli", "slurm", "--port", "5555"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "--port: set by the generated job" in out.stderr
+
+
+def test_a_tiny_job_runs_on_slurm(slurm_cluster, tmp_path):
+    """The docs' Slurm commands (docs/clusters.md, 'Slurm'), on a real Slurm: omnips slurm, then sbatch."""
+    run_dir = tmp_path / "run"
+    script = tmp_path / "job.sh"
+    script.write_text(generate(*TINY_JOB, "--run-dir", str(run_dir), "--time", "10"))
+    started = time.monotonic()
+    job_id = slurm_cluster.cmd("sbatch", "--parsable", str(script), cwd=tmp_path).stdout.strip().split(";")[0]
+    state = slurm_cluster.wait_job(job_id, JOB_TIMEOUT_S)
+    wall_s = time.monotonic() - started
+    logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(run_dir.rglob("*.log")))
+    assert state["JobState"] == "COMPLETED", (state, logs, slurm_cluster.log_tail())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["num_workers"] == 2 and summary["epochs"] >= 1
+    assert sorted(summary["worker_steps"]) == sorted(summary["worker_steps"]) and min(summary["worker_steps"]) > 0
+    # every role found the scheduler at component 0's node address, through the run directory
+    address = (run_dir / "scheduler.address").read_text().strip()
+    assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", address)
+    nodes = {c["NodeList"] for c in _components(slurm_cluster, job_id)}
+    assert len(nodes) == 2, nodes  # the scheduler and server apart from the workers
+    out = (tmp_path / f"omnips-{job_id}.out").read_text()
+    assert f"scheduler at {address}" in out and "the scheduler exited with 0" in out
+    print(f"Slurm job {job_id}: {wall_s:.1f} s from sbatch to COMPLETED")
+
+
+def _components(cluster: SlurmCluster, job_id: str) -> list[dict]:
+    lines = cluster.cmd("scontrol", "show", "job", "-o", job_id).stdout.splitlines()
+    return [dict(f.split("=", 1) for f in line.split() if "=" in f) for line in lines]
