@@ -69,7 +69,8 @@ class SlurmCluster:
         lines = [
             "ClusterName=omnips", "SlurmctldHost=localhost(127.0.0.1)", f"SlurmctldPort={ctld}",
             f"SlurmdPort={slurmd}", f"SlurmUser={user}", f"SlurmdUser={user}",
-            "AuthType=auth/none", "CredType=cred/none", "ProctrackType=proctrack/pgid", "TaskPlugin=task/none",
+            # cred_expire: a requeued job waits this long (+1 s) before it may start again (default 120)
+            "AuthType=auth/none", "AuthInfo=cred_expire=5", "CredType=cred/none", "ProctrackType=proctrack/pgid", "TaskPlugin=task/none",
             "SlurmdParameters=config_overrides", "SchedulerType=sched/backfill", "SchedulerParameters=bf_interval=1",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "MpiDefault=none",
             "ReturnToService=2", "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none",
