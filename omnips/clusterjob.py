@@ -42,8 +42,10 @@ class ClusterJob:
         adv = ["--advertise", advertise] if advertise else []
         return [self.python, "-m", "server", "--scheduler", scheduler, "--host", "0.0.0.0", *adv, *self.keys_args()]
 
-    def worker_cmd(self, rank: int, scheduler: str) -> list[str]:
-        return [self.python, "-m", "worker", "--scheduler", scheduler, "--rank", str(rank), *self.keys_args(),
+    def worker_cmd(self, rank: int, scheduler: str, ask_rank: bool = True) -> list[str]:
+        """Worker `rank`'s command line; without `ask_rank` it takes the next free rank."""
+        ask = ["--rank", str(rank)] if ask_rank else []
+        return [self.python, "-m", "worker", "--scheduler", scheduler, *ask, *self.keys_args(),
                 *self.workers[rank].args()]
 
     def env(self) -> dict[str, str]:
@@ -54,15 +56,15 @@ class ClusterJob:
         return env
 
 
-def parse(prog: str, argv: list[str], add_own) -> tuple[ClusterJob, argparse.Namespace]:
+def parse(prog: str, argv: list[str], add_own, python: str = sys.executable) -> tuple[ClusterJob, argparse.Namespace]:
     """`omnips launch`'s flags (and `add_own`'s) into a ClusterJob, refused as the launcher
-    refuses them; the namespace carries the manager's own flags."""
+    refuses them; the namespace carries the manager's own flags. `python`: --python's default."""
     from . import cli
     parser = cli.launch_parser()
     parser.prog = prog
     parser.description = None
     add_own(parser)
-    parser.add_argument("--python", default=sys.executable,
+    parser.add_argument("--python", default=python,
                         help="the Python every role runs with, on every node (default: this one, %(default)s)")
     args, scheduler_args = parser.parse_known_args(argv)
     if args.resume is not None:
