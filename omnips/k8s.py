@@ -30,23 +30,23 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus-per-worker", type=int, default=1, help="nvidia.com/gpu per worker with --device cuda")
 
 
-def _secret_key(rel: str) -> str:
-    """A key file's name in the Secret: Secret keys hold no '/'."""
-    return rel.replace("/", "_")
+# The Secret holds the files of `omnips keygen DIR` (kubectl create secret generic NAME
+# --from-file=DIR/ takes its plain files only); every pod's allow-list is its client key.
+SECRET_ITEMS = [("server.key", "server.key"), ("server.key_secret", "server.key_secret"),
+                ("client.key", "client.key"), ("client.key_secret", "client.key_secret"),
+                ("client.key", "authorized/client.key")]
 
 
-def key_files(keys_dir: str) -> list[str]:
-    return sorted(str(p.relative_to(keys_dir)) for p in Path(keys_dir).rglob("*") if p.is_file())
-
-
-def secret_command(name: str, keys_dir: str, files: list[str], token: bool) -> str:
-    parts = ["kubectl", "create", "secret", "generic", name]
-    parts += [f"--from-file={_secret_key(f)}={Path(keys_dir) / f}" for f in files]
-    return " ".join(shlex.quote(p) for p in parts) + (' --from-literal=token="$OMNIPS_TOKEN"' if token else "")
+def secret_command(name: str, keys_dir: str | None, token: bool) -> str:
+    """The command that makes the Secret: the keys' files, and the job token from $OMNIPS_TOKEN."""
+    cmd = f"kubectl create secret generic {shlex.quote(name)}"
+    if keys_dir:
+        cmd += f" --from-file={shlex.quote(keys_dir.rstrip('/') + '/')}"
+    return cmd + (' --from-literal=token="$OMNIPS_TOKEN"' if token else "")
 
 
 def manifests(job: ClusterJob, name: str, image: str, namespace: str | None, storage: str,
-              storage_class: str | None, keys_secret: str, gpus_per_worker: int, keys: list[str]) -> list[dict]:
+              storage_class: str | None, keys_secret: str, gpus_per_worker: int) -> list[dict]:
     meta = lambda suffix, **kw: {"name": f"{name}{suffix}", **({"namespace": namespace} if namespace else {}), **kw}
     labels = {"app.kubernetes.io/name": "omnips", "app.kubernetes.io/instance": name}
     scheduler = f"tcp://{name}-scheduler-0.{name}:{SCHEDULER_PORT}"
@@ -55,10 +55,10 @@ def manifests(job: ClusterJob, name: str, image: str, namespace: str | None, sto
         env.append({"name": "OMNIPS_TOKEN", "valueFrom": {"secretKeyRef": {"name": keys_secret, "key": "token"}}})
     mounts = [{"name": "runs", "mountPath": RUNS}]
     volumes = [{"name": "runs", "persistentVolumeClaim": {"claimName": f"{name}-runs"}}]
-    if keys:
+    if job.keys:
         mounts.append({"name": "keys", "mountPath": KEYS, "readOnly": True})
         volumes.append({"name": "keys", "secret": {"secretName": keys_secret, "defaultMode": 0o400,
-                                                   "items": [{"key": _secret_key(f), "path": f} for f in keys]}})
+                                                   "items": [{"key": k, "path": p} for k, p in SECRET_ITEMS]}})
 
     def indexed_job(role: str, count: int, command: list[str], resources: dict | None = None, ports=None,
                     extra_env=()) -> dict:
@@ -123,13 +123,13 @@ def main(argv) -> int:
     if why:
         print(f"omnips k8s: {why}", file=sys.stderr)
         return 2
-    keys = key_files(job.keys) if job.keys else []
     secret = args.keys_secret or f"{args.name}-keys"
     job = dataclasses.replace(job, run_dir=f"{RUNS}/{args.name}", keys=KEYS if job.keys else None)
     docs = manifests(job, args.name, args.image, args.namespace, args.storage, args.storage_class, secret,
-                     args.gpus_per_worker, keys)
+                     args.gpus_per_worker)
     head = ["# omnips job: apply with kubectl apply -f FILE"]
-    if keys or job.token:
-        head.append(f"# first, the Secret: {secret_command(secret, args.keys.path if args.keys else '', keys, bool(job.token))}")
+    if job.keys or job.token:
+        keys_dir = str(args.keys.path) if args.keys else None
+        head.append(f"# first, the Secret: {secret_command(secret, keys_dir, bool(job.token))}")
     sys.stdout.write("\n".join(head) + "\n" + dump_all(docs))
     return 0

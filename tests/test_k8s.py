@@ -82,6 +82,9 @@ def test_roles_find_each_other_through_the_headless_service(generated):
     volumes = {v["name"]: v for v in cpu["template"]["spec"]["volumes"]}
     assert volumes["keys"]["secret"]["secretName"] == "big-keys"
     assert "authorized/client.key" in [i["path"] for i in volumes["keys"]["secret"]["items"]]
+    assert generated["k8s-gpu.yaml"].splitlines()[1] == \
+        '# first, the Secret: kubectl create secret generic big-keys --from-file=keys/ --from-literal=token="$OMNIPS_TOKEN"'
+
 
 
 def test_workers_of_one_kind_must_share_their_flags(tmp_path):
