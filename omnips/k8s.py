@@ -9,7 +9,6 @@ import argparse
 import dataclasses
 import shlex
 import sys
-from pathlib import Path
 
 from .clusterjob import SCHEDULER_PORT, ClusterJob, parse
 from .transport import MALLOC_ENV

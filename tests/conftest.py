@@ -2,6 +2,7 @@
 
 import pytest
 from helpers import finish, stand_in, start_cluster
+from slurm_cluster import SlurmCluster, SlurmUnavailable
 
 from omnips.launch import WorkerSpec
 
@@ -19,3 +20,17 @@ def linked():
     """helpers.stand_in's link with --dead-after 3."""
     with stand_in(dead_after_s=3.0) as linked:
         yield linked
+
+
+@pytest.fixture
+def slurm_cluster(tmp_path_factory):
+    """A real Slurm on loopback (tests/slurm_cluster.py), stopped after the test; the test is
+    skipped, saying why, where Debian's Slurm packages cannot be had."""
+    try:
+        cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    except SlurmUnavailable as exc:
+        pytest.skip(f"NO SLURM TEST: Debian's Slurm packages cannot be had here: {exc}")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()

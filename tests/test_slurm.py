@@ -7,26 +7,13 @@ import subprocess
 import sys
 import time
 
-import pytest
-from slurm_cluster import SlurmCluster, SlurmUnavailable
+from slurm_cluster import SlurmCluster
 
 from omnips import slurm
 
 TINY_JOB = ["--num-servers", "1", "--num-workers", "2", "--model", "mlp", "--dataset", "digits", "--epochs", "1",
             "--global-batch", "32"]
 JOB_TIMEOUT_S = 300
-
-
-@pytest.fixture
-def slurm_cluster(tmp_path_factory):
-    try:
-        cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    except SlurmUnavailable as exc:
-        pytest.skip(f"NO SLURM TEST: Debian's Slurm packages cannot be had here: {exc}")
-    try:
-        yield cluster.start()
-    finally:
-        cluster.stop()
 
 
 def generate(*argv) -> str:
@@ -74,7 +61,7 @@ def test_a_tiny_job_runs_on_slurm(slurm_cluster, tmp_path):
     assert state["JobState"] == "COMPLETED", (state, logs, slurm_cluster.log_tail())
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["num_workers"] == 2 and summary["epochs"] >= 1
-    assert sorted(summary["worker_steps"]) == sorted(summary["worker_steps"]) and min(summary["worker_steps"]) > 0
+    assert len(summary["worker_steps"]) == 2 and min(summary["worker_steps"]) > 0
     # every role found the scheduler at component 0's node address, through the run directory
     address = (run_dir / "scheduler.address").read_text().strip()
     assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", address)
