@@ -11,6 +11,7 @@ from .launch import WorkerSpec
 
 # the scheduler's port when a manager cannot pass a chosen one on (Kubernetes: the Service's)
 SCHEDULER_PORT = 5555
+LOCAL_ONLY = ("--resume", "--timeout", "--no-progress", "--no-plots")  # the launcher's own flags
 
 
 @dataclass(frozen=True)
@@ -62,13 +63,21 @@ def parse(prog: str, argv: list[str], add_own, python: str = sys.executable) -> 
     from . import cli
     parser = cli.launch_parser()
     parser.prog = prog
-    parser.description = None
+    parser.description = (f"Print a job for a cluster manager. Takes omnips launch's flags (per-worker flags: one "
+                          "value for all workers or one per worker; every other flag goes to the scheduler), less "
+                          f"{', '.join(LOCAL_ONLY)}, and its own.")
+    for action in parser._actions:
+        if action.option_strings and action.option_strings[0] in LOCAL_ONLY:
+            action.help = argparse.SUPPRESS
     add_own(parser)
     parser.add_argument("--python", default=python,
                         help="the Python every role runs with, on every node (default: this one, %(default)s)")
     args, scheduler_args = parser.parse_known_args(argv)
     if args.resume is not None:
         parser.error("--resume: the job resumes by itself from its run directory's newest checkpoint")
+    for flag in LOCAL_ONLY[1:]:
+        if getattr(args, flag[2:].replace("-", "_")) != parser.get_default(flag[2:].replace("-", "_")):
+            parser.error(f"{flag}: for omnips launch only")
     cli.cluster_size(args, parser)
     workers = cli.worker_specs(args, parser)
     cli.check_job(args, scheduler_args, parser)

@@ -46,6 +46,9 @@ def test_refused_flags_say_why(tmp_path):
     out = subprocess.run([sys.executable, "-m", "omnips.cli", "slurm", "--port", "5555"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and "--port: set by the generated job" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "omnips.cli", "slurm", "--timeout", "60"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "--timeout: for omnips launch only" in out.stderr
 
 
 def test_a_tiny_job_runs_on_slurm(slurm_cluster, tmp_path):
