@@ -89,6 +89,7 @@ RUN_DIR={run_dir}
 PREEMPTED_EXIT={preempted}  # the scheduler stopped for a preemption, with a checkpoint: requeue
 export {env}
 {token}
+say() {{ echo "omnips $(date -u +%FT%TZ): $*"; }}
 attempt=${{SLURM_RESTART_COUNT:-0}}
 mkdir -p "$RUN_DIR/logs"
 resume=()
@@ -108,14 +109,14 @@ for _ in $(seq 1200); do  # up to 120 s for the scheduler to bind
     sleep 0.1
 done
 if [ -z "$port" ]; then
-    echo "omnips: the scheduler did not start, see $log" >&2
+    say "the scheduler did not start, see $log" >&2
     kill -TERM $scheduler 2>/dev/null; wait $scheduler; exit 1
 fi
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_0" | head -n 1)
 addr=$(scontrol show node "$head_node" -o | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')
 export OMNIPS_SCHEDULER="tcp://${{addr:-$head_node}}:$port"
 echo "$OMNIPS_SCHEDULER" >"$RUN_DIR/scheduler.address"
-echo "omnips: scheduler at $OMNIPS_SCHEDULER (attempt $attempt${{resume:+, resumed}})"
+say "scheduler at $OMNIPS_SCHEDULER (attempt $attempt${{resume:+, resumed}})"
 
 steps=()
 {steps}
@@ -126,7 +127,7 @@ while :; do  # a trapped signal interrupts wait: wait again for the scheduler's 
     code=$?
     [ $stopping = 1 ] || break
 done
-echo "omnips: the scheduler exited with $code"
+say "the scheduler exited with $code"
 for _ in $(seq 60); do  # the servers and workers exit when the scheduler tells them: up to 60 s
     alive=0
     for pid in "${{steps[@]}}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
@@ -134,7 +135,7 @@ for _ in $(seq 60); do  # the servers and workers exit when the scheduler tells 
     sleep 1
 done
 if [ "$code" = "$PREEMPTED_EXIT" ]; then
-    echo "omnips: preempted; requeueing job $SLURM_JOB_ID to resume from $RUN_DIR"
+    say "preempted; requeueing job $SLURM_JOB_ID to resume from $RUN_DIR"
     scontrol requeue "$SLURM_JOB_ID"
 fi
 exit $code

@@ -120,6 +120,10 @@ def test_a_preempted_job_is_requeued_and_resumes(slurm_cluster, tmp_path):
         < out.index("attempt 1, resumed") < out.index("the scheduler exited with 0"), out
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from_step"] >= 5, summary
+    said = {m.group(2): m.group(1) for m in re.finditer(r"omnips (\S+): (requeueing|scheduler at|the scheduler)",
+                                                        out.replace("preempted; requeueing", "requeueing"))}
+    print(f"Slurm job {job_id}: requeued at {said['requeueing']}, resumed at {said['scheduler at']}, "
+          f"resumed from step {summary['resumed_from_step']}")
 
 
 def _steps_at_least(metrics, n: int) -> bool:
