@@ -93,7 +93,16 @@ say() {{ echo "omnips $(date -u +%FT%TZ): $*"; }}
 attempt=${{SLURM_RESTART_COUNT:-0}}
 mkdir -p "$RUN_DIR/logs"
 resume=()
-if compgen -G "$RUN_DIR/checkpoints/step-*/manifest.json" >/dev/null; then resume=(--resume "$RUN_DIR"); fi
+if compgen -G "$RUN_DIR/checkpoints/step-*/manifest.json" >/dev/null; then
+    resume=(--resume "$RUN_DIR")
+elif [ "$attempt" != 0 ]; then  # stopped before its first checkpoint: start afresh, the last try set aside
+    aside="$RUN_DIR/attempt-$((attempt - 1))"
+    mkdir -p "$aside"
+    for f in config.json metrics.jsonl summary.json model.pt; do
+        if [ -e "$RUN_DIR/$f" ]; then mv "$RUN_DIR/$f" "$aside/"; fi
+    done
+    say "no complete checkpoint to resume from: starting afresh, the last try's outputs in $aside"
+fi
 
 log="$RUN_DIR/logs/scheduler.$attempt.log"
 "$PYTHON" {scheduler} "${{resume[@]}}" >"$log" 2>&1 &

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from slurm_cluster import SlurmCluster
 
 from omnips import slurm
@@ -94,16 +95,19 @@ exit $code
 """
 
 
-def test_a_preempted_job_is_requeued_and_resumes(slurm_cluster, tmp_path):
+@pytest.mark.parametrize("checkpoints", [True, False], ids=["checkpointed", "no-checkpoint"])
+def test_a_preempted_job_is_requeued_and_resumes(slurm_cluster, tmp_path, checkpoints):
     """Slurm's time-limit warning (USR1 to the batch shell) stops the job with a checkpoint; the
-    script requeues it and its second run resumes from that checkpoint to the end."""
+    script requeues it and its second run resumes from that checkpoint to the end. A job
+    without checkpoints starts afresh, the first run's outputs set aside."""
     run_dir = tmp_path / "run"
     python = tmp_path / "python"
     python.write_text(PREEMPTING_PYTHON.format(python=sys.executable, run_dir=run_dir,
                                                preempted=slurm.PREEMPTED_EXIT))
     python.chmod(0o755)
     script = tmp_path / "job.sh"
-    script.write_text(generate(*TINY_JOB, "--epochs", "2", "--checkpoint-every", "5", "--emulate-ms-per-step", "100",
+    every = ["--checkpoint-every", "5"] if checkpoints else []
+    script.write_text(generate(*TINY_JOB, "--epochs", "2", *every, "--emulate-ms-per-step", "100",
                                "--run-dir", str(run_dir), "--python", str(python)))
     job_id = slurm_cluster.cmd("sbatch", "--parsable", str(script), cwd=tmp_path).stdout.strip().split(";")[0]
     metrics = run_dir / "metrics.jsonl"
@@ -116,13 +120,20 @@ def test_a_preempted_job_is_requeued_and_resumes(slurm_cluster, tmp_path):
     out = (tmp_path / f"omnips-{job_id}.out").read_text()
     logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(run_dir.rglob("*.log")))
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", (state, out, logs)
+    second = "attempt 1, resumed" if checkpoints else "starting afresh"
     assert out.index(f"the scheduler exited with {slurm.PREEMPTED_EXIT}") < out.index("requeueing") \
-        < out.index("attempt 1, resumed") < out.index("the scheduler exited with 0"), out
+        < out.index(second) < out.index("the scheduler exited with 0"), out
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["resumed_from_step"] >= 5, summary
+    assert summary["status"] == "completed", summary
+    if checkpoints:
+        assert summary["resumed_from_step"] >= 5, summary
+    else:  # the first run's, set aside, says how it ended
+        assert summary["resumed_from_step"] is None and summary["epochs"] >= 2, summary
+        first = json.loads((run_dir / "attempt-0" / "summary.json").read_text())
+        assert first["status"].startswith("interrupted (SIGTERM)"), first
     said = {m.group(2): m.group(1) for m in re.finditer(r"omnips (\S+): (requeueing|scheduler at|the scheduler)",
                                                         out.replace("preempted; requeueing", "requeueing"))}
-    print(f"Slurm job {job_id}: requeued at {said['requeueing']}, resumed at {said['scheduler at']}, "
+    print(f"Slurm job {job_id}: requeued at {said['requeueing']}, started again at {said['scheduler at']}, "
           f"resumed from step {summary['resumed_from_step']}")
 
 
