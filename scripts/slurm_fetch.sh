@@ -10,6 +10,11 @@ PACKAGES=(slurmctld slurmd slurm-client slurm-wlm-basic-plugins libmunge2 libhwl
 if [ -x "$DIR/root/usr/sbin/slurmctld-wlm" ]; then echo "Slurm already in $DIR"; exit 0; fi
 mkdir -p "$DIR/debs" "$DIR/root"
 # apt-get download writes into the current directory; its sandbox user may not write there
-(cd "$DIR/debs" && apt-get download -o APT::Sandbox::User=root "${PACKAGES[@]}")
+download() { (cd "$DIR/debs" && apt-get download -o APT::Sandbox::User=root "${PACKAGES[@]}"); }
+if ! download; then
+    # a fresh machine (a CI container) may have no package lists yet; only root can fetch them
+    [ "$(id -u)" = 0 ] || exit 1
+    apt-get update -qq && download
+fi
 for deb in "$DIR"/debs/*.deb; do dpkg -x "$deb" "$DIR/root"; done
 echo "Slurm unpacked in $DIR/root"
