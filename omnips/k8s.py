@@ -10,7 +10,7 @@ import dataclasses
 import shlex
 import sys
 
-from .clusterjob import SCHEDULER_PORT, ClusterJob, parse
+from .clusterjob import PREEMPTED_EXIT, SCHEDULER_PORT, ClusterJob, parse
 from .transport import MALLOC_ENV
 from .yamltext import dump_all
 
@@ -60,7 +60,7 @@ def manifests(job: ClusterJob, name: str, image: str, namespace: str | None, sto
                                                    "items": [{"key": k, "path": p} for k, p in SECRET_ITEMS]}})
 
     def indexed_job(role: str, count: int, command: list[str], resources: dict | None = None, ports=None,
-                    extra_env=()) -> dict:
+                    extra_env=(), retry_codes=()) -> dict:
         container = {"name": role, "image": image, "command": command, "env": [*env, *extra_env],
                      "volumeMounts": mounts}
         if ports:
@@ -71,6 +71,12 @@ def manifests(job: ClusterJob, name: str, image: str, namespace: str | None, sto
             "apiVersion": "batch/v1", "kind": "Job", "metadata": meta(f"-{role}", labels={**labels, "omnips/role": role}),
             "spec": {
                 "completionMode": "Indexed", "completions": count, "parallelism": count, "backoffLimit": 0,
+                # a pod evicted (a node drained, a preemption) is started again: a scheduler resumes from the
+                # newest checkpoint, a server takes its shard back from it, a worker joins the vacant rank
+                "podFailurePolicy": {"rules": [
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                    *([{"action": "Ignore", "onExitCodes": {"operator": "In", "values": list(retry_codes)}}]
+                      if retry_codes else [])]},
                 "template": {
                     "metadata": {"labels": {**labels, "omnips/role": role}},
                     "spec": {"subdomain": name, "restartPolicy": "Never", "containers": [container],
@@ -91,7 +97,7 @@ def manifests(job: ClusterJob, name: str, image: str, namespace: str | None, sto
          "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": labels,
                   "ports": [{"name": "scheduler", "port": SCHEDULER_PORT}]}},
         indexed_job("scheduler", 1, ["/bin/sh", "-c", resume],
-                    ports=[{"name": "scheduler", "containerPort": SCHEDULER_PORT}]),
+                    ports=[{"name": "scheduler", "containerPort": SCHEDULER_PORT}], retry_codes=[PREEMPTED_EXIT]),
         # a server's shard is reached at its pod's address (--advertise), on a port it picks
         indexed_job("server", job.num_servers, job.server_cmd(scheduler, "$(POD_IP)"), extra_env=[pod_ip]),
     ]

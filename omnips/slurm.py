@@ -13,12 +13,9 @@ import argparse
 import shlex
 import sys
 
-from .clusterjob import ClusterJob, parse
+from .clusterjob import PREEMPTED_EXIT, ClusterJob, parse
 from .transport import MALLOC_ENV
 
-# The scheduler's exit code for "stopped by a preemption, checkpointed: run me again"
-# (EX_TEMPFAIL). One named place here until the scheduler's own constant is merged.
-PREEMPTED_EXIT = 75
 WARNING_S = 90  # the time-limit warning: enough for a checkpoint and the model's write
 
 
