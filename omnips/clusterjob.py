@@ -43,12 +43,13 @@ class ClusterJob:
                 "--num-workers", str(len(self.workers)), "--host", "0.0.0.0", "--port", str(port),
                 "--run-dir", self.run_dir, *self.keys_args()]
 
-    def server_cmd(self, scheduler: str, advertise: str | None = None) -> list[str]:
+    def server_cmd(self, scheduler, advertise: str | None = None) -> list:
         adv = ["--advertise", advertise] if advertise else []
         return [self.python, "-m", "server", "--scheduler", scheduler, "--host", "0.0.0.0", *adv, *self.keys_args()]
 
-    def worker_cmd(self, rank: int, scheduler: str, ask_rank: bool = True) -> list[str]:
-        """Worker `rank`'s command line; without `ask_rank` it takes the next free rank."""
+    def worker_cmd(self, rank: int, scheduler, ask_rank: bool = True) -> list:
+        """Worker `rank`'s command line; without `ask_rank` it takes the next free rank. `scheduler`: the
+        address, or a stand-in that the renderer writes as a shell variable (as in server_cmd)."""
         ask = ["--rank", str(rank)] if ask_rank else []
         return [self.python, "-m", "worker", "--scheduler", scheduler, *ask, *self.keys_args(),
                 *self.workers[rank].args()]

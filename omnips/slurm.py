@@ -28,8 +28,11 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job-name", default="omnips", help="sbatch --job-name")
 
 
-def _q(words: list[str]) -> str:
-    return " ".join(shlex.quote(w) for w in words)
+_SCHEDULER = object()  # stands for "$OMNIPS_SCHEDULER" in a command line, which the shell expands
+
+
+def _q(words: list) -> str:
+    return " ".join('"$OMNIPS_SCHEDULER"' if w is _SCHEDULER else shlex.quote(w) for w in words)
 
 
 def render(job: ClusterJob, partition: str | None, gpu_partition: str | None, gpus_per_worker: int,
@@ -60,16 +63,14 @@ def render(job: ClusterJob, partition: str | None, gpu_partition: str | None, gp
             head.append("#SBATCH hetjob")
         head.append("#SBATCH " + " ".join(([f"--partition={part}"] if part else []) + opts))
     env = {**MALLOC_ENV, **job.env()}
-    scheduler = '"$OMNIPS_SCHEDULER"'
     steps = [f'srun --het-group=0 --ntasks={job.num_servers} --exact --kill-on-bad-exit=0 '
-             f'--output="$RUN_DIR/logs/server%t.$attempt.log" {_q(job.server_cmd("SCHED"))} & steps+=($!)'
-             .replace("SCHED", scheduler)]
+             f'--output="$RUN_DIR/logs/server%t.$attempt.log" {_q(job.server_cmd(_SCHEDULER))} & steps+=($!)']
     for rank in range(len(job.workers)):
         gpus = f" --gpus-per-task={gpus_per_worker}" if rank in gpu else ""
         cpus = max(job.workers[rank].threads, 1)
         steps.append(f"srun --het-group={group[rank]} --ntasks=1 --cpus-per-task={cpus}{gpus} --exact "
                      f'--kill-on-bad-exit=0 --output="$RUN_DIR/logs/worker{rank}.$attempt.log" '
-                     f"{_q(job.worker_cmd(rank, 'SCHED'))} & steps+=($!)".replace("SCHED", scheduler))
+                     f"{_q(job.worker_cmd(rank, _SCHEDULER))} & steps+=($!)")
     token = [f"export OMNIPS_TOKEN={shlex.quote(job.token)}  # the job token (readable by whoever reads this file)"] \
         if job.token else []
     body = BODY.format(
