@@ -13,7 +13,7 @@ _SPECIAL = {"true", "false", "null", "yes", "no", "on", "off", "y", "n", "~"}
 def scalar(value) -> str:
     if isinstance(value, bool) or value is None:
         return json.dumps(value)
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):  # no floats: JSON's 1e+100 is a string to YAML 1.1 readers
         return json.dumps(value)
     if isinstance(value, str):
         return value if _PLAIN.fullmatch(value) and value.lower() not in _SPECIAL else json.dumps(value)
@@ -21,7 +21,7 @@ def scalar(value) -> str:
 
 
 def dump(value, indent: int = 0) -> str:
-    """`value` (dicts, lists, str, int, float, bool, None) as YAML lines ending in a newline."""
+    """`value` (dicts, lists, str, int, bool, None) as YAML lines ending in a newline."""
     pad = " " * indent
     if isinstance(value, dict):
         if not value:
