@@ -1,7 +1,7 @@
 """The user's command: `omnips launch` starts a whole local cluster and shows its progress;
 `omnips plot RUN_DIR` draws a run; `omnips status ADDRESS|RUN_DIR` shows a job's status;
 `omnips export tensorboard RUN_DIR` writes its scalars for TensorBoard; `omnips keygen DIR` makes
-the keys for --keys."""
+the keys for --keys; `omnips slurm` and `omnips k8s` print the job for a cluster manager."""
 
 import argparse
 import contextlib
@@ -337,10 +337,21 @@ def keygen(argv) -> int:
     return 0
 
 
+def _cluster(name: str, doc: str):
+    """`omnips slurm` and `omnips k8s` print a job for a cluster manager (omnips/slurm.py, omnips/k8s.py)."""
+    def run(argv) -> int:
+        import importlib
+        return importlib.import_module(f"omnips.{name}").main(argv)
+    run.__doc__ = doc  # the usage's line for it
+    return run
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from .status_view import main as status
-    commands = {"launch": launch, "status": status, "plot": plot, "export": export, "keygen": keygen}
+    commands = {"launch": launch, "status": status, "plot": plot, "export": export, "keygen": keygen,
+                "slurm": _cluster("slurm", "print an sbatch script that runs the job on Slurm"),
+                "k8s": _cluster("k8s", "print Kubernetes manifests that run the job")}
     if not argv or argv[0] not in commands:
         return usage(commands, argv[0] if argv else None)
     return commands[argv[0]](argv[1:])

@@ -96,6 +96,7 @@ def table(snap: dict, now_unix: float | None = None) -> str:
 
 
 def main(argv) -> int:
+    """show a job's status: live from its status server, or from a run directory"""
     p = argparse.ArgumentParser(prog="omnips status", description="The status of a job: live from its scheduler's "
                                 "status server (ADDRESS: host:port or its URL) or from a run directory's files.")
     p.add_argument("target", metavar="ADDRESS|RUN_DIR")

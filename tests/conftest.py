@@ -4,6 +4,7 @@ import subprocess
 
 import pytest
 from helpers import finish, stand_in, start_cluster
+from slurm_cluster import SlurmCluster, SlurmUnavailable
 
 from omnips.launch import WorkerSpec
 
@@ -31,3 +32,17 @@ def _processes_only_in_the_cluster_tier(request, monkeypatch):
         def refused(*args, **kwargs):
             raise AssertionError("this test starts a process: mark it pytest.mark.cluster")
         monkeypatch.setattr(subprocess, "Popen", refused)
+
+
+@pytest.fixture
+def slurm_cluster(tmp_path_factory):
+    """A real Slurm on loopback (tests/slurm_cluster.py), stopped after the test; the test is
+    skipped, saying why, where Debian's Slurm packages cannot be had."""
+    try:
+        cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    except SlurmUnavailable as exc:
+        pytest.skip(f"NO SLURM TEST: Debian's Slurm packages cannot be had here: {exc}")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
