@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.cluster  # every test here starts processes
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "clusters.md"
 JOB_TIMEOUT_S = 300

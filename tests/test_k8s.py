@@ -15,6 +15,8 @@ from omnips import security
 kubernetes = pytest.importorskip("kubernetes", reason="NO KUBERNETES MODEL CHECK: pip install -e .[clusters]")
 yaml = pytest.importorskip("yaml")
 
+pytestmark = pytest.mark.cluster  # every test here starts processes
+
 GOLDEN = Path(__file__).resolve().parent / "golden"
 MODELS = {"Service": "V1Service", "Job": "V1Job", "PersistentVolumeClaim": "V1PersistentVolumeClaim"}
 CASES = {

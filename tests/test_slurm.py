@@ -12,6 +12,8 @@ from slurm_cluster import SlurmCluster
 
 from omnips import slurm
 
+pytestmark = pytest.mark.cluster  # every test here starts processes
+
 TINY_JOB = ["--num-servers", "1", "--num-workers", "2", "--model", "mlp", "--dataset", "digits", "--epochs", "1",
             "--global-batch", "32"]
 JOB_TIMEOUT_S = 300
