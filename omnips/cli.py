@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import security
 from .flags import add_security, add_transport, duration, nonempty
-from .job import JobSpec
+from .job import PREEMPTED_EXIT, JobSpec
 from .launch import LaunchError, LocalCluster, WorkerSpec
 from .plot import PlotError, plot_run
 
@@ -172,7 +172,8 @@ def report(run_dir: Path, code: int, cluster: LocalCluster) -> int:
         return code or 1
     print(summary_table(json.loads(path.read_text())))
     print(f"run directory: {run_dir}")
-    failed = {name: c for name, c in cluster.exit_codes().items() if c != 0}
+    preempted = code == PREEMPTED_EXIT  # the others exit so too: no failure
+    failed = {name: c for name, c in cluster.exit_codes().items() if c not in (0, PREEMPTED_EXIT if preempted else 0)}
     for name in failed:
         print(f"{name} exited with {failed[name]}: {cluster.tail(name, 2)}", file=sys.stderr)
     return code or (1 if failed else 0)

@@ -100,7 +100,8 @@ def parser() -> argparse.ArgumentParser:
                         "every STEPS steps (asp/ssp: updates); 0: none")
     p.add_argument("--resume", type=nonempty, default=None, metavar="RUN_DIR",
                    help="continue the interrupted run in RUN_DIR from its newest complete checkpoint, with the job "
-                        "of its config.json (job flags, if given, must match it)")
+                        "of its config.json (job flags, if given, must match it); 'auto': the run in --run-dir if "
+                        "it holds one, else start it there (one command for a job that may be preempted)")
     p.add_argument("--heartbeat", type=seconds, default=1.0, help="seconds between heartbeats")
     p.add_argument("--dead-after", type=seconds, default=30.0,
                    help="seconds of silence after which a worker leaves the job, a server fails it, and a process "
@@ -122,6 +123,10 @@ def main(argv=None) -> int:
     except ValueError as exc:
         p.error(str(exc))
 
+    if a.resume == "auto":
+        if a.run_dir is None:
+            p.error("--resume auto needs --run-dir: the directory a preempted run goes on in")
+        a.resume = a.run_dir if (Path(a.run_dir) / "config.json").exists() else None
     resume = None
     if a.resume is None:
         try:
@@ -153,8 +158,10 @@ def main(argv=None) -> int:
     except (FactoryError, ValueError, OSError, RunDirInUse, transport.TransportError) as exc:
         logging.getLogger("omnips.scheduler").error("%s", exc)
         return 1
-    # a terminated job (a preemption) writes its model, a checkpoint and its summary first
-    signal.signal(signal.SIGTERM, lambda signum, frame: scheduler.request_stop("SIGTERM"))
+    # a preemption (a batch system's SIGTERM, or its SIGUSR1 warning ahead of the time limit) writes the
+    # model, a checkpoint and the summary first, and exits with PREEMPTED_EXIT
+    for signum in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signum, lambda signum, frame: scheduler.request_stop(signal.Signals(signum).name))
     return scheduler.serve()
 
 

@@ -2,6 +2,7 @@
 
 import argparse
 import logging
+import signal
 import sys
 
 import zmq
@@ -9,7 +10,9 @@ import zmq
 from omnips import logs, transport
 from omnips.flags import add_log_level, add_security, add_transport, seconds, size
 from omnips.data import FactoryError
-from omnips.link import LinkError
+from omnips.job import PREEMPTED_EXIT
+from omnips.leaving import Leaving
+from omnips.link import LinkError, Preempted
 from omnips.protocol import MAX_BATCH
 from omnips.servers import ServerError
 
@@ -81,8 +84,12 @@ def main(argv=None) -> int:
     opts = parse(argv)
     logs.setup("worker", opts.log_level)  # here, not in parse: a launcher checks workers' flags with it
     transport.tune_malloc()
+    leaving = Leaving().install(signal.SIGTERM)  # a graceful leave after the step in flight
     try:
-        return run(opts)
+        return run(opts, leaving)
+    except Preempted as exc:
+        logging.getLogger("omnips.worker").warning("%s", exc)
+        return PREEMPTED_EXIT
     except (LinkError, ServerError, FactoryError, transport.TransportError, ValueError, MemoryError,
             zmq.ZMQError) as exc:
         logging.getLogger("omnips.worker").error("%s", exc)
