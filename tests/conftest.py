@@ -2,6 +2,7 @@
 
 import pytest
 from helpers import finish, stand_in, start_cluster
+from hosts import Hosts, HostsRefused
 
 from omnips.launch import WorkerSpec
 
@@ -19,3 +20,22 @@ def linked():
     """helpers.stand_in's link with --dead-after 3."""
     with stand_in(dead_after_s=3.0) as linked:
         yield linked
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    """hosts(*names) -> hosts.Hosts: emulated machines joined by a switch (tests/hosts.py),
+    all torn down after the test, pass or fail. Skipped, saying why, where this machine
+    refuses namespaces."""
+    made = []
+
+    def make(*names):
+        h = Hosts(list(names), tmp_path)
+        made.append(h)
+        try:
+            return h.create()
+        except HostsRefused as exc:
+            pytest.skip(f"EMULATED HOSTS REFUSED HERE, multi-host tests not run: {exc}")
+    yield make
+    for h in made:
+        h.close()
