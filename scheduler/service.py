@@ -30,7 +30,7 @@ from .divergence import Diverged, LossWatch
 from .evaluation import EvalBook, PendingEval
 from .progress import EvalPoint, Progress
 from .registry import Registry
-from .stopping import STOP_WAIT_S, Stop
+from .stopping import STOP_WAIT_S, Stop, on_leave
 
 log = logging.getLogger("omnips.scheduler")
 
@@ -399,14 +399,21 @@ class Scheduler:
             self._heard[peer] = time.monotonic()
 
     def _on_leave(self, m, why: str) -> None:
-        """A worker's SIGTERM: it has left after its step in flight. A server's: the job
-        cannot go on without its shard, and is preempted."""
+        """A process's SIGTERM (stopping.on_leave): a worker has left after its step in flight;
+        a server's, or the last worker's, preempts the job."""
+        if m.role == "worker" and not (m.rank in self.registry.workers and self.progress.workers[m.rank].present):
+            return  # not ranked yet, or already gone
         who = f"{why} to {m.role} {m.rank} on {m.info.host}"
-        if m.role == "server":
-            if self._stop_asked is None and self._stop is None:
-                self._stop_asked = who
-        elif m.rank in self.registry.workers and self.progress.workers[m.rank].present:
+        stopping = self._stop_asked is not None or self._stop is not None
+        others = sum(w.present for r, w in enumerate(self.progress.workers) if r != m.rank)
+        action = on_leave(m.role, stopping, others)
+        if action == "depart":
             self._depart(m.rank, who, change="left")
+            return
+        if m.role == "worker":  # it has stopped after its step in flight: no step waits for it
+            self.progress.workers[m.rank].done = True
+        if not stopping:
+            self._stop_asked = who
 
     def _tell(self, peer: bytes, msg: protocol.Message) -> None:
         transport.reply(self.router, peer, msg, name=lambda: self.registry.describe(peer))

@@ -47,3 +47,14 @@ class Stop:
         elif self.saving:
             what.append("no checkpoint (the servers could not be asked)")
         return f"{self.why} at step {steps}: " + ", ".join(what)
+
+
+def on_leave(role: str, stopping: bool, others_present: int) -> str:
+    """What a process's SIGTERM (its `leave`) does to the job:
+    "preempt": a server (its shard cannot leave), or the last worker (a job without workers
+      cannot go on; a batch system that signals every process at once must not see it fail);
+    "stopped": a worker while a preemption is under way: it stopped after its step, as asked;
+    "depart": any other worker: the job re-plans without it."""
+    if role == "server" or others_present == 0:
+        return "preempt"
+    return "stopped" if stopping else "depart"

@@ -16,7 +16,7 @@ import zmq
 from omnips import protocol, security, transport
 from omnips.job import JobSpec
 from omnips.leaving import Leaving
-from omnips.link import LinkError, SchedulerLink
+from omnips.link import LinkError, Preempted, SchedulerLink
 from omnips.protocol import (Ack, Error, Init, Leave, Params, Plan, ProtocolError, Push, Register, Restore,
                              Shutdown)
 
@@ -104,8 +104,12 @@ def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.Sha
             # serves until the checkpoint of the step the workers stop at is written
             log.warning("%s: %s: asking the scheduler to preempt the job", me, leaving.why)
             link.send(Leave(why=leaving.why))
-        if _from_scheduler(link, core, router, outbox, writer, restore):
-            return 0
+        try:
+            if _from_scheduler(link, core, router, outbox, writer, restore):
+                return 0
+        except Preempted:
+            writer.finished(wait_s=LAST_WRITE_S)  # a file being written ends whole
+            raise
         if router in events:
             _serve(router, core, outbox, writer)
         _send(router, core, writer.finished(), outbox, writer)

@@ -116,18 +116,19 @@ def test_a_worker_host_whose_link_goes_down_is_dropped_and_rejoins_when_it_comes
     assert run.procs["worker1"].wait(timeout=60) == 1
     assert "no word from the scheduler" in run.log("worker1").read_text()
     run.worker("worker1-again", "w1", ["--rank", "1", "--ack-timeout", "120", *slow[1]])
-    events = read_events(run.run_dir)
-    solo = [e["step"] for e in events if e["event"] == "step" and e["worker"] == 0 and e["t"] > lost["t"]]
     h.link("w1", up=True)
     joined = wait_for_event(run.run_dir, lambda e: e["event"] == "membership" and e["change"] == "joined"
                             and e.get("late") and e["rank"] == 1, TIMEOUT_S)
     assert joined["host"] == "w1"
     wait_for_event(run.run_dir, lambda e: e["event"] == "step" and e["worker"] == 1 and e["t"] > joined["t"] + 1,
                    TIMEOUT_S)
+    events = read_events(run.run_dir)
+    solo = [e["step"] for e in events if e["event"] == "step" and e["worker"] == 0 and lost["t"] < e["t"] < joined["t"]]
+    assert solo, "worker 0 made no step alone: the job stopped with worker 1's link"
     before = [e for e in events if e["event"] == "step" and e["t"] <= down_t]
     print(f"link down at t={down_t:.2f} s after step {max(e['step'] for e in before)}; worker 1 lost at "
           f"t={lost['t']:.2f} s (+{lost['t'] - down_t:.2f} s, --dead-after {dead_after:g}) after its step "
-          f"{lost['last_step']}; worker 0 went on alone from step {min(solo, default=None)}")
+          f"{lost['last_step']}; worker 0 went on alone from step {min(solo)}")
     run.procs["scheduler"].send_signal(signal.SIGUSR1)  # an endless job: ended as a preemption
     codes = {n: p.wait(timeout=60) for n, p in run.procs.items() if n != "worker1"}
     assert codes == {n: PREEMPTED_EXIT for n in codes}, (codes, run.logs())
