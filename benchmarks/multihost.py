@@ -58,7 +58,7 @@ def job(steps: int) -> list[str]:
 def on_one_host(tmp: Path, steps: int, transport: str) -> tuple[float, float]:
     start = time.monotonic()
     worker = WorkerSpec(extra=("--transport", transport))
-    cluster = LocalCluster(tmp, [*job(steps), "--transport", transport], 1, [worker] * 2).start()
+    cluster = LocalCluster(tmp, [*job(steps), "--transport", transport], 1, [worker] * 2).start(300)
     code = cluster.wait(TIMEOUT_S)
     assert code == 0, cluster.tail("scheduler")
     return json.loads((tmp / "summary.json").read_text())["wall_s"], time.monotonic() - start
@@ -69,7 +69,7 @@ def on_three_hosts(tmp: Path, steps: int, worker_args=(), dead_after: float | No
     hosts = Hosts(["head", "w0", "w1"], tmp).create()
     run = HostJob(hosts, tmp / "run")
     extra = ["--dead-after", str(dead_after)] if dead_after else []
-    run.scheduler("head", [*job(steps), *extra, "--num-servers", "1", "--num-workers", "2"])
+    run.scheduler("head", [*job(steps), *extra, "--num-servers", "1", "--num-workers", "2"], 300)
     run.server("server0", "head")
     for i in range(2):
         run.worker(f"worker{i}", f"w{i}", ["--rank", str(i), *worker_args])

@@ -159,7 +159,7 @@ class HostJob:
     def log(self, name: str) -> Path:
         return self.run_dir / "logs" / f"{name}.log"
 
-    def scheduler(self, host: str, args: list[str], timeout_s: float = 60.0) -> str:
+    def scheduler(self, host: str, args: list[str], timeout_s: float = 150.0) -> str:
         """The scheduler on `host`, bound to every address there; its address for the others."""
         proc = self._start("scheduler", host, "start-scheduler.sh",
                            [*args, "--host", "0.0.0.0", "--port", "0", "--run-dir", str(self.run_dir)],

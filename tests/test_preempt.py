@@ -8,11 +8,11 @@ import signal
 import torch
 
 from omnips.job import PREEMPTED_EXIT
-from omnips.launch import WorkerSpec
+from omnips.launch import LocalCluster, WorkerSpec
 from scheduler.checkpoints import resume_point
 from scheduler.stopping import on_leave
 
-from helpers import Run, finish, start_cluster, wait_for_event, wait_for_steps
+from helpers import Run, finish, wait_for_event, wait_for_steps
 
 START_S = 150  # for the cluster to start and train a few steps: imports take long on a loaded host
 # no --checkpoint-every: the preemption writes the checkpoint it is resumed from
@@ -24,6 +24,10 @@ def test_a_leave_preempts_for_a_server_or_the_last_worker_and_is_a_departure_for
     assert [on_leave("server", stopping, 2) for stopping in (False, True)] == ["preempt"] * 2
     assert [on_leave("worker", stopping, 0) for stopping in (False, True)] == ["preempt"] * 2
     assert on_leave("worker", False, 1) == "depart" and on_leave("worker", True, 1) == "stopped"
+
+
+def start_cluster(run_dir, job, workers, num_servers=1) -> LocalCluster:
+    return LocalCluster(run_dir, list(job), num_servers, list(workers)).start(START_S)
 
 
 def _codes(cluster) -> dict:
