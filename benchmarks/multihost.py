@@ -72,7 +72,7 @@ def on_three_hosts(tmp: Path, steps: int, worker_args=(), dead_after: float | No
     run.scheduler("head", [*job(steps), *extra, "--num-servers", "1", "--num-workers", "2"], 300)
     run.server("server0", "head")
     for i in range(2):
-        run.worker(f"worker{i}", f"w{i}", ["--rank", str(i), *worker_args])
+        run.worker(f"worker{i}", f"w{i}", ["--rank", str(i), "--threads", "1", *worker_args])  # as WorkerSpec()
     return hosts, run
 
 

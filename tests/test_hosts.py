@@ -32,7 +32,8 @@ def _start(hosts, tmp_path, job, servers=("srv",), workers=("w0", "w1"), server_
     for s, host in enumerate(servers):
         run.server(f"server{s}", host, list(server_args))
     for i, host in enumerate(workers):
-        run.worker(f"worker{i}", host, ["--rank", str(i), *(worker_args[i] if worker_args else ())])
+        # one torch thread, as omnips launch gives each: a second only contends on a shared test machine
+        run.worker(f"worker{i}", host, ["--rank", str(i), "--threads", "1", *(worker_args[i] if worker_args else ())])
     return h, run
 
 
@@ -55,7 +56,8 @@ def _finished(run: HostJob, code: int = 0) -> dict:
     return json.loads((run.run_dir / "summary.json").read_text())
 
 
-EMULATED = [["--emulate-ms-per-sample", "0.4"], ["--emulate-ms-per-sample", "1.2"]]  # worker 1 is 3x slower
+# worker 1 is 3x slower; the virtual devices' times dwarf the real compute even on a loaded host
+EMULATED = [["--emulate-ms-per-sample", "3"], ["--emulate-ms-per-sample", "9"]]
 
 
 def test_bsp_with_dynamic_batching_across_four_hosts_trains_as_one_process(hosts, tmp_path):
@@ -65,7 +67,7 @@ def test_bsp_with_dynamic_batching_across_four_hosts_trains_as_one_process(hosts
     s = _finished(run)
     assert s["status"] == "completed" and s["steps"] == 40 and s["worker_steps"] == [40, 40]
     b0, b1 = s["final_batches"]
-    assert b0 > b1 and s["adjustments"] >= 1  # the controller saw worker 1's slower device over the network
+    assert b0 > b1  # from 32/32: the controller saw worker 1's slower device over the network
     _tcp_only(run, h)
     joined = {e["rank"]: e["host"] for e in read_events(run.run_dir)
               if e["event"] == "membership" and e["role"] == "worker"}
@@ -87,7 +89,7 @@ def test_asp_and_ssp_with_dynamic_batching_across_hosts(hosts, tmp_path, mode, k
     s = _finished(run)
     assert s["status"] == "completed" and s["samples"] >= 1.5 * 1438
     b0, b1 = s["final_batches"]
-    assert b0 > b1 and s["adjustments"] >= 1  # the fast worker's batch grew: equal step times, as in BSP
+    assert b0 > b1  # from 32/32: the fast worker's batch grew (equal step times, as in BSP)
     _tcp_only(run, h)
     said = run.log("scheduler").read_text()
     assert ("connections: CURVE" in said) == keys and (keys or "plain TCP" in said)
@@ -115,7 +117,7 @@ def test_a_worker_host_whose_link_goes_down_is_dropped_and_rejoins_when_it_comes
     # the first gives up on the scheduler it cannot hear
     assert run.procs["worker1"].wait(timeout=60) == 1
     assert "no word from the scheduler" in run.log("worker1").read_text()
-    run.worker("worker1-again", "w1", ["--rank", "1", "--ack-timeout", "120", *slow[1]])
+    run.worker("worker1-again", "w1", ["--rank", "1", "--threads", "1", "--ack-timeout", "120", *slow[1]])
     h.link("w1", up=True)
     joined = wait_for_event(run.run_dir, lambda e: e["event"] == "membership" and e["change"] == "joined"
                             and e.get("late") and e["rank"] == 1, TIMEOUT_S)
