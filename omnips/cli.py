@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import security
 from .flags import add_security, add_transport, duration, nonempty
-from .job import JobSpec
+from .job import PREEMPTED_EXIT, JobSpec
 from .launch import LaunchError, LocalCluster, WorkerSpec
 from .plot import PlotError, plot_run
 from .status import ETA_WINDOW_S, eta_s
@@ -185,7 +185,8 @@ def interrupted(run_dir: Path, cluster: LocalCluster) -> str:
     from scheduler.stopping import STOP_WAIT_S
     cluster.interrupt(STOP_WAIT_S + 10.0)  # the scheduler's own stop window, and time to write
     path = run_dir / "summary.json"
-    status = json.loads(path.read_text())["status"] if path.exists() else "stopped before the job began"
+    summary = json.loads(path.read_text()) if path.exists() else {"status": "stopped before the job began"}
+    status = summary["status"] + (f": {summary['stopped']}" if summary.get("stopped") else "")
     ckpts = run_dir / "checkpoints"
     go_on = (f"resume with: omnips launch --resume {run_dir}" if ckpts.is_dir() and any(ckpts.glob("*/manifest.json"))
              else "no checkpoint to resume from (--checkpoint-every STEPS writes them)")
@@ -199,7 +200,8 @@ def report(run_dir: Path, code: int, cluster: LocalCluster) -> int:
         return code or 1
     print(summary_table(json.loads(path.read_text())))
     print(f"run directory: {run_dir}")
-    failed = {name: c for name, c in cluster.exit_codes().items() if c != 0}
+    preempted = code == PREEMPTED_EXIT  # the others exit so too: no failure
+    failed = {name: c for name, c in cluster.exit_codes().items() if c not in (0, PREEMPTED_EXIT if preempted else 0)}
     for name in failed:
         print(f"{name} exited with {failed[name]}: {cluster.tail(name, 2)}", file=sys.stderr)
     return code or (1 if failed else 0)

@@ -11,10 +11,6 @@ from .launch import WorkerSpec
 
 # the scheduler's port when a manager cannot pass a chosen one on (Kubernetes: the Service's)
 SCHEDULER_PORT = 5555
-# The scheduler's exit code for "stopped by a preemption, checkpointed: run me again"
-# (EX_TEMPFAIL). The one place omnips/slurm.py and omnips/k8s.py take it from until the
-# scheduler's own constant is merged.
-PREEMPTED_EXIT = 75
 LOCAL_ONLY = ("--resume", "--timeout", "--no-progress", "--no-plots")  # the launcher's own flags
 
 

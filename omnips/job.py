@@ -28,6 +28,11 @@ MAX_PROCESSES = 4096
 # BSP evaluates at the end of every epoch and lists those versions at the start: 10**5 of
 # them take 0.4 s and 16 MB there (and a metrics line each), 10**6 take seconds and 175 MB.
 MAX_EPOCHS = 100_000
+# Every process exits with this when the job was preempted (SIGTERM or SIGUSR1 to the scheduler,
+# or SIGTERM to a server): it stopped at a step boundary after writing a checkpoint, and the same
+# command with --resume auto goes on from there. EX_TEMPFAIL of sysexits.h: "try again later",
+# which batch systems can be told to requeue on.
+PREEMPTED_EXIT = 75
 
 
 @dataclass(frozen=True)

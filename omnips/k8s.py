@@ -10,7 +10,8 @@ import dataclasses
 import shlex
 import sys
 
-from .clusterjob import PREEMPTED_EXIT, SCHEDULER_PORT, ClusterJob, parse
+from .clusterjob import SCHEDULER_PORT, ClusterJob, parse
+from .job import PREEMPTED_EXIT
 from .transport import MALLOC_ENV
 from .yamltext import dump_all
 

@@ -25,6 +25,10 @@ class LinkError(RuntimeError):
     """The scheduler cannot be reached, refused us, or went silent."""
 
 
+class Preempted(LinkError):
+    """The scheduler stopped the job to be resumed (omnips.job.PREEMPTED_EXIT)."""
+
+
 class SchedulerLink:
     def __init__(self, ctx: zmq.Context, endpoint: str, dead_after_s: float = 30.0, clock=time.monotonic,
                  keys: security.Keys | None = None):
@@ -104,6 +108,8 @@ class SchedulerLink:
             return None
         if isinstance(msg, Error):
             raise LinkError(f"scheduler refused us: {msg.code}: {msg.text}")
+        if isinstance(msg, Shutdown) and msg.preempted:
+            raise Preempted(f"scheduler stopped the job to be resumed: {msg.reason}")
         if isinstance(msg, Shutdown) and not msg.ok:
             raise LinkError(f"scheduler ended the job: {msg.reason}")
         return msg

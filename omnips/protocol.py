@@ -165,6 +165,15 @@ class Shutdown(Message):
     OP = "shutdown"
     ok: bool
     reason: str = ""
+    preempted: bool = False  # stopped to be resumed: the process exits with omnips.job.PREEMPTED_EXIT
+
+
+@dataclass(frozen=True)
+class Leave(Message):
+    """A process's SIGTERM: a worker leaves the job after its step in flight; a server,
+    which cannot leave without its shard, asks the scheduler to preempt the job."""
+    OP = "leave"
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -350,7 +359,7 @@ class Rewind(Message):
             raise ValueError("ipc must hold one [host, ipc:// endpoint or \"\"] pair per server, or none")
 
 
-OPS = {cls.OP: cls for cls in (Register, Welcome, Report, Probe, Heartbeat, Shutdown, Error,
+OPS = {cls.OP: cls for cls in (Register, Welcome, Report, Probe, Heartbeat, Shutdown, Leave, Error,
                                Ack, Init, Pull, Push, Params, Plan, Checkpoint, Saved, Restore, Rewind)}
 
 

@@ -13,7 +13,8 @@ import argparse
 import shlex
 import sys
 
-from .clusterjob import PREEMPTED_EXIT, ClusterJob, parse
+from .clusterjob import ClusterJob, parse
+from .job import PREEMPTED_EXIT
 from .transport import MALLOC_ENV
 
 WARNING_S = 90  # the time-limit warning: enough for a checkpoint and the model's write

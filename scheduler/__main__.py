@@ -105,7 +105,8 @@ def parser() -> argparse.ArgumentParser:
                         "every STEPS steps (asp/ssp: updates); 0: none")
     p.add_argument("--resume", type=nonempty, default=None, metavar="RUN_DIR",
                    help="continue the interrupted run in RUN_DIR from its newest complete checkpoint, with the job "
-                        "of its config.json (job flags, if given, must match it)")
+                        "of its config.json (job flags, if given, must match it); 'auto': the run in --run-dir if "
+                        "it holds one, else start it there (one command for a job that may be preempted)")
     p.add_argument("--tensorboard", type=nonempty, default=None, metavar="DIR",
                    help="write TensorBoard scalars into DIR as the job runs: loss, accuracy, samples/s, per-worker "
                         "batch, compute time and staleness (needs pip install 'omnips[tensorboard]')")
@@ -130,6 +131,10 @@ def main(argv=None) -> int:
     except ValueError as exc:
         p.error(str(exc))
 
+    if a.resume == "auto":
+        if a.run_dir is None:
+            p.error("--resume auto needs --run-dir: the directory a preempted run goes on in")
+        a.resume = a.run_dir if (Path(a.run_dir) / "config.json").exists() else None
     resume = None
     if a.resume is None:
         try:
@@ -177,9 +182,10 @@ def main(argv=None) -> int:
         run = scheduler.run
         board.wall0 = time.time() - (run.clock() - run.t0)  # the wall-clock time of the run's t = 0
         run.watchers.append(board)
-    # a terminated job (a preemption, Ctrl-C) writes its model, a checkpoint and its summary first
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: scheduler.request_stop(signal.Signals(signum).name))
+    # a stop asked by a signal (a batch system's SIGTERM, its SIGUSR1 warning ahead of the time limit, a
+    # user's Ctrl-C) writes the model, a checkpoint and the summary first, and exits with PREEMPTED_EXIT
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signum, lambda signum, frame: scheduler.request_stop(signal.Signals(signum).name))
     return scheduler.serve()
 
 

@@ -32,29 +32,33 @@ class PendingCheckpoint:
 
 class CheckpointBook:
     def __init__(self, root: Path, job: JobSpec, ranges: list, every: int, start: int = 0):
+        """`every` 0: none but those asked by hand (a preemption's)."""
         self.root, self.job, self.ranges, self.every = Path(root), job, ranges, every
         self.pending: dict[int, PendingCheckpoint] = {}
         self.complete = 0  # checkpoints this scheduler completed
         self._next_req = 0
         self.start = start  # the step the job started (resumed) from: checkpoints up to it are an earlier run's
-        self._next_step = (start // every + 1) * every  # the first checkpoint after `start`
+        self._next_step = self._after(start)  # the first checkpoint after `start`
+
+    def _after(self, step: int) -> int:
+        return (step // self.every + 1) * self.every if self.every else MAX_INT
 
     def bsp_steps(self, total_steps: int) -> range:
         """The versions to checkpoint at; none at the end, which model.pt covers. (A range:
         --checkpoint-every 1 over millions of steps lists nothing.)"""
-        return range(self._next_step, total_steps, self.every)
+        return range(self._next_step, total_steps, self.every or 1)
 
     def due(self, updates: int) -> bool:
         """ASP/SSP: whether `updates` reported crosses the next multiple of the interval."""
         if updates < self._next_step:
             return False
-        self._next_step = (updates // self.every + 1) * self.every
+        self._next_step = self._after(updates)
         return True
 
     def rewind(self, step: int) -> None:
         """The job went back to checkpoint `step`: what was asked after it will not come."""
         self.pending.clear()
-        self._next_step = (step // self.every + 1) * self.every
+        self._next_step = self._after(step)
 
     def open(self, step: int, worker_steps: list[int], positions: list[int]) -> int:
         self._next_req += 1

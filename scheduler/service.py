@@ -17,10 +17,10 @@ from omnips import data, models, protocol, routes, security, transport
 from omnips.batching import BatchPlan
 from omnips.checkpoint import Manifest, newest_complete, set_aside_after
 from omnips.flat import FlatModel
-from omnips.job import JobSpec
+from omnips.job import PREEMPTED_EXIT, JobSpec
 from omnips.metrics import RunDir, atomic_file
-from omnips.protocol import (Ack, Checkpoint, Heartbeat, Params, Plan, Probe, ProtocolError, Register, Report, Restore,
-                             Rewind, Saved, Shutdown)
+from omnips.protocol import (Ack, Checkpoint, Heartbeat, Leave, Params, Plan, Probe, ProtocolError, Register, Report,
+                             Restore, Rewind, Saved, Shutdown)
 from omnips.servers import ServerError, ServerGroup
 
 from .checkpoints import CheckpointBook
@@ -31,7 +31,7 @@ from .planning import Planner
 from .progress import EvalPoint, Progress
 from .registry import Registry
 from .status_server import NoStatus, open_status
-from .stopping import STOP_WAIT_S, Stop
+from .stopping import STOP_WAIT_S, Stop, on_leave
 
 log = logging.getLogger("omnips.scheduler")
 
@@ -89,8 +89,9 @@ class Scheduler:
         checkpoints = Path(opts.run_dir).resolve() / "checkpoints"  # absolute: servers elsewhere write there
         self.registry = Registry(job, self.flat.size, self.flat.num_trained, self.progress.total_steps,
                                  opts.dead_after_s, opts.heartbeat_s, str(checkpoints), resume, opts.token)
+        # with --checkpoint-every 0 too: a preemption writes one
         self.checkpoints = CheckpointBook(checkpoints, job, self.registry.ranges, opts.checkpoint_every,
-                                          resume.step if resume else 0) if opts.checkpoint_every else None
+                                          resume.step if resume else 0)
         self._checkpoint_steps = range(0)
         self.evals = EvalBook(job.num_servers)
         self.final: tuple[float, float] | None = None
@@ -99,7 +100,7 @@ class Scheduler:
         self.nonfinite = 0  # gradients with NaN or inf the workers reported
         self.losses = LossWatch(job, len(train), resumed=resume is not None)
         self.disturbances = Disturbances()  # evaluations and checkpoint writes: steps then are not measured
-        self.lost, self.joined = 0, 0  # workers
+        self.lost, self.left, self.joined = 0, 0, 0  # workers (left: a SIGTERM)
         self.restores = 0  # times a lost server's shard was taken over and the job went back
         self._recovery: Recovery | None = None
         self._heard: dict[bytes, float] = {}  # registered peer -> when it last said anything
@@ -156,32 +157,35 @@ class Scheduler:
             return self._finish(f"failed: {exc}")
         except KeyboardInterrupt:
             return self._finish("failed: interrupted")
-        if self._stop is not None:
-            return self._finish(self._stop.status(self.progress.steps, model=self.final is not None))
+        if self._stop is not None:  # a user's Ctrl-C interrupts; a batch system's signals preempt
+            status = "interrupted" if self._stop.why == "SIGINT" else "preempted"
+            return self._finish(status, self._stop.detail(self.progress.steps, model=self.final is not None))
         return self._finish("completed")
 
     def request_stop(self, why: str) -> None:
-        """From a signal handler: stop the job at the next loop turn, writing the model (and
-        a checkpoint) first; asked again before that begins, end it at once."""
+        """From a signal handler: preempt the job at the next loop turn, writing the model and
+        a checkpoint first; asked again before that begins, end it at once."""
         if self._stop_asked is not None or self._stop is not None:
             raise KeyboardInterrupt
         self._stop_asked = why
 
-    def _finish(self, status: str) -> int:
+    def _finish(self, status: str, stopped: str | None = None) -> int:
+        """`stopped`: what a stop asked by a signal saved (the job can be resumed)."""
         ok = status == "completed"
-        (log.info if ok else log.error)("job %s", status)
+        said = f"{status}: {stopped}" if stopped else status
+        (log.info if ok else log.warning if stopped else log.error)("job %s", said)
         for member in self.registry.by_peer.values():
-            self._tell(member.peer, Shutdown(ok=ok, reason=status))
-        self.run.event("end", status=status)
+            self._tell(member.peer, Shutdown(ok=ok, reason=said, preempted=stopped is not None))
+        self.run.event("end", status=status, stopped=stopped)
         self.run.flush()
         try:
-            self.run.write_summary(self._summary(status))
+            self.run.write_summary({**self._summary(status), "stopped": stopped})
         except OSError as exc:
-            log.error("cannot write the summary of the job (%s): %s", status, exc)
-            ok = False
+            log.error("cannot write the summary of the job (%s): %s", said, exc)
+            ok, stopped = False, None
         self.run.close()
         self._close(linger=transport.LINGER_MS)
-        return 0 if ok else 1
+        return 0 if ok else PREEMPTED_EXIT if stopped else 1
 
     def _close(self, linger: int) -> None:
         self.status.close()
@@ -267,9 +271,8 @@ class Scheduler:
             self._stop = Stop(self._stop_asked, now, STOP_WAIT_S if trained else 0.0)
             self._stop_asked = None
             if trained:
-                log.warning("%s: the workers stop after their step in flight, then %s written (within %g s)",
-                            self._stop.why, "model.pt and a checkpoint are" if self.checkpoints else "model.pt is",
-                            STOP_WAIT_S)
+                log.warning("%s: preempted: the workers stop after their step in flight, then model.pt and a "
+                            "checkpoint are written (within %g s)", self._stop.why, STOP_WAIT_S)
                 plan = self.registry.plan
                 if not plan.stop:
                     self._send_plan(BatchPlan(plan.gen + 1, plan.batches, stop=True))
@@ -277,9 +280,8 @@ class Scheduler:
             self._stop.saving = True
             if self.job.mode == "bsp" or not self.evals.final_asked:  # (ASP/SSP: asked as the last worker stops)
                 self._ask_eval(EvalPoint(self.progress.epochs, None), final=True)
-            if self.checkpoints is not None:  # BSP: at the version where every worker stopped
-                steps = self.progress.steps
-                self._stop.checkpoint_req = self._ask_checkpoint(steps, steps if self.job.mode == "bsp" else None)
+            steps = self.progress.steps  # BSP: at the version where every worker stopped
+            self._stop.checkpoint_req = self._ask_checkpoint(steps, steps if self.job.mode == "bsp" else None)
 
     def _recovery_hint(self) -> str:
         """How the user can go on after a failure, if a checkpoint allows it."""
@@ -398,6 +400,8 @@ class Scheduler:
         elif isinstance(msg, protocol.Error) and server:
             # a server that cannot take its shard back from a checkpoint: nothing to go on from
             raise JobFailed(f"{msg.code}: {msg.text}")
+        elif isinstance(msg, Leave) and peer in self.registry.by_peer:
+            self._on_leave(self.registry.by_peer[peer], msg.why)
         elif isinstance(msg, Heartbeat):
             if msg.echo and peer in self.registry.by_peer:  # at once: whatever we sent it before goes first
                 self._tell(peer, Heartbeat(echo=msg.echo))
@@ -405,6 +409,23 @@ class Scheduler:
             self._refuse(peer, "bad_op", f"the scheduler does not take {msg.OP!r}")
         if peer in self.registry.by_peer:  # registered (now): any word proves it alive
             self._heard[peer] = time.monotonic()
+
+    def _on_leave(self, m, why: str) -> None:
+        """A process's SIGTERM (stopping.on_leave): a worker has left after its step in flight;
+        a server's, or the last worker's, preempts the job."""
+        if m.role == "worker" and not (m.rank in self.registry.workers and self.progress.workers[m.rank].present):
+            return  # not ranked yet, or already gone
+        who = f"{why} to {m.role} {m.rank} on {m.info.host}"
+        stopping = self._stop_asked is not None or self._stop is not None
+        others = sum(w.present for r, w in enumerate(self.progress.workers) if r != m.rank)
+        action = on_leave(m.role, stopping, others)
+        if action == "depart":
+            self._depart(m.rank, who, change="left")
+            return
+        if m.role == "worker":  # it has stopped after its step in flight: no step waits for it
+            self.progress.workers[m.rank].done = True
+        if not stopping:
+            self._stop_asked = who
 
     def _tell(self, peer: bytes, msg: protocol.Message) -> None:
         transport.reply(self.router, peer, msg, name=lambda: self.registry.describe(peer))
@@ -466,18 +487,21 @@ class Scheduler:
         self._membership(member, "joined", late=True)
         log.info("worker %d joined from %s: batches %s", member.rank, member.info.host, list(plan.batches))
 
-    def _depart(self, rank: int, why: str) -> None:
-        """Worker `rank` is gone: servers stop waiting for its later steps and the others
-        share its part of the global batch from the next plan on."""
+    def _depart(self, rank: int, why: str, change: str = "lost") -> None:
+        """Worker `rank` is gone (lost, or left): servers stop waiting for its later steps and
+        the others share its part of the global batch from the next plan on."""
         w = self.progress.workers[rank]
         last = w.next_step - 1 if w.next_step is not None else -1
         member = self.registry.depart(rank)
         self.progress.depart(rank)
         self._heard.pop(member.peer, None)
         self._tell(member.peer, Shutdown(ok=False, reason=f"removed from the job: {why}"))
-        self.lost += 1
-        self._membership(member, "lost", reason=why, last_step=last)
-        log.warning("worker %d lost (%s) after step %d", rank, why, last)
+        if change == "lost":
+            self.lost += 1
+        else:
+            self.left += 1
+        self._membership(member, change, reason=why, last_step=last)
+        log.warning("worker %d %s (%s) after step %d", rank, change, why, last)
         if not self.registry.workers:
             raise JobFailed(f"every worker is gone (the last, worker {rank}: {why})")
         plan = self.registry.plan
@@ -715,9 +739,10 @@ class Scheduler:
             "diverged_reason": (f"{self.losses.verdict.reason}; {self.losses.verdict.hint}"
                                 if self.losses.verdict else None),
             "workers_lost": self.lost,
+            "workers_left": self.left,
             "workers_joined": self.joined,
             "server_restores": self.restores,
             "resumed_from_step": self.resume.step if self.resume else None,
-            "checkpoints": self.checkpoints.complete if self.checkpoints else 0,
+            "checkpoints": self.checkpoints.complete,
             "events_lost": self.run.events_lost,
         }

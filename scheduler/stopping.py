@@ -1,8 +1,8 @@
-"""A stop asked by a signal (SIGTERM: a preemption, a supervisor): the workers stop after
-their step in flight, as at the end of the sample budget; once all have, the servers are
-read for model.pt and, with --checkpoint-every, asked for a checkpoint to resume from,
-at the version where the workers stopped. All within STOP_WAIT_S (a supervisor's SIGKILL
-follows its SIGTERM), then the job ends as interrupted, saying what it saved."""
+"""A preemption (SIGTERM or SIGUSR1 to the scheduler, SIGTERM to a server): the workers stop
+after their step in flight, as at the end of the sample budget; once all have, the servers
+are read for model.pt and asked for a checkpoint to resume from, at the version where the
+workers stopped. All within STOP_WAIT_S (a supervisor's SIGKILL follows its SIGTERM), then
+the job ends as preempted (omnips.job.PREEMPTED_EXIT), saying what it saved."""
 
 from dataclasses import dataclass
 
@@ -11,7 +11,7 @@ STOP_WAIT_S = 20.0
 
 @dataclass
 class Stop:
-    why: str  # what asked for it, e.g. "SIGTERM"
+    why: str  # what asked for it, e.g. "SIGTERM", "SIGTERM to server 1 on node3"
     start: float
     wait_s: float  # 0: nothing to save (no step was trained)
     saving: bool = False  # the model (and checkpoint) were asked of the servers
@@ -39,9 +39,22 @@ class Stop:
         if req == self.checkpoint_req:
             self.checkpoint = f"checkpoint {step} complete" if failure is None else f"checkpoint {step} failed: {failure}"
 
-    def status(self, steps: int, model: bool) -> str:
-        """The job's end as summary.json says it."""
+    def detail(self, steps: int, model: bool) -> str:
+        """What the preemption saved, as summary.json's `preempted` says it."""
         what = ["model.pt written" if model else "model.pt not written"]
         if self.checkpoint_req is not None:
             what.append(self.checkpoint or "the checkpoint was not answered")
-        return f"interrupted ({self.why}) at step {steps}: " + ", ".join(what)
+        elif self.saving:
+            what.append("no checkpoint (the servers could not be asked)")
+        return f"{self.why} at step {steps}: " + ", ".join(what)
+
+
+def on_leave(role: str, stopping: bool, others_present: int) -> str:
+    """What a process's SIGTERM (its `leave`) does to the job:
+    "preempt": a server (its shard cannot leave), or the last worker (a job without workers
+      cannot go on; a batch system that signals every process at once must not see it fail);
+    "stopped": a worker while a preemption is under way: it stopped after its step, as asked;
+    "depart": any other worker: the job re-plans without it."""
+    if role == "server" or others_present == 0:
+        return "preempt"
+    return "stopped" if stopping else "depart"

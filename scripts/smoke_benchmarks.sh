@@ -29,3 +29,6 @@ run asp_accuracy --quick --sections corrections,cost --cost-values 100000
 # CPU quotas need root and a cgroup cpu controller: where they are refused, say why and go on
 refused=$("$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); import quota; print(quota.available() or '')")
 if [ -z "$refused" ]; then run cgroup --quick; else echo "benchmarks/cgroup.py SKIPPED: $refused" >&2; fi
+# emulated hosts need root (network namespaces): where they are refused, say why and go on
+refused=$("$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); import multihost; print(multihost.available() or '')")
+if [ -z "$refused" ]; then run multihost --steps 20 --repeats 1 --dead-after 3; else echo "benchmarks/multihost.py SKIPPED: $refused" >&2; fi

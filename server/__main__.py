@@ -7,6 +7,8 @@ import sys
 
 from omnips import logs, transport
 from omnips.flags import add_log_level, add_security, parse_args, port, seconds
+from omnips.job import PREEMPTED_EXIT
+from omnips.leaving import Leaving
 
 
 def parse(argv):
@@ -37,14 +39,19 @@ def main(argv=None) -> int:
     logs.setup("server", args.log_level)
     import torch  # once the flags are known good: it takes seconds
 
-    from omnips.link import LinkError
+    from omnips.link import LinkError, Preempted
     from .service import serve
     torch.set_num_threads(args.threads)
     transport.tune_malloc()
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # exit through `finally`: it removes the ipc socket
+    # SIGTERM preempts the job (the shard cannot leave it); a second one ends the server at once,
+    # through `finally`: it removes the ipc socket
+    leaving = Leaving().install(signal.SIGTERM)
     try:
         return serve(args.scheduler, args.host, args.port, args.advertise, args.ack_timeout, args.welcome_timeout,
-                     args.keys, args.token, args.rank)
+                     args.keys, args.token, args.rank, leaving)
+    except Preempted as exc:
+        logging.getLogger("omnips.server").warning("%s", exc)
+        return PREEMPTED_EXIT
     except (LinkError, transport.TransportError, ValueError) as exc:
         logging.getLogger("omnips.server").error("%s", exc)
         return 1

@@ -15,8 +15,10 @@ import zmq
 
 from omnips import protocol, security, transport
 from omnips.job import JobSpec
-from omnips.link import LinkError, SchedulerLink
-from omnips.protocol import Ack, Error, Init, Params, Plan, ProtocolError, Push, Register, Restore, Shutdown
+from omnips.leaving import Leaving
+from omnips.link import LinkError, Preempted, SchedulerLink
+from omnips.protocol import (Ack, Error, Init, Leave, Params, Plan, ProtocolError, Push, Register, Restore,
+                             Shutdown)
 
 from . import checkpointer
 from .outbox import Outbox
@@ -37,7 +39,7 @@ def advertised_host(host: str, advertise: str | None) -> str:
 
 def serve(scheduler: str, host: str, port: int, advertise: str | None,
           ack_timeout_s: float, welcome_timeout_s: float, keys: security.Keys | None = None, token: str = "",
-          rank: int = -1) -> int:
+          rank: int = -1, leaving: Leaving | None = None) -> int:
     ctx = zmq.Context()
     gate = security.Gate(ctx, keys) if keys else None  # before binding: it admits the clients
     ipc_dir = None
@@ -69,7 +71,8 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
         log.info("server %d serves [%d, %d) of %d values on %s%s (%s, %s on the wire; %s)", welcome.rank, lo, hi,
                  cluster["num_params"], endpoint, f" and {ipc}" if ipc else "", job.mode, job.wire_dtype,
                  security.describe(keys))
-        return _loop(router, link, core, writer, restore)
+        return _loop(router, link, core, writer, restore, leaving or Leaving(),
+                     f"server {welcome.rank} on {pysocket.gethostname()}")
     finally:
         if gate is not None:
             gate.stop()
@@ -90,15 +93,24 @@ def _restore(core: ShardCore, rank: int, lo: int, hi: int, link: SchedulerLink, 
     link.send(Ack())
 
 
-def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.ShardWriter, restore) -> int:
+def _loop(router, link: SchedulerLink, core: ShardCore, writer: checkpointer.ShardWriter, restore,
+          leaving: Leaving, me: str) -> int:
     poller = zmq.Poller()
     poller.register(router, zmq.POLLIN)
     poller.register(link.sock, zmq.POLLIN)
     outbox = Outbox(grace_s=link.heartbeat_s)  # waits for queued replies last a heartbeat interval at most
     while True:
         events = dict(poller.poll(POLL_MS))
-        if _from_scheduler(link, core, router, outbox, writer, restore):
-            return 0
+        if leaving.due():  # the job cannot go on without this shard: it is preempted, and this server
+            # serves until the checkpoint of the step the workers stop at is written
+            log.warning("%s: %s: asking the scheduler to preempt the job", me, leaving.why)
+            link.send(Leave(why=leaving.why))
+        try:
+            if _from_scheduler(link, core, router, outbox, writer, restore):
+                return 0
+        except Preempted:
+            writer.finished(wait_s=LAST_WRITE_S)  # a file being written ends whole
+            raise
         if router in events:
             _serve(router, core, outbox, writer)
         _send(router, core, writer.finished(), outbox, writer)

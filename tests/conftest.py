@@ -5,6 +5,7 @@ import subprocess
 import pytest
 from helpers import finish, stand_in, start_cluster
 from slurm_cluster import SlurmCluster, SlurmUnavailable
+from hosts import Hosts, HostsRefused
 
 from omnips.launch import WorkerSpec
 
@@ -46,3 +47,22 @@ def slurm_cluster(tmp_path_factory):
         yield cluster.start()
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    """hosts(*names) -> hosts.Hosts: emulated machines joined by a switch (tests/hosts.py),
+    all torn down after the test, pass or fail. Skipped, saying why, where this machine
+    refuses namespaces."""
+    made = []
+
+    def make(*names):
+        h = Hosts(list(names), tmp_path)
+        made.append(h)
+        try:
+            return h.create()
+        except HostsRefused as exc:
+            pytest.skip(f"EMULATED HOSTS REFUSED HERE, multi-host tests not run: {exc}")
+    yield make
+    for h in made:
+        h.close()

@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 from omnips import protocol
-from omnips.protocol import (Ack, Checkpoint, Error, Heartbeat, Init, Params, Plan, Probe, Pull, Push, Register, Report,
-                             Restore, Rewind, Saved, Shutdown, Welcome)
+from omnips.protocol import (Ack, Checkpoint, Error, Heartbeat, Init, Leave, Params, Plan, Probe, Pull, Push, Register,
+                             Report, Restore, Rewind, Saved, Shutdown, Welcome)
 
 U64 = st.integers(0, 2**64 - 1)
 ANY_INT = st.integers(-(2**63), 2**64 - 1)
@@ -47,7 +47,8 @@ STRATEGIES = {
                       max_size=8, unique_by=lambda p: p[0]).map(
         lambda points: Probe(rank=3, batches=[b for b, _ in points], seconds=[t for _, t in points])),
     "heartbeat": st.just(Heartbeat()),
-    "shutdown": st.builds(Shutdown, ok=st.booleans(), reason=TEXT),
+    "shutdown": st.builds(Shutdown, ok=st.booleans(), reason=TEXT, preempted=st.booleans()),
+    "leave": st.builds(Leave, why=TEXT),
     "error": st.builds(Error, code=TEXT, text=TEXT),
     "ack": st.just(Ack()),
     "init": st.builds(Init, rank=ANY_INT, data=wire_data()),
@@ -106,6 +107,7 @@ SAMPLE = {
     "report": Report(rank=1, step=2, batch=3, compute_s=0.5, network_s=0.5, wait_s=0.5, loss=1.0, staleness=1),
     "probe": Probe(rank=1, batches=[2, 4], seconds=[0.01, 0.015]),
     "shutdown": Shutdown(ok=True, reason="done"),
+    "leave": Leave(why="SIGTERM"),
     "error": Error(code="c", text="t"),
     "init": Init(rank=0, data=np.zeros(3, np.float32)),
     "pull": Pull(req=1, at=3),

@@ -41,13 +41,16 @@ def test_sigint_to_the_launcher_stops_the_job_and_leaves_a_complete_run_director
     assert launcher.returncode == 130, err
     events = read_events(run_dir)
     summary = (run_dir / "summary.json").read_text()
-    status = next(e["status"] for e in events if e["event"] == "end")
-    assert status.startswith("interrupted (SIGINT) at step ") and "model.pt written" in status, status
-    assert status in summary and (run_dir / "model.pt").exists()
-    # one line: what was stopped, where the run is, how to resume; nothing else
-    go_on = (f"resume with: omnips launch --resume {run_dir}" if checkpoints
-             else "no checkpoint to resume from (--checkpoint-every STEPS writes them)")
-    assert err.strip().splitlines() == [f"omnips launch: {status}; run directory {run_dir}; {go_on}"], err
+    end = next(e for e in events if e["event"] == "end")
+    stopped = end["stopped"]
+    assert end["status"] == "interrupted" and stopped.startswith("SIGINT at step ") and "model.pt written" in stopped
+    assert stopped in summary and (run_dir / "model.pt").exists()
+    # the stop writes a checkpoint to resume from, with or without --checkpoint-every
+    assert f"checkpoint {end['stopped'].split()[3].rstrip(':')} complete" in stopped, stopped
+    # one line: what was stopped, where the run is, how to resume; nothing else but the status page's address
+    said = [line for line in err.strip().splitlines() if not line.startswith("status page: ")]
+    assert said == [f"omnips launch: interrupted: {stopped}; run directory {run_dir}; "
+                    f"resume with: omnips launch --resume {run_dir}"], err
     assert out == ""
     # one stop, taken gracefully: no traceback in any log, and no process left behind
     for log in (run_dir / "logs").glob("*.log"):

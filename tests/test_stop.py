@@ -1,11 +1,12 @@
 """SIGTERM to the scheduler (a preemption, a supervisor): the job stops, its model and a
-checkpoint to resume from written first, and every process exits."""
+checkpoint to resume from written first, and every process exits PREEMPTED_EXIT."""
 
 import signal
 
 import pytest
 import torch
 
+from omnips.job import PREEMPTED_EXIT
 from omnips.launch import WorkerSpec
 from scheduler.checkpoints import resume_point
 
@@ -25,9 +26,9 @@ def test_sigterm_to_the_scheduler_writes_the_model_and_a_checkpoint_and_ends_the
         codes = {name: proc.wait(timeout=60) for name, proc in cluster.procs.items()}  # each by itself
         run = Run(cluster, codes["scheduler"])
     s = run.summary
-    assert codes["scheduler"] == 1 and all(code in (0, 1) for code in codes.values()), (codes, run.logs())
-    assert s["status"] == (f"interrupted (SIGTERM) at step {s['steps']}: model.pt written, "
-                           f"checkpoint {s['steps']} complete"), s["status"]
+    assert codes == {name: PREEMPTED_EXIT for name in codes}, (codes, run.logs())
+    assert s["status"] == "preempted" and s["stopped"] == (f"SIGTERM at step {s['steps']}: model.pt written, "
+                                                            f"checkpoint {s['steps']} complete"), s
     if mode == "bsp":  # all at one step
         assert s["worker_steps"] == [s["steps"]] * 2
     assert s["final_test_accuracy"] is not None
@@ -58,9 +59,9 @@ def test_sigterm_with_a_worker_frozen_still_writes_the_model_at_the_step_the_oth
         codes = {name: proc.wait(timeout=60) for name, proc in cluster.procs.items()}
         run = Run(cluster, code)
     s = run.summary
-    assert s["status"] == (f"interrupted (SIGTERM) at step {s['steps']}: model.pt written, "
-                           f"checkpoint {s['steps']} complete"), (s["status"], run.logs())
-    assert all(code in (0, 1) for code in codes.values()), codes
+    assert s["status"] == "preempted" and s["stopped"] == (f"SIGTERM at step {s['steps']}: model.pt written, "
+                                                            f"checkpoint {s['steps']} complete"), (s, run.logs())
+    assert code == PREEMPTED_EXIT and all(c in (0, 1, PREEMPTED_EXIT) for c in codes.values()), codes
     final = [e for e in run.events if e["event"] == "eval" and e["final"]]
     assert len(final) == 1 and final[0]["versions"] == [s["steps"]] * 2  # every shard at the barrier's version
     assert torch.load(run_dir / "model.pt")

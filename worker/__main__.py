@@ -2,12 +2,15 @@
 
 import argparse
 import logging
+import signal
 import sys
 
 import zmq
 
 from omnips import logs, transport
 from omnips.flags import add_log_level, add_security, add_transport, parse_args, seconds, size
+from omnips.job import PREEMPTED_EXIT
+from omnips.leaving import Leaving
 from omnips.protocol import MAX_BATCH
 
 from .emulation import Emulation, parse_schedule
@@ -80,11 +83,15 @@ def main(argv=None) -> int:
     logs.setup("worker", opts.log_level)  # here, not in parse: a launcher checks workers' flags with it
     transport.tune_malloc()
     from omnips.data import FactoryError  # torch: imported once the flags are known good (seconds)
-    from omnips.link import LinkError
+    from omnips.link import LinkError, Preempted
     from omnips.servers import ServerError
     from .service import run
+    leaving = Leaving().install(signal.SIGTERM)  # a graceful leave after the step in flight
     try:
-        return run(opts)
+        return run(opts, leaving)
+    except Preempted as exc:
+        logging.getLogger("omnips.worker").warning("%s", exc)
+        return PREEMPTED_EXIT
     except (LinkError, ServerError, FactoryError, transport.TransportError, ValueError, MemoryError,
             zmq.ZMQError) as exc:
         logging.getLogger("omnips.worker").error("%s", exc)

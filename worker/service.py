@@ -12,8 +12,9 @@ from omnips import data, models, routes
 from omnips.batching import PROBE_BATCHES, PROBE_ROUNDS, BatchPlan, probe_agrees, probe_times
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
+from omnips.leaving import Leaving
 from omnips.link import LinkError, SchedulerLink
-from omnips.protocol import Plan, Probe, Register, Report, Rewind, Shutdown
+from omnips.protocol import Leave, Plan, Probe, Register, Report, Rewind, Shutdown
 from omnips.servers import ServerGroup
 from omnips.sharding import shard_ranges
 from omnips.wire import WireDtype
@@ -39,7 +40,7 @@ class Rewound(Exception):
         self.msg = msg
 
 
-def run(opts: WorkerOptions) -> int:
+def run(opts: WorkerOptions, leaving: Leaving | None = None) -> int:
     device = resolve_device(opts.device)
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -60,6 +61,7 @@ def run(opts: WorkerOptions) -> int:
             _choose_threads(welcome.rank, cluster)
         link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
         session = _Session(job, welcome.rank, cluster, device, opts, link)
+        session.leaving = leaving or Leaving()
         session.connect = lambda servers, local: ServerGroup(
             ctx, routes.endpoints(servers, local, opts.transport), cluster["ranges"], opts.server_timeout_s,
             on_wait=session.check_scheduler, tick_s=min(1.0, link.heartbeat_s), keys=opts.keys, wire=session.wire)
@@ -131,8 +133,9 @@ class _Session:
         log.info("worker %d on %s: %s, %d values, batch %d", rank, device, job.mode, self.flat.size,
                  self.plan.batches[rank])
 
-    def train(self) -> None:
-        """Train until the scheduler closes the job (JobEnded) or something fails."""
+    def train(self) -> int:
+        """Train until the scheduler closes the job (JobEnded), this worker leaves it (a
+        SIGTERM: 0, after the step in flight) or something fails."""
         bsp = self.job.mode == "bsp"
         asp_pos, last = self.start_position, None
         if self.join_gen < 0:
@@ -161,6 +164,11 @@ class _Session:
                 step += 1
             except Rewound as rw:
                 step, asp_pos = self._rewind(rw.msg)
+            if self.leaving.due():  # the scheduler re-plans the others at once, as for a lost worker
+                self.link.send(Leave(why=self.leaving.why))
+                log.warning("worker %d on %s: %s: leaving the job after step %d", self.rank,
+                            pysocket.gethostname(), self.leaving.why, step - 1)
+                return 0
         self.link.send(Report(rank=self.rank, step=step, batch=0, compute_s=0.0, network_s=0.0, wait_s=0.0,
                               loss=last.loss if last else 0.0, done=True))
         self._await_shutdown()
