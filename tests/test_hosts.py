@@ -18,7 +18,7 @@ from omnips.metrics import read_events
 from helpers import assert_trained_as_one_process, wait_for_event, wait_for_steps
 from hosts import HostJob
 
-pytestmark = pytest.mark.hosts
+pytestmark = [pytest.mark.cluster, pytest.mark.hosts]  # processes on emulated hosts
 TIMEOUT_S = 150
 
 

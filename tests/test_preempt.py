@@ -5,6 +5,7 @@ PREEMPTED_EXIT) and `--resume auto` goes on from it; SIGTERM to a worker is a gr
 import re
 import signal
 
+import pytest
 import torch
 
 from omnips.job import PREEMPTED_EXIT
@@ -34,6 +35,7 @@ def _codes(cluster) -> dict:
     return {name: proc.wait(timeout=60) for name, proc in cluster.procs.items()}
 
 
+@pytest.mark.cluster
 def test_sigusr1_preempts_and_the_same_command_resumes_to_a_bit_identical_model(tmp_path):
     run_dir = tmp_path / "run"
     reference = start_cluster(tmp_path / "reference", JOB, [WorkerSpec()] * 2, num_servers=2)
@@ -58,6 +60,7 @@ def test_sigusr1_preempts_and_the_same_command_resumes_to_a_bit_identical_model(
         assert torch.equal(want[k], got[k]), k  # as if never preempted, bit for bit
 
 
+@pytest.mark.cluster
 def test_sigterm_to_a_server_preempts_the_job(tmp_path):
     run_dir = tmp_path / "run"
     with start_cluster(run_dir, JOB, [WorkerSpec(ms_per_step=40.0)] * 2, num_servers=2) as cluster:
@@ -75,6 +78,7 @@ def test_sigterm_to_a_server_preempts_the_job(tmp_path):
     assert resume_point(run_dir)[1].step == s["steps"]
 
 
+@pytest.mark.cluster
 def test_sigterm_to_a_worker_is_a_graceful_leave_and_the_job_completes(tmp_path):
     run_dir = tmp_path / "run"
     job = ["--mode", "bsp", "--max-steps", "80", "--global-batch", "48", "--seed", "4", "--heartbeat", "0.25",
@@ -93,6 +97,7 @@ def test_sigterm_to_a_worker_is_a_graceful_leave_and_the_job_completes(tmp_path)
     assert "leaving the job after step" in (run_dir / "logs" / "worker2.log").read_text()
 
 
+@pytest.mark.cluster
 def test_sigterm_to_every_process_at_once_preempts_the_job_and_leaves_it_resumable(tmp_path):
     # a batch system's cancellation or a node drain signals every process, workers first here
     run_dir = tmp_path / "run"
