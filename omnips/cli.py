@@ -201,6 +201,7 @@ class Progress:
         self.epoch = 0.0
         self.accuracy = None
         self.diverged: str | None = None  # the scheduler's hint, once it finds the job diverged
+        self.waits: str | None = None  # what a stalled step waits for, while it does (a `wait` event)
         self._window: list[tuple[float, int]] = []  # (t, batch) of recent steps
         self._printed = 0.0
 
@@ -223,6 +224,10 @@ class Progress:
                     self.accuracy = e["test_accuracy"]
                 elif e["event"] == "diverged":
                     self.diverged = e["hint"]
+                elif e["event"] == "wait":
+                    where = f"{e['host']}, {e['device']}" if e["device"] else e["host"]
+                    self.waits = (f"step {e['step']} waits for {e['role']} {e['rank']} ({where}) for "
+                                  f"{e['seconds']:.1f} s" if e["change"] == "waits" else None)
 
     def line(self) -> str:
         recent = [w for w in self._window if w[0] >= self._window[-1][0] - 5.0] if self._window else []
@@ -234,6 +239,7 @@ class Progress:
         budget = f"{round(total, 4):g}" if total else "?"  # "?" until the scheduler's start event
         acc = f"{self.accuracy:.3f}" if self.accuracy is not None else "-"
         warning = f"  DIVERGED: {self.diverged}" if self.diverged else ""
+        warning += f"  {self.waits}" if self.waits else ""
         return f"[{bar:<30}] epoch {self.epoch:6.2f}/{budget}  {rate:8.0f} samples/s  test acc {acc}{warning}"
 
     def update(self, final: bool = False) -> None:

@@ -29,3 +29,22 @@ def test_the_progress_line_follows_the_events_and_says_when_the_budget_is_not_kn
     hint = "try --async-correction momentum (the default), or a lower --lr"
     assert shown({"event": "diverged", "t": 3.5, "reason": "stuck", "hint": hint}).endswith(
         f"test acc 0.812  DIVERGED: {hint}")
+
+
+def test_the_progress_line_says_what_a_stalled_step_waits_for_until_it_goes_on(tmp_path):
+    out = io.StringIO()
+    view = Progress(tmp_path, out=out)
+
+    def shown(*records):
+        with open(tmp_path / "metrics.jsonl", "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        view.update(final=True)
+        return out.getvalue().splitlines()[-1]
+
+    wait = {"event": "wait", "t": 3.0, "change": "waits", "step": 812, "role": "worker", "rank": 2, "host": "h",
+            "device": "cuda:0", "seconds": 4.14}
+    assert shown({"event": "start", "t": 0.0, "budget_epochs": 4}, wait).endswith(
+        "test acc -  step 812 waits for worker 2 (h, cuda:0) for 4.1 s")
+    assert shown({**wait, "role": "server", "rank": 1, "device": "", "seconds": 9.0}).endswith(
+        "step 812 waits for server 1 (h) for 9.0 s")
+    assert shown({**wait, "change": "went on"}).endswith("test acc -")
