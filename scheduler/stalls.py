@@ -58,7 +58,7 @@ class StallWatch:
         self._reported: dict[int, tuple[int, float]] = {}  # rank -> (last step reported, when)
         self._heard: dict[tuple[str, int], float] = {}  # (role, rank) -> when it last reported or beat
         self._waiting: dict[int, _Waiting] = {}
-        self._intervals: deque[float] = deque(maxlen=64)
+        self._intervals: dict[int, deque[float]] = {}  # rank -> its latest intervals between reports
         self._named: Wait | None = None  # the wait last logged, until it ends
         self._told_at = 0.0
         self._next_look = 0.0
@@ -78,7 +78,7 @@ class StallWatch:
     def on_report(self, rank: int, step: int, now: float) -> None:
         last = self._reported.get(rank)
         if last is not None and last[0] >= 0 and step == last[0] + 1:
-            self._intervals.append(now - last[1])
+            self._intervals.setdefault(rank, deque(maxlen=16)).append(now - last[1])
         self._reported[rank] = (step, now)
         self._heard["worker", rank] = now
         w = self._waiting.get(rank)
@@ -99,9 +99,12 @@ class StallWatch:
         self._heard["server", rank] = now
 
     # -- the fact -------------------------------------------------------------------
-    def threshold_s(self) -> float:
-        typical = statistics.median(self._intervals) if self._intervals else 0.0
-        return max(STALL_STEPS * typical, self.heartbeat_s)
+    def threshold_s(self, rank: int | None = None) -> float:
+        """How long a wait must be to be named: STALL_STEPS step times of worker `rank` (ASP:
+        each worker at its own pace), or of them all, and a heartbeat interval at least."""
+        own = self._intervals.get(rank)
+        times = list(own) if own else [t for d in self._intervals.values() for t in d]
+        return max(STALL_STEPS * statistics.median(times) if times else 0.0, self.heartbeat_s)
 
     def waiting(self, now: float) -> Wait | None:
         """The rank the job waits for, the step and for how long; None when nothing waits
@@ -135,7 +138,9 @@ class StallWatch:
         if rank is None:
             return None
         step, at = self._reported[rank]
-        return self._worker(step + 1, rank, now - at) if now - at > limit and silent("worker", rank) else None
+        if now - at > self.threshold_s(rank) and silent("worker", rank):
+            return self._worker(step + 1, rank, now - at)
+        return None
 
     def _worker(self, step: int, rank: int, seconds: float) -> Wait:
         host, device = self.workers[rank]

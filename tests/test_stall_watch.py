@@ -124,3 +124,15 @@ def test_notices_name_a_wait_once_then_every_few_seconds_then_its_end():
     change, wait = w.notice(t + 8.0)
     assert change == "went on" and (wait.step, wait.rank) == (10, 1) and wait.seconds == pytest.approx(8.0)
     assert w.notice(t + 8.1) is None
+
+
+def test_asp_judges_each_worker_by_its_own_pace():
+    w = StallWatch("asp", HB)
+    w.seat(0, "a", "cpu", 0.0)
+    w.seat(1, "b", "cpu", 0.0)
+    for step in range(40):
+        w.on_report(0, step, 0.1 * (step + 1))  # 100 ms a step
+    for step in range(2):
+        w.on_report(1, step, 2.0 * (step + 1))  # 2 s a step: behind, but at its own pace
+    assert w.waiting(5.9) is None
+    assert w.waiting(10.1) == Wait(2, 1, "b", "cpu", pytest.approx(6.1), "worker")
