@@ -134,7 +134,7 @@ def unreplaced_one(root: Path, k: int) -> dict:
     cluster = LocalCluster(run_dir, job, 2, workers)
     with cluster:
         cluster.start()
-        _wait_until(lambda: sum(e["event"] == "step" for e in _events(run_dir)) >= 2 * 37, 60, "the first steps")
+        _wait_until(lambda: sum(e["event"] == "step" for e in _events(run_dir)) >= 2 * 37, 180, "the first steps")
         killed_at = time.monotonic()
         cluster.procs["server1"].send_signal(signal.SIGKILL)
         code = cluster.wait(JOB_TIMEOUT_S)
@@ -152,14 +152,14 @@ def unreplaced_one(root: Path, k: int) -> dict:
 
 
 def stall_one(root: Path, who: str, heartbeat_s: float, k: int) -> dict:
-    """`who`: "worker2" or "server1", stopped for STOP_S after 100 steps of a BSP job."""
+    """`who`: "worker2" or "server1", stopped for STOP_S after 40 steps of a BSP job."""
     run_dir = root / f"stall-{who}-{heartbeat_s:g}-{k}"
-    job = ["--mode", "bsp", "--max-steps", "400", "--global-batch", str(GLOBAL_BATCH), "--seed", str(k),
+    job = ["--mode", "bsp", "--max-steps", "150", "--global-batch", str(GLOBAL_BATCH), "--seed", str(k),
            "--heartbeat", f"{heartbeat_s:g}", "--dead-after", "30"]
     cluster = LocalCluster(run_dir, job, 2, [WorkerSpec(ms_per_step=20.0)] * 3)
     with cluster:
         cluster.start()
-        _wait_until(lambda: sum(e["event"] == "step" for e in _events(run_dir)) >= 3 * 100, 60, "the first steps")
+        _wait_until(lambda: sum(e["event"] == "step" for e in _events(run_dir)) >= 3 * 40, 180, "the first steps")
         proc = cluster.procs[who]
         stopped_at = time.monotonic()
         proc.send_signal(signal.SIGSTOP)
@@ -197,6 +197,7 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint-every", default="5,10,20", help="comma-separated intervals for the server part")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--parts", default="dead,restart,unreplaced,stalls", help="which measurements to run")
+    p.add_argument("--stall-heartbeats", default="0.25,1", help="comma-separated --heartbeat values, stalls part")
     p.add_argument("--out", type=Path, default=HERE / "results" / "failures.md")
     args = p.parse_args(argv)
     parts = set(args.parts.split(","))
@@ -222,7 +223,7 @@ def main(argv=None) -> int:
                 print(f"unreplaced: lost after {r['detect_s']:.2f} s, failed after {r['end_s']:.1f} s, "
                       f"{r['lost']} steps lost, said {r['said']} times", flush=True)
         for who in ("worker2", "server1") if "stalls" in parts else ():
-            for hb in (0.25, 1.0):
+            for hb in [float(v) for v in args.stall_heartbeats.split(",")]:
                 runs = [stall_one(root, who, hb, k) for k in range(args.repeats)]
                 for r in runs:
                     print(f"{who} stopped, --heartbeat {hb:g}: named after {r['named_s']:.2f} s, step held "
@@ -310,7 +311,7 @@ def _stall_lines(stalls, command) -> list[str]:
     med = statistics.median
     lines = [STALLS, "", *machine_lines(), f"- command: {command}",
              "- job: BSP, mlp on digits, 3 workers on 20 ms virtual steps, 2 servers, --dead-after 30; the "
-             f"process stopped after 100 steps and woken {STOP_S:g} s later", "",
+             f"process stopped after 40 steps and woken {STOP_S:g} s later", "",
              "| process stopped | --heartbeat (s) | runs | stop to the `wait` event naming it (s), median | in heartbeat "
              "intervals | longest gap between steps (s), median |", "|---|---:|---:|---:|---:|---:|"]
     for who, hb, runs in stalls:
