@@ -3,6 +3,7 @@ go to a socket without peers): the start plan from the workers' probes, a server
 cannot restore its shard, a server registering for a shard that has one, and heartbeats
 asking for an echo."""
 
+import contextlib
 import time
 
 import pytest
@@ -106,7 +107,8 @@ def test_a_server_that_cannot_restore_its_shard_fails_the_job_at_once(make, tmp_
     from server.shard import ShardCore
 
     sent = []
-    link = type("Link", (), {"send": lambda self, msg: sent.append(msg)})()
+    link = type("Link", (), {"send": lambda self, msg: sent.append(msg),
+                             "beating": lambda self, phase: contextlib.nullcontext()})()
     core = ShardCore(JobSpec(), 0, 4, 4)
     with pytest.raises(ValueError, match="no checkpoint|cannot read"):
         _restore(core, 0, 0, 4, link, str(tmp_path / "no-such-checkpoint"))
