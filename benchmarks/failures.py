@@ -29,16 +29,19 @@ job fails with that reason once the workers give up, after their --server-timeou
 steps lost (reached minus the newest complete checkpoint) and how often the log said what
 the job waits for. And (--parts stalls) a worker, then a server, is stopped (SIGSTOP) for
 STOP_S: from the stop to the scheduler's `wait` event naming it, in seconds and heartbeat
-intervals, and how long the step was held.
+intervals, and how long the step was held. And (--parts scheduler) the scheduler is
+SIGKILLed: from the kill to the workers' hold, and the checkpoints begun that never complete.
 
     python benchmarks/failures.py [--dead-after 1,2,5] [--checkpoint-every 5,10,20] [--repeats 2]
-                                  [--parts dead,restart,unreplaced,stalls]
+                                  [--parts dead,restart,unreplaced,scheduler,stalls]
 
 Prints the tables and writes them to benchmarks/results/failures.md; a part not run
 keeps its section of that file as it was.
 """
 
 import argparse
+import datetime
+import re
 import signal
 import statistics
 import sys
@@ -58,6 +61,7 @@ GLOBAL_BATCH = 48
 KILL_AFTER_STEPS = 30
 JOB_TIMEOUT_S = 180
 STOP_S = 5.0
+SCHEDULER_DEAD_AFTER_S = 30
 WORKER_SERVER_TIMEOUT_S = 10
 
 
@@ -180,6 +184,32 @@ def stall_one(root: Path, who: str, heartbeat_s: float, k: int) -> dict:
     return {"named_s": t0 + named["t"] - stopped_at, "held_s": max(b - a for a, b in zip(times, times[1:]))}
 
 
+def scheduler_one(root: Path, k: int) -> dict:
+    """The scheduler SIGKILLed in a BSP job that asks a checkpoint every 2 steps: how long the
+    workers trained on (kill to a worker's hold, from its log) and the checkpoints the server
+    began that no manifest can complete."""
+    run_dir = root / f"scheduler-{k}"
+    job = ["--mode", "bsp", "--max-steps", "100000", "--global-batch", str(GLOBAL_BATCH), "--seed", str(k),
+           "--heartbeat", "1", "--dead-after", str(SCHEDULER_DEAD_AFTER_S), "--checkpoint-every", "2"]
+    cluster = LocalCluster(run_dir, job, 1, [WorkerSpec(ms_per_step=100.0)] * 2)
+    with cluster:
+        cluster.start()
+        _wait_until(lambda: sum(e["event"] == "step" for e in _events(run_dir)) >= 2 * 40, 180, "the first steps")
+        killed_at = time.time()  # the logs' clock
+        cluster.procs["scheduler"].send_signal(signal.SIGKILL)
+        for name, proc in cluster.procs.items():
+            proc.wait(timeout=60)
+    # (in BSP one worker's hold holds the others at the barrier: they need not hold themselves)
+    held = [m.group(1) for w in range(2) if (m := re.search(r"^(\S+ \S+) .* waits until it is heard",
+                                                            (run_dir / "logs" / f"worker{w}.log").read_text(), re.M))]
+    if not held:
+        raise SystemExit(f"scheduler: no worker held (run dir {run_dir})")
+    held_at = min(datetime.datetime.strptime(h, "%Y-%m-%d %H:%M:%S,%f").timestamp() for h in held)
+    root_dir = run_dir / "checkpoints"
+    torn = [d for d in root_dir.iterdir() if not (d / "manifest.json").exists() and any(d.glob("shard-*.ckpt"))]
+    return {"hold_s": held_at - killed_at, "torn": len(torn)}
+
+
 def _sections(text: str) -> dict[str, str]:
     """A results file's parts by their heading ("" for the head before the first "## ")."""
     parts, key = {"": []}, ""
@@ -196,14 +226,14 @@ def main(argv=None) -> int:
     p.add_argument("--dead-after", default="1,2,5", help="comma-separated --dead-after values, seconds")
     p.add_argument("--checkpoint-every", default="5,10,20", help="comma-separated intervals for the server part")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--parts", default="dead,restart,unreplaced,stalls", help="which measurements to run")
+    p.add_argument("--parts", default="dead,restart,unreplaced,scheduler,stalls", help="which measurements to run")
     p.add_argument("--stall-heartbeats", default="0.25,1", help="comma-separated --heartbeat values, stalls part")
     p.add_argument("--out", type=Path, default=HERE / "results" / "failures.md")
     args = p.parse_args(argv)
     parts = set(args.parts.split(","))
     values = [float(v) for v in args.dead_after.split(",")] if "dead" in parts else []
     start = time.monotonic()
-    rows, restarts, unreplaced, stalls = [], [], [], []
+    rows, restarts, unreplaced, stalls, killed = [], [], [], [], []
     with runs_dir("omnips-failures-") as root:
         for d in values:
             runs = [run_one(root, d, k) for k in range(args.repeats)]
@@ -222,6 +252,11 @@ def main(argv=None) -> int:
             for r in unreplaced:
                 print(f"unreplaced: lost after {r['detect_s']:.2f} s, failed after {r['end_s']:.1f} s, "
                       f"{r['lost']} steps lost, said {r['said']} times", flush=True)
+        if "scheduler" in parts:
+            killed = [scheduler_one(root, k) for k in range(args.repeats)]
+            for r in killed:
+                print(f"scheduler killed: workers held {r['hold_s']:.2f} s after, {r['torn']} checkpoints "
+                      "never complete", flush=True)
         for who in ("worker2", "server1") if "stalls" in parts else ():
             for hb in [float(v) for v in args.stall_heartbeats.split(",")]:
                 runs = [stall_one(root, who, hb, k) for k in range(args.repeats)]
@@ -238,10 +273,12 @@ def main(argv=None) -> int:
         new[RESTART] = "\n".join(_restart_lines(restarts))
     if unreplaced:
         new[UNREPLACED] = "\n".join(_unreplaced_lines(unreplaced, command))
+    if killed:
+        new[KILLED] = "\n".join(_killed_lines(killed, command))
     if stalls:
         new[STALLS] = "\n".join(_stall_lines(stalls, command))
     lines = []
-    for key in ["", RESTART, UNREPLACED, STALLS]:
+    for key in ["", RESTART, UNREPLACED, KILLED, STALLS]:
         text = new.get(key, old.get(key))
         if text:
             lines += [text, ""]
@@ -251,6 +288,7 @@ def main(argv=None) -> int:
 
 RESTART = "## A lost server, started again (BSP, 2 servers, 2 workers, --dead-after 2 s)"
 UNREPLACED = "## A lost server nobody replaces (BSP, 2 servers, 2 workers, --dead-after 2 s)"
+KILLED = f"## The scheduler killed (BSP, 2 workers, --heartbeat 1, --dead-after {SCHEDULER_DEAD_AFTER_S})"
 STALLS = f"## A worker or a server stopped (SIGSTOP) for {STOP_S:g} s (BSP, 2 servers, 3 workers)"
 
 
@@ -305,6 +343,21 @@ def _unreplaced_lines(runs, command) -> list[str]:
             "its shard. It used to end with \"every worker is gone\" after the workers' silence, 2 minutes "
             "with the default --server-timeout (120 s) and --dead-after (30 s). Steps lost: those since the "
             "newest complete checkpoint, which --resume goes back to."]
+
+
+def _killed_lines(runs, command) -> list[str]:
+    med = statistics.median
+    return [KILLED, "", *machine_lines(), f"- command: {command}",
+            "- job: BSP, mlp on digits, 2 workers on 100 ms virtual steps, 1 server, --checkpoint-every 2; the "
+            "scheduler SIGKILLed after 40 steps", "",
+            "| runs | kill to the workers' hold (s), median | checkpoints begun that never complete |",
+            "|---:|---:|---|",
+            f"| {len(runs)} | {med(r['hold_s'] for r in runs):.2f} | {'/'.join(str(r['torn']) for r in runs)} |", "",
+            "The workers take no step once the scheduler has been quiet for two heartbeat intervals; they give "
+            f"up after --dead-after ({SCHEDULER_DEAD_AFTER_S} s). Before, they trained on for all of it, and the "
+            "server began every checkpoint asked in advance (32 at most, scheduler/service.py's "
+            "CHECKPOINTS_AHEAD) that no manifest could complete: the same job on commit bd0504c, before the "
+            "hold, left 32/32 (2026-12-02, two runs)."]
 
 
 def _stall_lines(stalls, command) -> list[str]:
