@@ -63,7 +63,8 @@ def test_a_lost_server_nobody_replaces_is_waited_for_aloud_and_fails_the_job_wit
     status = json.loads((run_dir / "summary.json").read_text())["status"]
     assert re.fullmatch(r"failed: server \d on \S+ \(has been silent for \d s\) was lost \d+ s ago and no server took "
                         r"its shard: every worker gave up waiting \(the last, worker \d: failed: worker \d on \S+: "
-                        r"no answer from server 0 at \S+, server 1 at \S+ within 14 s\); start the processes again "
+                        r"no answer from server \d at \S+(, server \d at \S+)? within 14 s\); start the "
+                        r"processes again "
                         rf"with --resume {re.escape(str(run_dir))} on the scheduler", status), status
     log = (run_dir / "logs" / "scheduler.log").read_text()
     said = re.findall(r"WARNING the job waits for a server to take the shard of server \d on \S+ \(has been silent for "
@@ -91,9 +92,11 @@ def test_after_the_scheduler_dies_workers_take_no_step_it_cannot_record(tmp_path
         others = {n: p for n, p in cluster.procs.items() if n != "scheduler"}
         codes = {n: p.wait(timeout=30) for n, p in others.items()}
     assert codes == {n: 1 for n in others}, codes
-    for name in ("worker0", "worker1"):
-        log = (run_dir / "logs" / f"{name}.log").read_text()
-        assert re.search(r"no word from the scheduler for \d\.\d s: step \d+ waits until it is heard", log), log[-2000:]
+    logs = [(run_dir / "logs" / f"worker{w}.log").read_text() for w in range(2)]
+    # one worker's hold is enough: in BSP the other then waits at the barrier for its push
+    assert any(re.search(r"no word from the scheduler for \d\.\d s: step \d+ waits until it is heard", log)
+               for log in logs), logs
+    for log in logs:
         errors = error_lines(log)
         assert len(errors) == 1 and errors[0].startswith("no word from the scheduler at"), errors
     complete = [e["step"] for e in read_events(run_dir) if e["event"] == "checkpoint" and e["complete"]]
