@@ -23,12 +23,25 @@ event: the steps lost (reached minus the checkpoint's step: at most K, or 2K if 
 newest checkpoint was still being written) and the time from the kill to the rewind
 (D = 2 s of detection, the new server's start-up and its restore).
 
-    python benchmarks/failures.py [--dead-after 1,2,5] [--checkpoint-every 5,10,20] [--repeats 2]
+Then (--parts unreplaced) server 1 is SIGKILLed and nobody starts another: from the
+kill to the scheduler's `membership lost` event (detection) and to its `end` event (the
+job fails with that reason once the workers give up, after their --server-timeout), the
+steps lost (reached minus the newest complete checkpoint) and how often the log said what
+the job waits for. And (--parts stalls) a worker, then a server, is stopped (SIGSTOP) for
+STOP_S: from the stop to the scheduler's `wait` event naming it, in seconds and heartbeat
+intervals, and how long the step was held. And (--parts scheduler) the scheduler is
+SIGKILLed: from the kill to the workers' hold, and the checkpoints begun that never complete.
 
-Prints a table and writes it to benchmarks/results/failures.md.
+    python benchmarks/failures.py [--dead-after 1,2,5] [--checkpoint-every 5,10,20] [--repeats 2]
+                                  [--parts dead,restart,unreplaced,scheduler,stalls]
+
+Prints the tables and writes them to benchmarks/results/failures.md; a part not run
+keeps its section of that file as it was.
 """
 
 import argparse
+import datetime
+import re
 import signal
 import statistics
 import sys
@@ -47,6 +60,9 @@ from omnips.metrics import read_events  # noqa: E402
 GLOBAL_BATCH = 48
 KILL_AFTER_STEPS = 30
 JOB_TIMEOUT_S = 180
+STOP_S = 5.0
+SCHEDULER_DEAD_AFTER_S = 30
+WORKER_SERVER_TIMEOUT_S = 10
 
 
 def _events(run_dir: Path) -> list[dict]:
@@ -114,16 +130,110 @@ def restart_one(root: Path, every: int, k: int) -> dict:
     return {"lost": rewind["steps_lost"], "recover_s": t0 + rewind["t"] - killed_at, "step": rewind["step"]}
 
 
+def unreplaced_one(root: Path, k: int) -> dict:
+    run_dir = root / f"unreplaced-{k}"
+    job = ["--mode", "bsp", "--max-steps", "100000", "--global-batch", str(GLOBAL_BATCH), "--seed", str(k),
+           "--heartbeat", "0.4", "--dead-after", "2", "--checkpoint-every", "10"]
+    workers = [WorkerSpec(ms_per_step=20.0, extra=("--server-timeout", str(WORKER_SERVER_TIMEOUT_S)))] * 2
+    cluster = LocalCluster(run_dir, job, 2, workers)
+    with cluster:
+        cluster.start()
+        _wait_until(lambda: sum(e["event"] == "step" for e in _events(run_dir)) >= 2 * 37, 180, "the first steps")
+        killed_at = time.monotonic()
+        cluster.procs["server1"].send_signal(signal.SIGKILL)
+        code = cluster.wait(JOB_TIMEOUT_S)
+    events = read_events(run_dir)
+    t0 = next(e["clock_t0"] for e in events if e["event"] == "start")
+    lost = next(e for e in events if e["event"] == "membership" and e["change"] == "lost")
+    end = next(e for e in events if e["event"] == "end")
+    if code != 1 or " was lost " not in end["status"]:
+        raise SystemExit(f"unreplaced: not the expected failure (run dir {run_dir}): {end['status']}")
+    reached = max(e["step"] for e in events if e["event"] == "step")
+    newest = max(e["step"] for e in events if e["event"] == "checkpoint" and e["complete"])
+    said = (run_dir / "logs" / "scheduler.log").read_text().count("the job waits for a server to take")
+    return {"detect_s": t0 + lost["t"] - killed_at, "end_s": t0 + end["t"] - killed_at,
+            "lost": reached + 1 - newest, "said": said}
+
+
+def stall_one(root: Path, who: str, heartbeat_s: float, k: int) -> dict:
+    """`who`: "worker2" or "server1", stopped for STOP_S after 40 steps of a BSP job."""
+    run_dir = root / f"stall-{who}-{heartbeat_s:g}-{k}"
+    job = ["--mode", "bsp", "--max-steps", "150", "--global-batch", str(GLOBAL_BATCH), "--seed", str(k),
+           "--heartbeat", f"{heartbeat_s:g}", "--dead-after", "30"]
+    cluster = LocalCluster(run_dir, job, 2, [WorkerSpec(ms_per_step=20.0)] * 3)
+    with cluster:
+        cluster.start()
+        _wait_until(lambda: sum(e["event"] == "step" for e in _events(run_dir)) >= 3 * 40, 180, "the first steps")
+        proc = cluster.procs[who]
+        stopped_at = time.monotonic()
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(STOP_S)  # the stall itself
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        code = cluster.wait(JOB_TIMEOUT_S)
+    if code != 0:
+        raise SystemExit(f"stall {who}: the job failed (run dir {run_dir}): {cluster.tail('scheduler')}")
+    events = read_events(run_dir)
+    t0 = next(e["clock_t0"] for e in events if e["event"] == "start")
+    pid = proc.pid
+    member = next(e for e in events if e["event"] == "membership" and e["pid"] == pid)
+    named = next(e for e in events if e["event"] == "wait" and e["change"] == "waits" and e["t"] + t0 > stopped_at
+                 and (e["role"], e["rank"]) == (member["role"], member["rank"]))
+    times = sorted(e["t"] for e in events if e["event"] == "step")
+    return {"named_s": t0 + named["t"] - stopped_at, "held_s": max(b - a for a, b in zip(times, times[1:]))}
+
+
+def scheduler_one(root: Path, k: int) -> dict:
+    """The scheduler SIGKILLed in a BSP job that asks a checkpoint every 2 steps: how long the
+    workers trained on (kill to a worker's hold, from its log) and the checkpoints the server
+    began that no manifest can complete."""
+    run_dir = root / f"scheduler-{k}"
+    job = ["--mode", "bsp", "--max-steps", "100000", "--global-batch", str(GLOBAL_BATCH), "--seed", str(k),
+           "--heartbeat", "1", "--dead-after", str(SCHEDULER_DEAD_AFTER_S), "--checkpoint-every", "2"]
+    cluster = LocalCluster(run_dir, job, 1, [WorkerSpec(ms_per_step=100.0)] * 2)
+    with cluster:
+        cluster.start()
+        _wait_until(lambda: sum(e["event"] == "step" for e in _events(run_dir)) >= 2 * 40, 180, "the first steps")
+        killed_at = time.time()  # the logs' clock
+        cluster.procs["scheduler"].send_signal(signal.SIGKILL)
+        for name, proc in cluster.procs.items():
+            proc.wait(timeout=60)
+    # (in BSP one worker's hold holds the others at the barrier: they need not hold themselves)
+    held = [m.group(1) for w in range(2) if (m := re.search(r"^(\S+ \S+) .* waits until it is heard",
+                                                            (run_dir / "logs" / f"worker{w}.log").read_text(), re.M))]
+    if not held:
+        raise SystemExit(f"scheduler: no worker held (run dir {run_dir})")
+    held_at = min(datetime.datetime.strptime(h, "%Y-%m-%d %H:%M:%S,%f").timestamp() for h in held)
+    root_dir = run_dir / "checkpoints"
+    torn = [d for d in root_dir.iterdir() if not (d / "manifest.json").exists() and any(d.glob("shard-*.ckpt"))]
+    return {"hold_s": held_at - killed_at, "torn": len(torn)}
+
+
+def _sections(text: str) -> dict[str, str]:
+    """A results file's parts by their heading ("" for the head before the first "## ")."""
+    parts, key = {"": []}, ""
+    for line in text.splitlines():
+        if line.startswith("## "):
+            key = line
+            parts[key] = []
+        parts[key].append(line)
+    return {k: "\n".join(v).strip("\n") for k, v in parts.items()}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--dead-after", default="1,2,5", help="comma-separated --dead-after values, seconds")
     p.add_argument("--checkpoint-every", default="5,10,20", help="comma-separated intervals for the server part")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--parts", default="dead,restart,unreplaced,scheduler,stalls", help="which measurements to run")
+    p.add_argument("--stall-heartbeats", default="0.25,1", help="comma-separated --heartbeat values, stalls part")
     p.add_argument("--out", type=Path, default=HERE / "results" / "failures.md")
     args = p.parse_args(argv)
-    values = [float(v) for v in args.dead_after.split(",")]
+    parts = set(args.parts.split(","))
+    values = [float(v) for v in args.dead_after.split(",")] if "dead" in parts else []
     start = time.monotonic()
-    rows = []
+    rows, restarts, unreplaced, stalls, killed = [], [], [], [], []
     with runs_dir("omnips-failures-") as root:
         for d in values:
             runs = [run_one(root, d, k) for k in range(args.repeats)]
@@ -131,17 +241,62 @@ def main(argv=None) -> int:
                 print(f"D {d:g} s: detected after {r['detect_s']:.2f} s, survivors stepped "
                       f"{r['resume_s']:.3f} s after that, {r['lost_samples']} samples missing", flush=True)
             rows.append((d, runs))
-        restarts = []
-        for every in [int(v) for v in args.checkpoint_every.split(",")]:
+        for every in [int(v) for v in args.checkpoint_every.split(",")] if "restart" in parts else []:
             runs = [restart_one(root, every, k) for k in range(args.repeats)]
             for r in runs:
                 print(f"K {every}: back to step {r['step']}, {r['lost']} steps lost, rewound "
                       f"{r['recover_s']:.2f} s after the kill", flush=True)
             restarts.append((every, runs))
+        if "unreplaced" in parts:
+            unreplaced = [unreplaced_one(root, k) for k in range(args.repeats)]
+            for r in unreplaced:
+                print(f"unreplaced: lost after {r['detect_s']:.2f} s, failed after {r['end_s']:.1f} s, "
+                      f"{r['lost']} steps lost, said {r['said']} times", flush=True)
+        if "scheduler" in parts:
+            killed = [scheduler_one(root, k) for k in range(args.repeats)]
+            for r in killed:
+                print(f"scheduler killed: workers held {r['hold_s']:.2f} s after, {r['torn']} checkpoints "
+                      "never complete", flush=True)
+        for who in ("worker2", "server1") if "stalls" in parts else ():
+            for hb in [float(v) for v in args.stall_heartbeats.split(",")]:
+                runs = [stall_one(root, who, hb, k) for k in range(args.repeats)]
+                for r in runs:
+                    print(f"{who} stopped, --heartbeat {hb:g}: named after {r['named_s']:.2f} s, step held "
+                          f"{r['held_s']:.2f} s", flush=True)
+                stalls.append((who, hb, runs))
+    command = f"`python benchmarks/failures.py {' '.join(sys.argv[1:])}` ({time.monotonic() - start:.0f} s)"
+    old = _sections(args.out.read_text()) if args.out.exists() else {}
+    new = {}
+    if rows:
+        new[""] = "\n".join(_dead_lines(rows, command))
+    if restarts:
+        new[RESTART] = "\n".join(_restart_lines(restarts))
+    if unreplaced:
+        new[UNREPLACED] = "\n".join(_unreplaced_lines(unreplaced, command))
+    if killed:
+        new[KILLED] = "\n".join(_killed_lines(killed, command))
+    if stalls:
+        new[STALLS] = "\n".join(_stall_lines(stalls, command))
+    lines = []
+    for key in ["", RESTART, UNREPLACED, KILLED, STALLS]:
+        text = new.get(key, old.get(key))
+        if text:
+            lines += [text, ""]
+    publish(lines[:-1], args.out)
+    return 0
+
+
+RESTART = "## A lost server, started again (BSP, 2 servers, 2 workers, --dead-after 2 s)"
+UNREPLACED = "## A lost server nobody replaces (BSP, 2 servers, 2 workers, --dead-after 2 s)"
+KILLED = f"## The scheduler killed (BSP, 2 workers, --heartbeat 1, --dead-after {SCHEDULER_DEAD_AFTER_S})"
+STALLS = f"## A worker or a server stopped (SIGSTOP) for {STOP_S:g} s (BSP, 2 servers, 3 workers)"
+
+
+def _dead_lines(rows, command) -> list[str]:
     lines = [
         "# Dead workers and lost servers: detection and cost (BSP)", "",
         *machine_lines(),
-        f"- command: `python benchmarks/failures.py {' '.join(sys.argv[1:])}` ({time.monotonic() - start:.0f} s)",
+        f"- command: {command}",
         f"- job: BSP, mlp on digits, 3 workers on 20 ms virtual steps, --global-batch {GLOBAL_BATCH}; "
         f"worker 2 SIGKILLed after {KILL_AFTER_STEPS} steps; --heartbeat D/5", "",
         "| --dead-after D (s) | runs | detection (s), median | detection / D | survivors' next step after the "
@@ -153,11 +308,13 @@ def main(argv=None) -> int:
         resume = statistics.median(r["resume_s"] for r in runs)
         lost = "/".join(str(r["lost_samples"]) for r in runs)
         lines.append(f"| {d:g} | {len(runs)} | {det:.2f} | {det / d:.2f} | {resume:.3f} | {lost} |")
-    lines += ["", "Samples missing: the dead worker's slice (16 of 48) of each step after its last report: "
-              "the step in flight, which is not learned from, and, when the kill fell between a push and "
-              "its report, the step before, which was learned but never reported.",
-              "", "## A lost server, started again (BSP, 2 servers, 2 workers, --dead-after 2 s)", "",
-              "| --checkpoint-every K | runs | step reached -> checkpoint gone back to | steps lost "
+    return lines + ["", "Samples missing: the dead worker's slice (16 of 48) of each step after its last report: "
+                    "the step in flight, which is not learned from, and, when the kill fell between a push and "
+                    "its report, the step before, which was learned but never reported."]
+
+
+def _restart_lines(restarts) -> list[str]:
+    lines = [RESTART, "", "| --checkpoint-every K | runs | step reached -> checkpoint gone back to | steps lost "
               "| kill to rewind (s), median |",
               "|---:|---:|---|---|---:|"]
     for every, runs in restarts:
@@ -165,12 +322,58 @@ def main(argv=None) -> int:
         lost = "/".join(str(r["lost"]) for r in runs)
         lines.append(f"| {every} | {len(runs)} | {where} | {lost} | "
                      f"{statistics.median(r['recover_s'] for r in runs):.2f} |")
-    lines += ["", "Steps lost are those between the newest complete checkpoint and the step reached when the "
-              "server died (fewer than K, or up to 2K while the newest is still being written); where the "
-              "kill falls in the interval is chance. Kill to rewind: --dead-after (2 s), the new server's "
-              "start-up (a Python process importing torch) and the restores."]
-    publish(lines, args.out)
-    return 0
+    return lines + ["", "Steps lost are those between the newest complete checkpoint and the step reached when "
+                    "the server died (fewer than K, or up to 2K while the newest is still being written); where "
+                    "the kill falls in the interval is chance. Kill to rewind: --dead-after (2 s), the new "
+                    "server's start-up (a Python process importing torch) and the restores."]
+
+
+def _unreplaced_lines(runs, command) -> list[str]:
+    med = statistics.median
+    return [UNREPLACED, "", *machine_lines(), f"- command: {command}",
+            f"- job: BSP, mlp on digits, 2 workers on 20 ms virtual steps (--server-timeout "
+            f"{WORKER_SERVER_TIMEOUT_S} s), --checkpoint-every 10, --heartbeat 0.4; server 1 SIGKILLed after 37 "
+            "steps, none started again", "",
+            "| runs | kill to `lost` (s), median | kill to the job's end (s), median | steps lost | "
+            "\"the job waits for ...\" lines |", "|---:|---:|---:|---|---|",
+            f"| {len(runs)} | {med(r['detect_s'] for r in runs):.2f} | {med(r['end_s'] for r in runs):.1f} | "
+            f"{'/'.join(str(r['lost']) for r in runs)} | {'/'.join(str(r['said']) for r in runs)} |", "",
+            "The job ends once the workers give up on the server, after their --server-timeout from their last "
+            "push, each telling the scheduler (failed), with the reason: server 1 was lost and no server took "
+            "its shard. It used to end with \"every worker is gone\" after the workers' silence, 2 minutes "
+            "with the default --server-timeout (120 s) and --dead-after (30 s). Steps lost: those since the "
+            "newest complete checkpoint, which --resume goes back to."]
+
+
+def _killed_lines(runs, command) -> list[str]:
+    med = statistics.median
+    return [KILLED, "", *machine_lines(), f"- command: {command}",
+            "- job: BSP, mlp on digits, 2 workers on 100 ms virtual steps, 1 server, --checkpoint-every 2; the "
+            "scheduler SIGKILLed after 40 steps", "",
+            "| runs | kill to the workers' hold (s), median | checkpoints begun that never complete |",
+            "|---:|---:|---|",
+            f"| {len(runs)} | {med(r['hold_s'] for r in runs):.2f} | {'/'.join(str(r['torn']) for r in runs)} |", "",
+            "The workers take no step once the scheduler has been quiet for two heartbeat intervals; they give "
+            f"up after --dead-after ({SCHEDULER_DEAD_AFTER_S} s). Before, they trained on for all of it, and the "
+            "server began every checkpoint asked in advance (32 at most, scheduler/service.py's "
+            "CHECKPOINTS_AHEAD) that no manifest could complete: the same job on commit bd0504c, before the "
+            "hold, left 32/32 (2026-12-02, two runs)."]
+
+
+def _stall_lines(stalls, command) -> list[str]:
+    med = statistics.median
+    lines = [STALLS, "", *machine_lines(), f"- command: {command}",
+             "- job: BSP, mlp on digits, 3 workers on 20 ms virtual steps, 2 servers, --dead-after 30; the "
+             f"process stopped after 40 steps and woken {STOP_S:g} s later", "",
+             "| process stopped | --heartbeat (s) | runs | stop to the `wait` event naming it (s), median | in heartbeat "
+             "intervals | longest gap between steps (s), median |", "|---|---:|---:|---:|---:|---:|"]
+    for who, hb, runs in stalls:
+        named = med(r["named_s"] for r in runs)
+        lines.append(f"| {who} | {hb:g} | {len(runs)} | {named:.2f} | {named / hb:.1f} | "
+                     f"{med(r['held_s'] for r in runs):.2f} |")
+    return lines + ["", "Named: the scheduler's first `wait` event for the stopped process after the stop (its log "
+                    "says \"step N waits for worker 2 (host, cpu) for S s\"). Before, no process said anything "
+                    "until it woke. The longest gap is the work lost: every worker idle while the step waits."]
 
 
 if __name__ == "__main__":

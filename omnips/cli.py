@@ -17,7 +17,7 @@ from .flags import add_security, add_transport, duration, nonempty
 from .job import PREEMPTED_EXIT, JobSpec
 from .launch import LaunchError, LocalCluster, WorkerSpec
 from .plot import PlotError, plot_run
-from .status import ETA_WINDOW_S, eta_s
+from .status import ETA_WINDOW_S, eta_s, wait_text
 from .status import duration as readable  # (flags.duration is --timeout's type)
 
 PER_WORKER = {  # launcher flag -> (WorkerSpec field, type)
@@ -230,6 +230,7 @@ class Progress:
         self.epoch = 0.0
         self.accuracy = None
         self.diverged: str | None = None  # the scheduler's hint, once it finds the job diverged
+        self.waits: str | None = None  # what a stalled step waits for, while it does (a `wait` event)
         self._window: list[tuple[float, int]] = []  # (t, batch) of recent steps
         self._progress: list[tuple[float, float]] = []  # (t, epoch) over the ETA's window
         self._printed = 0.0
@@ -254,6 +255,8 @@ class Progress:
                     self.accuracy = e["test_accuracy"]
                 elif e["event"] == "diverged":
                     self.diverged = e["hint"]
+                elif e["event"] == "wait":
+                    self.waits = wait_text(e)
 
     def line(self) -> str:
         recent = [w for w in self._window if w[0] >= self._window[-1][0] - 5.0] if self._window else []
@@ -268,6 +271,7 @@ class Progress:
         budget = f"{round(total, 4):g}" if total else "?"  # "?" until the scheduler's start event
         acc = f"{self.accuracy:.3f}" if self.accuracy is not None else "-"
         warning = f"  DIVERGED: {self.diverged}" if self.diverged else ""
+        warning += f"  {self.waits}" if self.waits else ""
         return (f"[{bar:<30}] epoch {self.epoch:6.2f}/{budget}  {rate:8.0f} samples/s  ETA {readable(eta):>6}  "
                 f"test acc {acc}{warning}")
 

@@ -10,7 +10,9 @@ other way every `heartbeat_s`: a worker silent for long leaves the job.
 """
 
 import logging
+import threading
 import time
+from contextlib import contextmanager
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -46,6 +48,9 @@ class SchedulerLink:
         self.last_heard = clock()
         self._echo_asked = 0  # the last heartbeat we asked the scheduler to echo
         self._echo_heard = 0  # the last echo read
+        # what our heartbeats say we are doing: Heartbeat's phase (and a waiting worker's step,
+        # waited_s and servers); a silence that ends the process is told with its phase
+        self.state: dict = {}
 
     def register(self, reg: Register, ack_timeout_s: float, welcome_timeout_s: float) -> Welcome:
         try:
@@ -124,11 +129,43 @@ class SchedulerLink:
         now = self.clock()
         if now - self.last_heard > self.dead_after_s and not self.sock.poll(int(1000 * self.heartbeat_s)):
             silent = self.clock() - self.last_heard
-            raise LinkError(f"no word from the scheduler at {self.endpoint} for {silent:.0f} s: giving up")
+            phase = self.state.get("phase")
+            raise LinkError(f"no word from the scheduler at {self.endpoint} for {silent:.0f} s"
+                            + (f" (while {phase})" if phase else "") + ": giving up")
         if now - self._beat_at >= self.heartbeat_s:
             self._beat_at = now
             # an echo still awaited is asked again: one lost (a full queue) must not hold us
-            self.send(Heartbeat(echo=0 if self.echoed() else self._echo_asked))
+            self.send(Heartbeat(echo=0 if self.echoed() else self._echo_asked, **self.state))
+
+    def quiet_s(self) -> float:
+        """How long since the scheduler was last heard (from what has been read)."""
+        return self.clock() - self.last_heard
+
+    @contextmanager
+    def beating(self, phase: str):
+        """Heartbeats from a thread while the caller does long work that does not touch this
+        link (loading the data set, building the model, probing memory and speed): a worker
+        busy there for longer than --dead-after is not taken for dead. The thread owns the
+        socket until the block ends (ZeroMQ sockets are not shared between threads at once)."""
+        before = self.state
+        self.state = {"phase": phase}
+        stop = threading.Event()
+
+        def beat():
+            while True:
+                self._beat_at = self.clock()
+                self.send(Heartbeat(**self.state))
+                if stop.wait(self.heartbeat_s):
+                    return
+
+        thread = threading.Thread(target=beat, name="heartbeats", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            self.state = before
 
     def ask_echo(self) -> None:
         """Send a heartbeat the scheduler echoes at once; `echoed` tells when it is back."""

@@ -26,6 +26,8 @@ MAX_PARTS = 256  # a push in parts, and the answer to one, is at most this many 
 # 0 or its plan unsolvable, failing the job, or make one report count a whole job's samples.
 MIN_SECONDS, MAX_SECONDS = 1e-9, 1e6
 MAX_BATCH = 1 << 31
+MAX_RANKS = 4096  # servers or workers in one job (the scheduler's --num-servers/--num-workers bound)
+MAX_PHASE, MAX_REASON = 80, 2000  # characters of a heartbeat's phase and of a failure's reason, which are logged
 # data frame dtype tags -> the items' numpy dtype (little-endian); bfloat16 travels as
 # its uint16 bit patterns (omnips/wire.py converts). Which tag a message may carry is
 # the receiver's rule: the job's --wire-dtype for pushes and their replies, else float32.
@@ -152,12 +154,40 @@ class Probe(Message):
 class Heartbeat(Message):
     """Proof of life, both ways. A process's heartbeat with `echo` > 0 asks the scheduler to
     send it back at once: one connection keeps the order, so a process woken from a long
-    silence that reads its echo has read every verdict the scheduler sent before it."""
+    silence that reads its echo has read every verdict the scheduler sent before it.
+    A process's heartbeat also says what it is doing (`phase`: a silence that ends it is
+    told with its last phase) and, a worker waiting for servers' answers to its push of
+    `step`, for how long and which server ranks have not answered (the scheduler names
+    the rank a stalled step waits for)."""
     OP = "heartbeat"
     echo: int = 0
+    phase: str = ""  # e.g. "building the model", "training", "waiting for servers"; "" unsaid
+    step: int = -1  # a worker's step in flight; -1: none
+    waited_s: float = 0.0  # how long it has waited for the servers' answers to that step's push
+    servers: list = field(default_factory=list)  # the server ranks whose answer it still waits for
 
     def check(self):
         _non_negative(self, "echo")
+        _short_line(self, "phase", MAX_PHASE)
+        if self.step < -1:
+            raise ValueError(f"step must be >= 0 (or -1 for none), not {self.step}")
+        _at_most(self, MAX_SECONDS, "waited_s")
+        if len(self.servers) > MAX_RANKS or not all(_count(s) and s < MAX_RANKS for s in self.servers):
+            raise ValueError(f"servers must be server ranks below {MAX_RANKS}, not {_brief(self.servers)}")
+
+
+@dataclass(frozen=True)
+class Failed(Message):
+    """A process's last word to the scheduler: why it exits (a model or data set that differs
+    from the scheduler's, a --model that cannot be imported, a server that does not answer).
+    The scheduler logs it and acts at once rather than wait --dead-after for its silence."""
+    OP = "failed"
+    reason: str
+
+    def check(self):
+        if not self.reason:
+            raise ValueError("reason must say why")
+        _short_line(self, "reason", MAX_REASON)
 
 
 @dataclass(frozen=True)
@@ -359,7 +389,7 @@ class Rewind(Message):
             raise ValueError("ipc must hold one [host, ipc:// endpoint or \"\"] pair per server, or none")
 
 
-OPS = {cls.OP: cls for cls in (Register, Welcome, Report, Probe, Heartbeat, Shutdown, Leave, Error,
+OPS = {cls.OP: cls for cls in (Register, Welcome, Report, Probe, Heartbeat, Failed, Shutdown, Leave, Error,
                                Ack, Init, Pull, Push, Params, Plan, Checkpoint, Saved, Restore, Rewind)}
 
 
@@ -380,6 +410,13 @@ def local_endpoints_ok(local: list, servers: list) -> bool:
 
 def _count(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _short_line(msg, name: str, top: int) -> None:
+    """A text from the network that is logged: one line of at most `top` characters."""
+    text = getattr(msg, name)
+    if len(text) > top or not text.isprintable():
+        raise ValueError(f"{name} must be one printable line of at most {top} characters, not {_brief(text)}")
 
 
 def _non_negative(msg, *names):

@@ -67,6 +67,7 @@ class ServerGroup:
         self._rest_wire = FLOAT32
         self._on_wait = on_wait
         self._tick_s = tick_s
+        self._gathering: tuple[float, dict] | None = None  # (since, shards answered) of the request being read
         self.wire = wire
 
     # -- blocking calls (workers) -------------------------------------------------
@@ -137,13 +138,25 @@ class ServerGroup:
         start = time.perf_counter()
         self._rest_req, self._rest_into, self._rest_wire = req, into, wire
         got = {}
-        self._pump(lambda: len(got) == len(self.socks), want, got)
+        self._gathering = (time.monotonic(), got)
+        try:
+            self._pump(lambda: len(got) == len(self.socks), want, got)
+        finally:
+            self._gathering = None
         params = [msg for msg in got.values() if isinstance(msg, Params)]
         plan = None
         for msg in params:
             plan = msg.plan if _newer(msg.plan, plan) else plan
         held = max((msg.held_s for msg in params), default=0.0)
         return Exchange(list(self.versions), plan, held, time.perf_counter() - start)
+
+    def waiting(self) -> tuple[float, list[int]] | None:
+        """While a call waits for the servers' first answers: for how long, and the server
+        ranks that have not answered (on_wait tells the scheduler)."""
+        if self._gathering is None:
+            return None
+        since, got = self._gathering
+        return time.monotonic() - since, [s for s in range(len(self.socks)) if s not in got]
 
     def _pump(self, done, want: type | None = None, got: dict | None = None):
         """Read replies until done(): the later parts of replies in parts and, given `got`,

@@ -35,6 +35,14 @@ def duration(s: float | None) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
 
 
+def wait_text(e: dict) -> str | None:
+    """What a `wait` event says a stalled step waits for; None once the step went on."""
+    if e.get("change") != "waits":
+        return None
+    where = f"{e['host']}, {e['device']}" if e.get("device") else e["host"]
+    return f"step {e['step']} waits for {e['role']} {e['rank']} ({where}) for {e['seconds']:.1f} s"
+
+
 def _describe(e: dict) -> str | None:
     """One line for the recent-events list; None for events it leaves out (steps, probes)."""
     kind = e["event"]
@@ -45,6 +53,8 @@ def _describe(e: dict) -> str | None:
         return f"plan {e.get('gen')} ({e.get('reason')}): batches {e.get('batches')}"
     if kind == "eval":
         return f"epoch {e.get('epoch', 0):.2f}: test accuracy {e.get('test_accuracy', 0):.4f}"
+    if kind == "wait":
+        return wait_text(e) or f"step {e.get('step')} went on after {e.get('seconds', 0):.1f} s"
     if kind == "checkpoint":
         return f"checkpoint {e.get('step')} " + ("complete" if e.get("complete") else f"incomplete: {e.get('error')}")
     if kind in ("diverged", "nonfinite", "rewind", "resume", "end", "start"):
@@ -89,8 +99,8 @@ class StatusBook:
         self._progress: deque = deque()  # (t, fraction) over ETA_WINDOW_S
         self.events: deque = deque(maxlen=EVENTS_KEPT)
         self._step_events = self._other_events = 0
-        # whom the job waits for, {"rank": R, "why": TEXT}, as the scheduler itself judges it; the
-        # scheduler sets it (it is in no event); the page and `omnips status` mark it before the straggler
+        # whom a stalled step waits for, {"role", "rank", "why"}, from the scheduler's `wait` events;
+        # the page and `omnips status` mark that worker before the straggler
         self.waits_for: dict | None = None
         self._t = 0.0  # time of the latest event other than a step
 
@@ -154,6 +164,10 @@ class StatusBook:
         self.test_accuracy = e.get("test_accuracy")
         self.versions = e.get("versions")
         self.accuracy.add((e["t"], e.get("epoch"), self.test_accuracy))
+
+    def _on_wait(self, e: dict) -> None:
+        why = wait_text(e)
+        self.waits_for = None if why is None else {"role": e["role"], "rank": e["rank"], "why": why}
 
     def _on_end(self, e: dict) -> None:
         self.state = e.get("status", "ended")

@@ -73,7 +73,7 @@ def table(snap: dict, now_unix: float | None = None) -> str:
     if now_unix is not None and p["last_step_unix"] is not None:
         lines[-1] += f"  last step {duration(max(0.0, now_unix - p['last_step_unix']))} ago"
     waits = snap.get("waits_for")
-    marked = waits["rank"] if waits else snap["straggler"]
+    marked = waits["rank"] if waits and waits.get("role") == "worker" else snap["straggler"]
     head = ("rank", "host", "device", "state", "batch", "compute ms", "step ms", "wait", "stale", "mem bound", "")
     rows = [head] + [(str(w["rank"]), _cell(w["host"]), _cell(w["device"]), w["state"], _cell(w["batch"]),
                       _cell(w["compute_ms"]), _cell(w["step_ms"]),

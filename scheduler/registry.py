@@ -57,6 +57,7 @@ class Registry:
         self.by_peer: dict[bytes, Member] = {}
         self._gone: dict[bytes, Member] = {}  # members lost: a word still sent to one is named
         self.plan: BatchPlan | None = None
+        self.fingerprints: dict = {}  # digests of the scheduler's model and data set: workers compare theirs
 
     @property
     def complete(self) -> bool:
@@ -205,7 +206,7 @@ class Registry:
             "ranges": [list(r) for r in self.ranges],
             "num_params": self.num_params, "total_steps": self.total_steps, "plan": self.plan.to_wire(),
             "dead_after_s": self.dead_after_s, "heartbeat_s": self.heartbeat_s, "join_gen": join_gen,
-            "resumed": self.resume is not None,
+            "resumed": self.resume is not None, "fingerprints": self.fingerprints,
             # the job's workers on its host (itself included): it shares the cores among them
             "host_workers": max(1, sum(w.info.host == m.info.host for w in self.workers.values())),
             "start_step": self.resume.worker_steps[m.rank] if self.resume and join_gen < 0 else start_step,

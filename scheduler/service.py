@@ -13,14 +13,14 @@ import numpy as np
 import torch
 import zmq
 
-from omnips import data, models, protocol, routes, security, transport
+from omnips import data, fingerprint, models, protocol, routes, security, transport
 from omnips.batching import BatchPlan
 from omnips.checkpoint import Manifest, newest_complete, set_aside_after
 from omnips.flat import FlatModel
 from omnips.job import PREEMPTED_EXIT, JobSpec
 from omnips.metrics import RunDir, atomic_file
-from omnips.protocol import (Ack, Checkpoint, Heartbeat, Leave, Params, Plan, Probe, ProtocolError, Register, Report,
-                             Restore, Rewind, Saved, Shutdown)
+from omnips.protocol import (Ack, Checkpoint, Failed, Heartbeat, Leave, Params, Plan, Probe, ProtocolError, Register,
+                             Report, Restore, Rewind, Saved, Shutdown)
 from omnips.servers import ServerError, ServerGroup
 
 from .checkpoints import CheckpointBook
@@ -30,6 +30,7 @@ from .evaluation import EvalBook, PendingEval
 from .planning import Planner
 from .progress import EvalPoint, Progress
 from .registry import Registry
+from .stalls import NOTICE_S, StallWatch
 from .status_server import NoStatus, open_status
 from .stopping import STOP_WAIT_S, Stop, on_leave
 
@@ -72,6 +73,9 @@ class Recovery:
     checkpoint: Manifest
     waiting: set[int]
     reached: int  # the furthest step reported before the loss
+    lost: str = ""  # which server was lost, and why, in words
+    since: float = 0.0  # when
+    told_at: float = 0.0  # when the log last said what the job waits for
 
 
 class Scheduler:
@@ -89,6 +93,10 @@ class Scheduler:
         checkpoints = Path(opts.run_dir).resolve() / "checkpoints"  # absolute: servers elsewhere write there
         self.registry = Registry(job, self.flat.size, self.flat.num_trained, self.progress.total_steps,
                                  opts.dead_after_s, opts.heartbeat_s, str(checkpoints), resume, opts.token)
+        self.registry.fingerprints = {"model": fingerprint.model(self.flat.module),
+                                      "data": fingerprint.data(train, test)}
+        self.stalls = StallWatch(job.mode, opts.heartbeat_s)  # which rank a stalled step waits for
+        self._phase: dict[bytes, str] = {}  # registered peer -> what its last heartbeat said it was doing
         # with --checkpoint-every 0 too: a preemption writes one
         self.checkpoints = CheckpointBook(checkpoints, job, self.registry.ranges, opts.checkpoint_every,
                                           resume.step if resume else 0)
@@ -217,6 +225,7 @@ class Scheduler:
             self._heartbeat()
             self.status.tick(now)
             self._check_timeouts(start, now)
+            self._tell_waits(now)
 
     def _heartbeat(self) -> None:
         """Heartbeats to every member when due; also called during long evaluations."""
@@ -241,6 +250,26 @@ class Scheduler:
             raise JobFailed(f"the scheduler sent nothing for {silent:.0f} s (it was stalled: stopped, or starved of "
                             f"CPU), longer than --dead-after ({self.opts.dead_after_s:g} s), after which the "
                             "servers and workers give up on it" + self._recovery_hint())
+
+    def _tell_waits(self, now: float) -> None:
+        """Say what a stalled job waits for: a lost server's replacement, or the rank a step waits for."""
+        rec = self._recovery
+        if rec is not None:
+            if now - rec.told_at >= NOTICE_S:
+                rec.told_at = now
+                what = (f"a server to take the shard of {rec.lost}: start one with the server's command line; the "
+                        "workers give up after their --server-timeout" if self.registry.vacant_servers else
+                        f"servers {sorted(rec.waiting)} to restore checkpoint {rec.checkpoint.step}")
+                log.warning("the job waits for %s (%.0f s since the loss)", what, now - rec.since)
+            return
+        told = self.stalls.notice(now)
+        if told is not None:  # a wait of a few step times is news; one past NOTICE_S, a warning
+            change, wait = told
+            if change == "waits":
+                (log.warning if wait.seconds >= NOTICE_S else log.info)("%s", wait)
+            else:
+                log.info("step %d went on after %.1f s", wait.step, wait.seconds)
+            self.run.event("wait", change=change, **wait._asdict())
 
     def _check_timeouts(self, start: float, now: float) -> None:
         if not self.registry.complete:
@@ -302,7 +331,9 @@ class Scheduler:
         self.registry.vacate_server(m.rank)
         self._heard.pop(m.peer, None)
         reached = max((w.next_step or 0 for w in self.progress.workers if w.present), default=0)
-        self._recovery = Recovery(ckpt, set(range(self.job.num_servers)), reached)
+        now = time.monotonic()
+        self._recovery = Recovery(ckpt, set(range(self.job.num_servers)), reached,
+                                  f"server {m.rank} on {m.info.host} ({why})", now, now)
         for other in self.registry.servers:
             if other.rank != m.rank:
                 self._tell(other.peer, Restore(path=str(ckpt.path)))
@@ -343,6 +374,7 @@ class Scheduler:
                         servers=endpoints, ipc=self.registry.local_endpoints())
         for w in self.registry.workers.values():
             self._tell(w.peer, rewind)
+            self.stalls.seat(w.rank, w.info.host, w.info.device, time.monotonic())  # their steps start again
         self.restores += 1
         self.run.event("rewind", step=ckpt.step, worker_steps=list(ckpt.worker_steps),
                        steps_lost=max(0, reached - max(ckpt.worker_steps)), checkpoint=str(ckpt.path))
@@ -360,11 +392,16 @@ class Scheduler:
         for m in self.registry.servers:
             silent = self._silent(m, now)
             if silent > self.opts.dead_after_s and m.rank not in self.registry.vacant_servers:
-                self._server_lost(m, f"has been silent for {silent:.0f} s")
+                self._server_lost(m, f"has been silent for {silent:.0f} s{self._last_phase(m)}")
         for rank, m in list(self.registry.workers.items()):
             silent = self._silent(m, now)
             if silent > self.opts.dead_after_s and not self.progress.workers[rank].done:
-                self._depart(rank, f"silent for {silent:.0f} s")
+                self._depart(rank, f"silent for {silent:.0f} s{self._last_phase(m)}")
+
+    def _last_phase(self, m) -> str:
+        """What a silent member last said it was doing: at start-up, which phase it was in."""
+        phase = self._phase.get(m.peer)
+        return f", last heard {phase}" if phase else ""
 
     # -- messages -----------------------------------------------------------------
     def _on_router(self) -> None:
@@ -405,6 +442,9 @@ class Scheduler:
         elif isinstance(msg, Heartbeat):
             if msg.echo and peer in self.registry.by_peer:  # at once: whatever we sent it before goes first
                 self._tell(peer, Heartbeat(echo=msg.echo))
+            self._on_beat(peer, msg)
+        elif isinstance(msg, Failed):
+            self._on_failed(peer, msg)
         else:
             self._refuse(peer, "bad_op", f"the scheduler does not take {msg.OP!r}")
         if peer in self.registry.by_peer:  # registered (now): any word proves it alive
@@ -426,6 +466,28 @@ class Scheduler:
             self.progress.workers[m.rank].done = True
         if not stopping:
             self._stop_asked = who
+
+    def _on_beat(self, peer: bytes, msg: Heartbeat) -> None:
+        member = self.registry.by_peer.get(peer)
+        if member is None:
+            return
+        self._phase[peer] = msg.phase
+        if member.role == "worker" and member.rank in self.registry.workers:
+            self.stalls.on_beat(member.rank, msg.step, msg.waited_s, msg.servers, time.monotonic())
+        elif member.role == "server":
+            self.stalls.on_server_beat(member.rank, time.monotonic())
+
+    def _on_failed(self, peer: bytes, msg: Failed) -> None:
+        """A process's last word before it exits: act on it now rather than on its silence."""
+        member = self.registry.by_peer.get(peer)
+        if member is None:  # gone already, or never in the job: nothing waits for it
+            log.info("%s exits: %s", self.registry.describe(peer), msg.reason)
+        elif member.role == "worker" and member.rank in self.registry.workers:
+            self._depart(member.rank, f"failed: {msg.reason}")
+        elif member.role == "server" and self.registry.complete:
+            self._server_lost(member, f"failed: {msg.reason}")
+        else:  # a server before the job started
+            raise JobFailed(f"{member} failed: {msg.reason}")
 
     def _tell(self, peer: bytes, msg: protocol.Message) -> None:
         transport.reply(self.router, peer, msg, name=lambda: self.registry.describe(peer))
@@ -449,12 +511,14 @@ class Scheduler:
         if not servers_before and len(self.registry.servers) == self.job.num_servers:
             for server in self.registry.servers:  # ranks are final only now
                 self._membership(server)
+                self.stalls.servers[server.rank] = server.info.host
             self._connect_servers()
         if self.registry.complete and not self._plan_logged:
             self._plan_logged = True
             self._complete_at = time.monotonic()
             for worker in self.registry.workers.values():  # ranks are final only now
                 self.progress.seat(worker.rank, joined=False)
+                self.stalls.seat(worker.rank, worker.info.host, worker.info.device, self._complete_at)
                 self._membership(worker)
             plan = self.planner.start(probe=self.job.probe and self.resume is None)  # a resumed job's workers go on
             log.info("cluster complete; batches %s", list(plan.batches))
@@ -463,6 +527,7 @@ class Scheduler:
             self._join(member)
         self.registry.joined.clear()
         for member in self.registry.reseated:  # takes a lost server's shard, from the checkpoint
+            self.stalls.servers[member.rank] = member.info.host
             self._tell(member.peer, self.registry.server_welcome(member, restore=str(self._recovery.checkpoint.path)))
             self._membership(member, "joined", late=True)
         self.registry.reseated.clear()
@@ -479,6 +544,7 @@ class Scheduler:
         present worker's step, so that SSP's bound does not hold everyone back for it)."""
         steps = [w.next_step for w in self.progress.workers if w.present and w.next_step is not None]
         self.progress.seat(member.rank, joined=True)
+        self.stalls.seat(member.rank, member.info.host, member.info.device, time.monotonic())
         plan = self._membership_plan(sorted(self.registry.workers), "joined")
         self._send_plan(plan)
         self._tell(member.peer,
@@ -500,8 +566,14 @@ class Scheduler:
             self.lost += 1
         else:
             self.left += 1
+        self.stalls.leave(rank)
         self._membership(member, change, reason=why, last_step=last)
         log.warning("worker %d %s (%s) after step %d", rank, change, why, last)
+        rec = self._recovery
+        if not self.registry.workers and rec is not None:  # they gave up on the lost server, not the reverse
+            missing = "no server took its shard" if self.registry.vacant_servers else "the servers did not restore"
+            raise JobFailed(f"{rec.lost} was lost {time.monotonic() - rec.since:.0f} s ago and {missing}: every "
+                            f"worker gave up waiting (the last, worker {rank}: {why})" + self._recovery_hint())
         if not self.registry.workers:
             raise JobFailed(f"every worker is gone (the last, worker {rank}: {why})")
         plan = self.registry.plan
@@ -572,7 +644,9 @@ class Scheduler:
             log.warning("worker %d's gradient at step %d has NaN or inf values: dropped", r.rank, r.step)
         for point in self.progress.on_report(r, time.monotonic()):
             self._ask_eval(point, final=False)
+        self.stalls.on_report(r.rank, r.step, time.monotonic())
         if r.done:
+            self.stalls.leave(r.rank)
             log.info("worker %d finished after %d steps", r.rank, r.step)
             self._ask_final_eval_if_done()
             return

@@ -85,7 +85,8 @@ def _restore(core: ShardCore, rank: int, lo: int, hi: int, link: SchedulerLink, 
     """Go back to the checkpoint in `path` and tell the scheduler (ack); when the shard cannot
     be restored, tell it why (the job cannot go on without it) and end (ValueError)."""
     try:
-        version = checkpointer.load(core, path, rank, lo, hi)
+        with link.beating("restoring its shard"):  # a large shard takes a while to read and check
+            version = checkpointer.load(core, path, rank, lo, hi)
     except ValueError as exc:
         link.send(Error(code="restore_failed", text=f"server {rank} cannot restore its shard: {exc}"))
         raise

@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 from omnips import protocol
-from omnips.protocol import (Ack, Checkpoint, Error, Heartbeat, Init, Leave, Params, Plan, Probe, Pull, Push, Register,
-                             Report, Restore, Rewind, Saved, Shutdown, Welcome)
+from omnips.protocol import (Ack, Checkpoint, Error, Failed, Heartbeat, Init, Leave, Params, Plan, Probe, Pull, Push,
+                             Register, Report, Restore, Rewind, Saved, Shutdown, Welcome)
 
 U64 = st.integers(0, 2**64 - 1)
 ANY_INT = st.integers(-(2**63), 2**64 - 1)
@@ -46,7 +46,12 @@ STRATEGIES = {
     "probe": st.lists(st.tuples(st.integers(1, protocol.MAX_BATCH), MEASURED), min_size=2,
                       max_size=8, unique_by=lambda p: p[0]).map(
         lambda points: Probe(rank=3, batches=[b for b, _ in points], seconds=[t for _, t in points])),
-    "heartbeat": st.just(Heartbeat()),
+    "heartbeat": st.just(Heartbeat())
+    | st.builds(Heartbeat, echo=U64, phase=st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=80),
+                step=st.integers(-1, 2**63 - 1), waited_s=WAITED,
+                servers=st.lists(st.integers(0, protocol.MAX_RANKS - 1), max_size=4)),
+    "failed": st.builds(Failed, reason=st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1,
+                                                max_size=60)),
     "shutdown": st.builds(Shutdown, ok=st.booleans(), reason=TEXT, preempted=st.booleans()),
     "leave": st.builds(Leave, why=TEXT),
     "error": st.builds(Error, code=TEXT, text=TEXT),
@@ -108,6 +113,8 @@ SAMPLE = {
     "probe": Probe(rank=1, batches=[2, 4], seconds=[0.01, 0.015]),
     "shutdown": Shutdown(ok=True, reason="done"),
     "leave": Leave(why="SIGTERM"),
+    "heartbeat": Heartbeat(echo=1, phase="waiting for servers", step=12, waited_s=1.5, servers=[1]),
+    "failed": Failed(reason="worker 1 on h: its model differs from the scheduler's"),
     "error": Error(code="c", text="t"),
     "init": Init(rank=0, data=np.zeros(3, np.float32)),
     "pull": Pull(req=1, at=3),

@@ -36,3 +36,22 @@ def test_the_progress_line_follows_the_events_and_says_when_the_budget_is_not_kn
 def test_the_launchers_timeout_stays_a_number_of_seconds_beside_the_etas_readable_durations():
     from omnips.cli import launch_parser
     assert launch_parser().parse_args(["--timeout", "90"]).timeout == 90.0
+
+
+def test_the_progress_line_says_what_a_stalled_step_waits_for_until_it_goes_on(tmp_path):
+    out = io.StringIO()
+    view = Progress(tmp_path, out=out)
+
+    def shown(*records):
+        with open(tmp_path / "metrics.jsonl", "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        view.update(final=True)
+        return out.getvalue().splitlines()[-1]
+
+    wait = {"event": "wait", "t": 3.0, "change": "waits", "step": 812, "role": "worker", "rank": 2, "host": "h",
+            "device": "cuda:0", "seconds": 4.14}
+    assert shown({"event": "start", "t": 0.0, "budget_epochs": 4}, wait).endswith(
+        "test acc -  step 812 waits for worker 2 (h, cuda:0) for 4.1 s")
+    assert shown({**wait, "role": "server", "rank": 1, "device": "", "seconds": 9.0}).endswith(
+        "step 812 waits for server 1 (h) for 9.0 s")
+    assert shown({**wait, "change": "went on"}).endswith("test acc -")

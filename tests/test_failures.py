@@ -74,8 +74,11 @@ def test_a_server_that_does_not_answer_ends_the_worker_after_its_server_timeout(
     with _running(tmp_path, job, ["--server-timeout", "3"]) as (run_dir, cluster):
         with stopped(cluster.procs["server0"]):
             codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
-            scheduler_code = cluster.procs["scheduler"].poll()
-    assert codes == [1, 1] and scheduler_code is None, (codes, scheduler_code)  # the workers' own timeout
+            scheduler_code = cluster.procs["scheduler"].wait(timeout=30)  # each worker told it why it left
+    assert codes == [1, 1] and scheduler_code == 1, (codes, scheduler_code)  # the workers' own timeout
+    status = json.loads((run_dir / "summary.json").read_text())["status"]
+    assert re.fullmatch(r"failed: every worker is gone \(the last, worker \d: failed: worker \d on \S+: no answer "
+                        r"from server 0 at \S+ within 3 s\)", status), status
     for i in range(2):
         log = (run_dir / "logs" / f"worker{i}.log").read_text()
         endpoint = re.search(r"server 0: connecting to (\S+)", log).group(1)  # tcp, or its unix socket

@@ -25,8 +25,8 @@ from omnips import protocol
 from omnips.job import JobSpec
 from omnips.launch import WorkerSpec
 from omnips.metrics import read_events
-from omnips.protocol import (Ack, Checkpoint, Error, Heartbeat, Init, Params, Plan, ProtocolError, Pull, Push, Register,
-                             Report, Shutdown, Welcome)
+from omnips.protocol import (Ack, Checkpoint, Error, Failed, Heartbeat, Init, Params, Plan, ProtocolError, Pull, Push,
+                             Register, Report, Shutdown, Welcome)
 from omnips.sharding import shard_ranges
 from scheduler.registry import Registry
 from server.shard import ShardCore
@@ -610,6 +610,7 @@ def _bases(rng, data: np.ndarray) -> list[protocol.Message]:
         Report(rank=rng.randrange(w), step=step, batch=16, compute_s=0.01, network_s=0.0, wait_s=0.0, loss=1.0,
                done=rng.random() < 0.5),
         Heartbeat(), Ack(), Shutdown(ok=rng.random() < 0.5, reason="evil"), Error(code="x", text="y"),
+        Heartbeat(phase="evil", step=step, waited_s=9.0, servers=[0]), Failed(reason="evil"),
         Plan(gen=rng.randrange(1, 9), batches=[1, 31], stop=rng.random() < 0.5),
         Welcome(rank=0, job={"mode": "asp"}, cluster={}),
         Params(req=step, version=step + 1, held_s=0.0, plan={"gen": 5, "batches": [1, 31], "stop": True}, data=data),

@@ -112,3 +112,20 @@ def test_before_its_welcome_a_process_gives_up_on_a_silent_scheduler_after_30_s(
         clock[0] = 30.6
         with pytest.raises(LinkError, match=r"^no word from the scheduler at tcp://127\.0\.0\.1:\d+ for 31 s: giving up$"):
             link.check_alive()
+
+
+def test_heartbeats_flow_from_a_thread_through_a_long_phase_and_say_it(linked):
+    link, _, _, recv = linked
+    link.state = {"phase": "training"}
+    with link.beating("building the model"):  # the caller is busy here: it reads nothing from the link
+        beats = [recv(), recv()]
+    assert beats == [Heartbeat(phase="building the model")] * 2
+    assert link.state == {"phase": "training"}  # what the caller's own heartbeats say again
+
+
+def test_a_scheduler_silent_for_dead_after_is_given_up_on_naming_the_phase(linked):
+    link, _, clock, _ = linked
+    link.state = {"phase": "waiting for servers", "step": 3, "waited_s": 1.0, "servers": [0]}
+    clock[0] = 3.6
+    with pytest.raises(LinkError, match=r"for 4 s \(while waiting for servers\): giving up$"):
+        link.check_alive()

@@ -327,6 +327,11 @@ def test_missing_data_length():
     ("rewind", "ipc", [["h", "tcp://h:2"]]), ("rewind", "ipc", [["h", 1]]), ("register", "ipc", "tcp://h:2"),
     ("register", "role", "boss"), ("register", "capacity", 0.0), ("register", "capacity", -1.0),
     ("register", "capacity", math.nan), ("register", "capacity", math.inf), ("register", "endpoint", ""),
+    ("heartbeat", "echo", -1), ("heartbeat", "step", -2), ("heartbeat", "waited_s", -1.0),
+    ("heartbeat", "waited_s", math.nan), ("heartbeat", "waited_s", 1e300), ("heartbeat", "servers", [-1]),
+    ("heartbeat", "servers", [4096]), ("heartbeat", "servers", [0.5]), ("heartbeat", "servers", [0] * 4097),
+    ("heartbeat", "phase", "x" * 81), ("heartbeat", "phase", "two\nlines"), ("failed", "reason", ""),
+    ("failed", "reason", "x" * 2001), ("failed", "reason", "a\rb"),
 ])
 def test_out_of_range_values(op, name, value):
     frames = [bytes(f) for f in encode(SAMPLE[op])]

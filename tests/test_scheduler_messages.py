@@ -3,12 +3,14 @@ go to a socket without peers): the start plan from the workers' probes, a server
 cannot restore its shard, a server registering for a shard that has one, and heartbeats
 asking for an echo."""
 
+import contextlib
 import time
 
 import pytest
 
 from omnips.job import JobSpec
-from omnips.protocol import Heartbeat, Probe, Register, Report
+from omnips.metrics import read_events
+from omnips.protocol import Failed, Heartbeat, Plan, Probe, Register, Report
 from scheduler import service
 from scheduler.service import JobFailed, Scheduler, SchedulerOptions
 
@@ -105,7 +107,8 @@ def test_a_server_that_cannot_restore_its_shard_fails_the_job_at_once(make, tmp_
     from server.shard import ShardCore
 
     sent = []
-    link = type("Link", (), {"send": lambda self, msg: sent.append(msg)})()
+    link = type("Link", (), {"send": lambda self, msg: sent.append(msg),
+                             "beating": lambda self, phase: contextlib.nullcontext()})()
     core = ShardCore(JobSpec(), 0, 4, 4)
     with pytest.raises(ValueError, match="no checkpoint|cannot read"):
         _restore(core, 0, 0, 4, link, str(tmp_path / "no-such-checkpoint"))
@@ -195,3 +198,39 @@ def test_a_stop_asked_again_ends_the_job_at_once(make):
     assert s._ended() and s._stop.detail(0, model=False) == "SIGTERM at step 0: model.pt not written"
     with pytest.raises(KeyboardInterrupt):
         s.request_stop("SIGTERM")
+
+
+def lost_events(s) -> list[dict]:
+    s.run.flush()
+    return [e for e in read_events(s.run.path) if e["event"] == "membership" and e["change"] == "lost"]
+
+
+def test_a_worker_that_fails_says_why_and_the_scheduler_replans_at_once(make, monkeypatch):
+    s = make(num_workers=2, global_batch=60, batching="uniform")
+    sent = []
+    monkeypatch.setattr(service.transport, "reply", lambda sock, peer, msg, **kw: sent.append((peer, msg)))
+    for r in range(2):
+        register(s, b"W%d" % r, "worker", r)
+    before = s.registry.plan
+    s._on_message(b"X", Failed(reason="not in the job"))  # a stranger's word changes nothing
+    assert s.registry.plan == before and set(s.registry.workers) == {0, 1} and not lost_events(s)
+    s._on_message(b"W1", Failed(reason="worker 1 on h: this worker's model differs from the scheduler's"))
+    assert set(s.registry.workers) == {0} and s.lost == 1
+    assert s.registry.plan.gen == before.gen + 1 and list(s.registry.plan.batches) == [60, 0]
+    [lost] = lost_events(s)
+    assert lost["rank"] == 1 and lost["reason"] == "failed: worker 1 on h: this worker's model differs from the " \
+                                                   "scheduler's"
+    assert any(isinstance(m, Plan) and m.departed == [[1, -1]] for peer, m in sent if peer == b"S")
+
+
+def test_a_silent_worker_is_named_with_the_phase_its_last_heartbeat_told(make):
+    s = make(num_workers=2, global_batch=60, batching="uniform")
+    for r in range(2):
+        register(s, b"W%d" % r, "worker", r)
+    s._on_message(b"W1", Heartbeat(phase="building the model"))
+    now = time.monotonic()
+    s._complete_at = now - 40
+    s._heard.update({b"S": now, b"W0": now, b"W1": now - 31})
+    s._check_silences(now)
+    [lost] = lost_events(s)
+    assert lost["rank"] == 1 and lost["reason"] == "silent for 31 s, last heard building the model", lost

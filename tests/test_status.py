@@ -214,13 +214,22 @@ def test_omnips_status_prints_a_finished_runs_table_from_its_files(tmp_path, cap
     assert "progress 40.0 %" in out and "plan 1 (window): batches [5, 3]" in out
 
 
-def test_whom_the_scheduler_finds_the_job_waiting_for_is_marked_before_the_slowest():
+def test_the_worker_a_stalled_step_waits_for_is_marked_before_the_slowest_until_the_step_goes_on():
     b = book()
-    b.waits_for = {"rank": 0, "why": "its pushes arrive last"}
+    wait = {"event": "wait", "t": 7.0, "change": "waits", "step": 812, "role": "worker", "rank": 0, "host": "a",
+            "device": "cpu", "seconds": 4.14}
+    b.add(wait)
     s = b.snapshot()
-    assert s["straggler"] == 1 and s["waits_for"] == {"rank": 0, "why": "its pushes arrive last"}
+    why = "step 812 waits for worker 0 (a, cpu) for 4.1 s"
+    assert s["straggler"] == 1 and s["waits_for"] == {"role": "worker", "rank": 0, "why": why}
     marked = [line.split()[0] for line in status_view.table(s).splitlines() if line.endswith("<- straggler")]
-    assert marked == ["0"]
+    assert marked == ["0"] and s["events"][-1]["text"] == why
+    b.add({**wait, "role": "server", "device": ""})  # a server is no worker row: the slowest stays marked
+    marked = [line.split()[0] for line in status_view.table(b.snapshot()).splitlines() if line.endswith("<- straggler")]
+    assert marked == ["1"]
+    b.add({**wait, "change": "went on", "seconds": 5.0})
+    s = b.snapshot()
+    assert s["waits_for"] is None and s["events"][-1]["text"] == "step 812 went on after 5.0 s"
 
 
 def test_omnips_status_says_why_when_the_address_does_not_answer(capsys):

@@ -8,13 +8,13 @@ import time
 import torch
 import zmq
 
-from omnips import data, models, routes
+from omnips import data, fingerprint, models, routes
 from omnips.batching import PROBE_BATCHES, PROBE_ROUNDS, BatchPlan, probe_agrees, probe_times
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
 from omnips.leaving import Leaving
 from omnips.link import LinkError, SchedulerLink
-from omnips.protocol import Leave, Plan, Probe, Register, Report, Rewind, Shutdown
+from omnips.protocol import MAX_REASON, Failed, Leave, Plan, Probe, Register, Report, Rewind, Shutdown
 from omnips.servers import ServerGroup
 from omnips.sharding import shard_ranges
 from omnips.wire import WireDtype
@@ -26,6 +26,8 @@ from .pushing import Pusher
 from .trainer import Trainer, resolve_device
 
 log = logging.getLogger("omnips.worker")
+
+HOLD_BEATS = 2  # heartbeat intervals of the scheduler's silence after which no step starts
 
 
 class JobEnded(Exception):
@@ -60,18 +62,28 @@ def run(opts: WorkerOptions, leaving: Leaving | None = None) -> int:
         if not opts.threads:
             _choose_threads(welcome.rank, cluster)
         link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
-        session = _Session(job, welcome.rank, cluster, device, opts, link)
-        session.leaving = leaving or Leaving()
-        session.connect = lambda servers, local: ServerGroup(
-            ctx, routes.endpoints(servers, local, opts.transport), cluster["ranges"], opts.server_timeout_s,
-            on_wait=session.check_scheduler, tick_s=min(1.0, link.heartbeat_s), keys=opts.keys, wire=session.wire)
-        # a scheduler that sends no "ipc" knows no unix sockets: tcp only
-        session.servers = session.connect(cluster["servers"], cluster.get("ipc", []))
         try:
+            session = _Session(job, welcome.rank, cluster, device, opts, link)
+            session.leaving = leaving or Leaving()
+            # on_wait twice per heartbeat interval: a waiting worker's beats leave at most 1.5 intervals apart
+            session.connect = lambda servers, local: ServerGroup(
+                ctx, routes.endpoints(servers, local, opts.transport), cluster["ranges"], opts.server_timeout_s,
+                on_wait=session.check_scheduler, tick_s=min(1.0, link.heartbeat_s / 2), keys=opts.keys,
+                wire=session.wire)
+            # a scheduler that sends no "ipc" knows no unix sockets: tcp only
+            session.servers = session.connect(cluster["servers"], cluster.get("ipc", []))
             return session.train()
         except JobEnded:
             log.info("worker %d: the scheduler closed the job", welcome.rank)
             return 0
+        except LinkError:  # about the scheduler (silent, or it ended us): nothing to tell it
+            raise
+        except Exception as exc:
+            # our last word: the scheduler re-plans at once instead of waiting out --dead-after
+            # (the linger below gives it time to leave)
+            reason = " ".join(f"worker {welcome.rank} on {pysocket.gethostname()}: {exc}".split())
+            link.send(Failed(reason=reason[:MAX_REASON]))
+            raise
     finally:
         ctx.destroy(linger=1000)
 
@@ -84,6 +96,19 @@ def _choose_threads(rank: int, cluster: dict) -> None:
     torch.set_num_threads(threads.share(cores, here))
     log.info("worker %d: %d torch thread(s): %d core(s) shared by %d worker(s) of this job on this host "
              "(--threads N to choose)", rank, torch.get_num_threads(), cores, here)
+
+
+def _check_fingerprints(theirs, model: str, dataset: str) -> None:
+    """The scheduler's digests of the model and data set (omnips.fingerprint) against ours: the
+    same code must run everywhere; a scheduler that sends none is not checked against."""
+    if not isinstance(theirs, dict):
+        return
+    for what, ours in (("data set", dataset), ("model", model)):
+        key = "data" if what == "data set" else "model"
+        if theirs.get(key) != ours:
+            raise ValueError(f"this worker's {what} differs from the scheduler's (digest {ours}, the scheduler's "
+                             f"{str(theirs.get(key))[:16]}): the {what}'s code or files differ between machines "
+                             "(module types, parameter names, shapes and dtypes, or samples)")
 
 
 def _check_seat(rank: int, job: JobSpec, cluster: dict) -> None:
@@ -107,17 +132,24 @@ class _Session:
         self.join_gen, self.resumed = cluster["join_gen"], cluster["resumed"]
         self.start_step, self.start_position = cluster["start_step"], cluster["start_position"]
         self.plan = BatchPlan.from_wire(cluster["plan"], job.num_workers)
-        train, _ = data.load(job.dataset, job.dataset_args)
-        self.flat = FlatModel(models.build(job.model, job.model_args, train, job.seed), device)
+        self.step: int | None = None  # the step in flight, for our heartbeats
+        # heartbeats from a thread through each phase, however long it takes on a loaded host
+        with link.beating("loading the data set"):
+            train, test = data.load(job.dataset, job.dataset_args)
+        with link.beating("building the model"):
+            self.flat = FlatModel(models.build(job.model, job.model_args, train, job.seed), device)
         if self.flat.size != cluster["num_params"]:
             raise ValueError(f"this worker's model has {self.flat.size} values, the scheduler's "
                              f"{cluster['num_params']}: the model or its code differs between machines")
+        _check_fingerprints(cluster.get("fingerprints"), fingerprint.model(self.flat.module),
+                            fingerprint.data(train, test))
         self.wire = WireDtype(job.wire_dtype)
         batcher = data.Batcher(train)
         self.trainer = Trainer(self.flat, batcher, opts.max_batch, opts.fault_oom_above)
         # before the first pull, which overwrites whatever the probe touched (and before the
         # pusher's hooks exist)
-        self.sample_bytes = memory.sample_bytes(self.flat.module, batcher, range(len(train)), device)
+        with link.beating("measuring memory"):
+            self.sample_bytes = memory.sample_bytes(self.flat.module, batcher, range(len(train)), device)
         # dynamic batching plans the first step from every worker's timed passes (a joiner
         # and a resumed job go on with the plan they are given)
         self.probing = job.batching == "dynamic" and job.probe and self.join_gen < 0 and not self.resumed
@@ -152,7 +184,9 @@ class _Session:
         self.flat.load_params()
         if self.probing:  # once the model is in place: the job's time counts from the probe
             sizes = list(PROBE_BATCHES)
-            self.link.send(Probe(rank=self.rank, batches=sizes, seconds=self._probe(sizes),
+            with self.link.beating("probing its speed"):
+                seconds = self._probe(sizes)
+            self.link.send(Probe(rank=self.rank, batches=sizes, seconds=seconds,
                                  mem_free=memory.free_bytes(self.flat.device), sample_bytes=self.sample_bytes))
             try:
                 self._await_start_plan()
@@ -232,9 +266,11 @@ class _Session:
 
     def _step(self, step: int, asp_pos: int, bsp: bool) -> tuple[int, Report]:
         """One step: compute, push and pull, report; returns the ASP stream position and the report."""
+        self._hold_for_scheduler(step)
         batch = self.plan.batches[self.rank]
         if not batch:
             raise LinkError(f"worker {self.rank} is no longer in the batch plan: the scheduler removed it")
+        self.step = step
         if bsp:
             start = data.bsp_slice_start(step * self.job.global_batch, self.plan.batches, self.rank)
         else:
@@ -248,6 +284,7 @@ class _Session:
             self._nonfinite(step, batch, loss)
             self.pusher.drop()
         ex = self.servers.collect(step, self.flat.params, early=self.pusher.live)
+        self.step = None
         self.flat.load_params()
         if ex.plan is not None:
             self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)
@@ -279,9 +316,31 @@ class _Session:
             time.sleep(target - real_s)  # the emulated slower device: the delay is the feature
         return max(target, real_s)
 
+    def _hold_for_scheduler(self, step: int) -> None:
+        """A scheduler silent for HOLD_BEATS heartbeat intervals may be dead: a step taken now
+        is work nobody records (its report, a checkpoint no manifest completes). Wait until it
+        is heard again (a pause: the step goes on) or --dead-after passes (check_alive gives up)."""
+        self.check_scheduler()
+        if self.link.quiet_s() <= HOLD_BEATS * self.link.heartbeat_s:
+            return
+        log.info("worker %d: no word from the scheduler for %.1f s: step %d waits until it is heard", self.rank,
+                 self.link.quiet_s(), step)
+        while self.link.quiet_s() > HOLD_BEATS * self.link.heartbeat_s:
+            self.link.sock.poll(int(1000 * self.link.heartbeat_s) + 1)
+            self.check_scheduler()
+        log.info("worker %d: the scheduler is heard again: step %d goes on", self.rank, step)
+
     def check_scheduler(self) -> None:
         """Handle what the scheduler sent; JobEnded when it closed the job, Rewound when
-        it took the job back to a checkpoint, LinkError when it failed it or went silent."""
+        it took the job back to a checkpoint, LinkError when it failed it or went silent.
+        Our heartbeats (sent from here when due) say what we do: a step that waits for the
+        servers, for how long and for which of them."""
+        waiting = self.servers.waiting() if self.servers is not None and self.step is not None else None
+        if waiting is not None:
+            self.link.state = {"phase": "waiting for servers", "step": self.step, "waited_s": waiting[0],
+                               "servers": waiting[1]}
+        else:
+            self.link.state = {"phase": "training"} if self.step is not None else {}
         while self.link.sock.poll(0):
             msg = self.link.receive()
             if isinstance(msg, Shutdown):
