@@ -533,7 +533,7 @@ def pieces(params: np.ndarray, grads: np.ndarray, repeats: int, server_threads: 
     with the servers' torch thread count."""
     import torch
 
-    from omnips import protocol
+    from omnips import codec
     from omnips.flat import aligned_zeros
     from omnips.job import JobSpec
     from omnips.protocol import Init, Push
@@ -546,7 +546,7 @@ def pieces(params: np.ndarray, grads: np.ndarray, repeats: int, server_threads: 
     out["worker: np.copyto of the reply into params"] = median_time(lambda: np.copyto(dst, params), repeats)
     out["server: finiteness check (np.dot)"] = median_time(lambda: all_finite(grads), repeats)
     out["protocol: encode + decode of a Push"] = median_time(
-        lambda: protocol.decode(protocol.encode(Push(rank=0, step=0, ver=0, batch=1, gen=0, data=grads))), repeats)
+        lambda: codec.decode(codec.encode(Push(rank=0, step=0, ver=0, batch=1, gen=0, data=grads))), repeats)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(server_threads)

@@ -67,7 +67,7 @@ sys.path.insert(0, str(HERE))
 from report import machine_lines, publish  # noqa: E402
 
 from omnips.batching import PROBE_BATCHES, BatchPlan, equal_time, initial_batches, integerize  # noqa: E402
-from omnips import protocol, timemodel  # noqa: E402
+from omnips import codec, protocol, timemodel  # noqa: E402
 from omnips.job import JobSpec  # noqa: E402
 from omnips.metrics import RunDir  # noqa: E402
 from scheduler import control  # noqa: E402
@@ -312,13 +312,13 @@ def tiled(cases: int, seed: int, windows: int = 50) -> dict:
 
 def report_path(n: int, steps: int = 10) -> dict:
     """CPU a worker report costs the scheduler besides the controller, per report over `steps`
-    steps of `n` workers: decoding it (protocol.decode, every check included) and writing its
+    steps of `n` workers: decoding it (codec.decode, every check included) and writing its
     `step` line to metrics.jsonl, as the scheduler does with each."""
-    frames = [protocol.encode(protocol.Report(rank=r, step=0, batch=32, compute_s=0.1, network_s=0.01,
+    frames = [codec.encode(protocol.Report(rank=r, step=0, batch=32, compute_s=0.1, network_s=0.01,
                                               wait_s=0.001, loss=2.3, mem_free=1 << 30, sample_bytes=1000))
               for r in range(n)] * steps
     start = time.process_time()
-    reports = [protocol.decode(f) for f in frames]
+    reports = [codec.decode(f) for f in frames]
     decode_s = time.process_time() - start
     with tempfile.TemporaryDirectory() as tmp:
         run = RunDir(Path(tmp))
@@ -554,7 +554,7 @@ def main(argv=None) -> int:
               f"{tiles['mean']:.4f} |"]
     lines += ["", f"## A report through the scheduler ({n} workers)", "",
               "What the scheduler spends on each worker report besides the controller (the main table's CPU a "
-              f"report, the largest at {n} workers): decoding it (protocol.decode, every check included) and writing "
+              f"report, the largest at {n} workers): decoding it (codec.decode, every check included) and writing "
               f"its `step` line to metrics.jsonl; CPU per report over {n} workers x 10 steps, and per step of all "
               f"{n} (one process handles every report).", "",
               "| decode, us | metrics line, us | controller, us | a report, us | a step's reports, ms |",

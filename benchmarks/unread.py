@@ -33,7 +33,7 @@ from pushpull import exchange, job_args, model_size, scheduler_args  # noqa: E40
 from report import machine_lines, publish, runs_dir  # noqa: E402
 from solo import SoloWorker  # noqa: E402
 
-from omnips import protocol  # noqa: E402
+from omnips import codec  # noqa: E402
 from omnips.protocol import Params, Pull  # noqa: E402
 
 READ_TIMEOUT_S = 60.0
@@ -51,7 +51,7 @@ def read_replies(puller: zmq.Socket, count: int) -> None:
     for _ in range(count):
         if not puller.poll(int(READ_TIMEOUT_S * 1000)):
             raise RuntimeError(f"a pull was not answered within {READ_TIMEOUT_S:g} s")
-        msg = protocol.decode(puller.recv_multipart(copy=False))
+        msg = codec.decode(puller.recv_multipart(copy=False))
         if not isinstance(msg, Params):
             raise RuntimeError(f"a pull was answered with {msg}")
 
@@ -61,7 +61,7 @@ def phase(job: SoloWorker, group, puller: zmq.Socket, read: bool, first_step: in
     come, or all at the end."""
     for step in range(first_step, first_step + args.steps):
         for req in range(args.pulls):
-            puller.send_multipart(protocol.encode(Pull(req=req)))
+            puller.send_multipart(codec.encode(Pull(req=req)))
         if read:
             read_replies(puller, args.pulls)
         job.report(exchange(group, step, grads, params, 0))

@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import zmq  # noqa: E402
 
-from omnips import protocol  # noqa: E402
+from omnips import codec  # noqa: E402
 from omnips.flat import aligned_empty  # noqa: E402
 from omnips.job import WIRE_DTYPES  # noqa: E402
 from omnips.launch import WorkerSpec  # noqa: E402
@@ -129,8 +129,8 @@ def wire_bytes(n: int) -> dict:
     for name in WIRE_DTYPES:
         w = WireDtype(name)
         data = w.narrow(values, w.buffer(n))
-        frames = protocol.encode(Push(rank=0, step=0, ver=0, batch=1, gen=0, data=data))
-        frames += protocol.encode(Params(req=0, version=1, held_s=0.0, plan=None, data=data))
+        frames = codec.encode(Push(rank=0, step=0, ver=0, batch=1, gen=0, data=data))
+        frames += codec.encode(Params(req=0, version=1, held_s=0.0, plan=None, data=data))
         out[name] = sum(memoryview(f).nbytes for f in frames)
     return out
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from . import protocol, security, transport
+from . import codec, protocol, security, transport
 from .protocol import Ack, Error, Heartbeat, ProtocolError, Register, Shutdown, Welcome
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class SchedulerLink:
     def cluster_fields(welcome: Welcome, **types) -> dict:
         """welcome.cluster checked to hold each named field with its type."""
         for key, tp in types.items():
-            if not protocol.type_ok(welcome.cluster.get(key), tp):
+            if not codec.type_ok(welcome.cluster.get(key), tp):
                 raise LinkError(f"malformed welcome from the scheduler: {key!r} is not {getattr(tp, '__name__', tp)}")
         return welcome.cluster
 
@@ -103,7 +103,7 @@ class SchedulerLink:
         Raises LinkError for an error or a failed shutdown sent by the scheduler."""
         frames = transport.recv_frames(self.sock)
         try:
-            msg = protocol.decode(frames)
+            msg = codec.decode(frames)
         except ProtocolError as exc:
             log.warning("dropped a bad message from the scheduler: %s", exc)
             return None

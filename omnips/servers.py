@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from . import protocol, security, transport
+from . import codec, protocol, security, transport
 from .protocol import Ack, Error, Init, Params, ProtocolError, Pull, Push
 from .wire import WireDtype, name_of
 
@@ -233,7 +233,7 @@ class ServerGroup:
 
     def decode_reply(self, s: int, frames: list) -> protocol.Message:
         try:
-            msg = protocol.decode(frames)
+            msg = codec.decode(frames)
         except ProtocolError as exc:
             raise ServerError(f"{self.name(s)} sent a bad message: {exc}", "protocol") from None
         if isinstance(msg, Error):

@@ -17,7 +17,7 @@ import time
 
 import zmq
 
-from . import access, protocol, security
+from . import access, codec, protocol, security
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def send(sock: zmq.Socket, msg: protocol.Message, to: bytes | None = None,
     A data frame goes zero-copy: the caller must not change the array until the
     returned tracker (track=True) is done, or until the peer has answered.
     """
-    frames = protocol.encode(msg)
+    frames = codec.encode(msg)
     parts = ([to] if to is not None else []) + frames
     for part in parts[:-1]:
         sock.send(part, flags=zmq.NOBLOCK | zmq.SNDMORE)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import zmq
 
-from omnips import data, fingerprint, models, protocol, routes, security, transport
+from omnips import codec, data, fingerprint, models, protocol, routes, security, transport
 from omnips.batching import BatchPlan
 from omnips.checkpoint import Manifest, newest_complete, set_aside_after
 from omnips.flat import FlatModel
@@ -408,7 +408,7 @@ class Scheduler:
         peer, *frames = transport.recv_frames(self.router)
         peer = peer.bytes
         try:
-            msg = protocol.decode(frames)
+            msg = codec.decode(frames)
         except ProtocolError as exc:
             log.warning("refused a message: %s", exc)
             self._tell(peer, protocol.Error(code=exc.code, text=exc.text))

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import zmq
 
-from omnips import protocol, security, transport
+from omnips import codec, protocol, security, transport
 from omnips.job import JobSpec
 from omnips.leaving import Leaving
 from omnips.link import LinkError, Preempted, SchedulerLink
@@ -121,7 +121,7 @@ def _serve(router, core: ShardCore, outbox: Outbox, writer: checkpointer.ShardWr
     """One message from a worker (or anyone on the port), answered."""
     peer, *frames = transport.recv_frames(router)
     try:
-        msg = protocol.decode(frames)
+        msg = codec.decode(frames)
     except ProtocolError as exc:
         log.warning("refused a message: %s", exc)
         transport.reply(router, peer.bytes, protocol.Error(code=exc.code, text=exc.text),

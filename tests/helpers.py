@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import zmq
 
-from omnips import checkpoint, data, models, protocol, transport
+from omnips import checkpoint, codec, data, models, transport
 from omnips.checkpoint import FileInfo
 from omnips.job import JobSpec
 from omnips.launch import LocalCluster
@@ -195,7 +195,7 @@ def stand_in(**link_kw):
 
         def recv():
             assert router.poll(10_000), "nothing came from the link"
-            return protocol.decode(transport.recv_frames(router)[1:])
+            return codec.decode(transport.recv_frames(router)[1:])
 
         yield link, lambda msg: transport.send(router, msg, to=peer), clock, recv
     finally:

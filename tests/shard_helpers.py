@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from omnips import protocol
+from omnips import codec
 from omnips.job import JobSpec
 from omnips.protocol import Ack, Error, Init, Push
 from server.shard import Outgoing, ShardCore
@@ -80,8 +80,8 @@ def assert_refused(core, peer, msg, code, now=100.0):
 def round_trip(outs):
     """Every reply is a valid wire message."""
     for o in outs:
-        frames = [bytes(f) for f in protocol.encode(o.msg)]
-        assert type(protocol.decode(frames)) is type(o.msg)
+        frames = [bytes(f) for f in codec.encode(o.msg)]
+        assert type(codec.decode(frames)) is type(o.msg)
 
 
 def parts_of(values: np.ndarray, cuts: list[int], **fields) -> list[Push]:

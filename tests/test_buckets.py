@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnips import data, models, protocol
+from omnips import codec, data, models, protocol
 from omnips import servers as servers_module
 from omnips.flat import FlatModel
 from omnips.protocol import Params, Push
@@ -414,7 +414,7 @@ def group():
 def _answer(router, msgs, peer=None):
     peer = peer or router.recv_multipart()[0]
     for m in msgs:
-        router.send_multipart([peer, *protocol.encode(m)])
+        router.send_multipart([peer, *codec.encode(m)])
     return peer
 
 
@@ -462,7 +462,7 @@ def test_a_worker_reads_its_last_reply_whole_before_it_pushes_again(group, monke
     _answer(routers[0], [_params([4, 5, 6, 7, 8], 3, 8)], peer)  # no layer's forward pass waited for it
     g.push(1, 8, 12, Push(rank=0, step=6, ver=0, batch=1, gen=0, data=np.ones(12, dtype=np.float32)))
     assert seen_at_send[-1].tolist() == list(range(1, 13))  # read whole before the push left
-    assert routers[1].poll(5000) and protocol.decode(routers[1].recv_multipart()[1:]).step == 6
+    assert routers[1].poll(5000) and codec.decode(routers[1].recv_multipart()[1:]).step == 6
 
 
 @pytest.mark.parametrize("bad, text", [([_params([1, 2], 0, 8), _params([5], 4, 8)], "where 2 of 8 were due"),
@@ -526,7 +526,7 @@ def test_a_stream_of_stray_replies_does_not_keep_the_wait_from_checking_on_the_s
 
     def stray():  # answers to an earlier request, read and dropped, faster than the tick
         while not stop.is_set():
-            router.send_multipart([peer, *protocol.encode(_params(np.arange(4), req=4))])
+            router.send_multipart([peer, *codec.encode(_params(np.arange(4), req=4))])
             stop.wait(0.005)
 
     sender = threading.Thread(target=stray, daemon=True)

@@ -21,7 +21,7 @@ import zmq
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from omnips import protocol
+from omnips import codec, protocol
 from omnips.job import JobSpec
 from omnips.launch import WorkerSpec
 from omnips.metrics import read_events
@@ -110,7 +110,7 @@ class Draft:
     not a map, or raw header bytes; then the frames after the header."""
 
     def __init__(self, msg: protocol.Message):
-        head, *self.rest = [bytes(f) for f in protocol.encode(msg)]
+        head, *self.rest = [bytes(f) for f in codec.encode(msg)]
         self.pairs = list(msgpack.unpackb(head, raw=False).items())
         self.whole = None  # a header that replaces the map
         self.head = None  # header bytes that replace everything above
@@ -250,7 +250,7 @@ def decode_or_refuse(frames) -> protocol.Message | ProtocolError:
     """decode's contract: a well-formed message that survives its own round trip, or
     ProtocolError with a known code; never any other exception."""
     try:
-        got = protocol.decode(frames)
+        got = codec.decode(frames)
     except ProtocolError as exc:
         assert exc.code in REFUSAL_CODES, exc
         assert len(exc.text) < 1000, exc.code  # it is logged and sent back
@@ -261,9 +261,9 @@ def decode_or_refuse(frames) -> protocol.Message | ProtocolError:
         if f.name == "data":
             assert value.dtype == np.dtype("<f4") and value.ndim == 1
         else:
-            assert protocol.type_ok(value, f.type), (f.name, value)
+            assert codec.type_ok(value, f.type), (f.name, value)
     got.check()
-    assert_same_message(protocol.decode([bytes(f) for f in protocol.encode(got)]), got)
+    assert_same_message(codec.decode([bytes(f) for f in codec.encode(got)]), got)
     return got
 
 
@@ -503,7 +503,7 @@ def registry_cases(draw):
                       device=draw(st.sampled_from(["cpu", "cuda:0"])), rank=asked[i] if draw(st.booleans()) else -1,
                       memory_limit=draw(U64)) for i in range(workers)]
     # what the wire delivers: each one passes decode
-    regs = [protocol.decode([bytes(f) for f in protocol.encode(r)]) for r in regs]
+    regs = [codec.decode([bytes(f) for f in codec.encode(r)]) for r in regs]
     order = draw(st.permutations(range(len(regs))))
     return RegistryCase(job, tuple((b"p%d" % i, regs[i]) for i in order))
 
@@ -643,7 +643,7 @@ def _attack(cluster, run_dir) -> tuple[Counter, Counter]:
             if name != "scheduler":
                 for rank in range(w):
                     data = targets[name][1]
-                    sock.send_multipart(protocol.encode(Push(rank=rank, step=1, ver=1, batch=16, gen=0, data=data)),
+                    sock.send_multipart(codec.encode(Push(rank=rank, step=1, ver=1, batch=16, gen=0, data=data)),
                                         flags=zmq.NOBLOCK)  # its queue is empty: this cannot fail
                     sent[name] += 1
         for _ in range(ROUNDS):
@@ -652,7 +652,7 @@ def _attack(cluster, run_dir) -> tuple[Counter, Counter]:
             round_end = time.monotonic() + ROUND_S
             for name, sock in socks:
                 msg = rng.choice(_bases(rng, targets[name][1]))
-                frames = protocol.encode(msg) if rng.random() < 0.3 else mutated(msg, rng, rng.randint(1, 3))[0]
+                frames = codec.encode(msg) if rng.random() < 0.3 else mutated(msg, rng, rng.randint(1, 3))[0]
                 try:
                     sock.send_multipart(frames, flags=zmq.NOBLOCK)
                     sent[name] += 1
@@ -660,7 +660,7 @@ def _attack(cluster, run_dir) -> tuple[Counter, Counter]:
                     pass
             while (left := round_end - time.monotonic()) > 0:  # read the replies while this round lasts
                 for sock, _ in poller.poll(left * 1000):
-                    reply = protocol.decode(sock.recv_multipart())
+                    reply = codec.decode(sock.recv_multipart())
                     if isinstance(reply, Error):
                         errors[next(name for name, s in socks if s is sock)] += 1
     finally:

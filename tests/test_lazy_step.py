@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from shard_helpers import PEERS, SCHED, make_core, parts_of, push
 
-from omnips import protocol
+from omnips import codec
 from omnips.job import ASYNC_CORRECTIONS
 from omnips.protocol import MAX_PARTS, Checkpoint, Params, Plan, Pull, Push
 from server import service
@@ -221,7 +221,7 @@ def test_the_server_sends_each_part_once_written_part_by_part_across_replies_and
         replies = [o for o in want if isinstance(o, Outgoing)]
         for d, reply in zip(dealers[:1], replies):
             frames = [d.recv_multipart() for _ in range(3)]
-            parts = [protocol.decode(f) for f in frames]
+            parts = [codec.decode(f) for f in frames]
             assert [p.offset for p in parts] == [0, part, 2 * part]
             data = np.concatenate([p.data for p in parts])
             assert data.tobytes() == reply.msg.data.tobytes()

@@ -13,7 +13,7 @@ import zmq
 from helpers import poll_until
 from shard_helpers import PEERS, make_core, push
 
-from omnips import protocol
+from omnips import codec, protocol
 from omnips.protocol import Error, Params, Pull, Shutdown
 from server import checkpointer, service
 from server.outbox import Outbox
@@ -123,7 +123,7 @@ def test_replies_that_leave_within_the_grace_keep_the_shard_where_it_is(wire):
 def _decoded(sock, copy=True) -> protocol.Message:
     """The next message `sock` receives (10 s at most); with copy=False its data is where ZeroMQ received it."""
     assert sock.poll(10_000), "no answer from the server"
-    return protocol.decode(sock.recv_multipart(copy=copy))
+    return codec.decode(sock.recv_multipart(copy=copy))
 
 
 @contextlib.contextmanager
@@ -167,11 +167,11 @@ def test_the_server_refuses_pushes_from_a_peer_that_does_not_read_and_tells_it_o
     with serving(linked, core, tmp_path, PEERS[0], PEERS[1]) as ((honest, rogue), stop):
         grad = np.full(n, 0.5, dtype=np.float32)
         for step in range(3):  # the rogue reads nothing until the loop has ended
-            rogue.send_multipart(protocol.encode(push(1, step, grad)))
+            rogue.send_multipart(codec.encode(push(1, step, grad)))
         # held (the shard never gets there): once it is, the three pushes before it were handled
-        rogue.send_multipart(protocol.encode(Pull(req=9, at=1000)))
+        rogue.send_multipart(codec.encode(Pull(req=9, at=1000)))
         poll_until(lambda: core._pulls.entries or None, 10, "the rogue's pull was not held")
-        honest.send_multipart(protocol.encode(push(0, 0, grad)))
+        honest.send_multipart(codec.encode(push(0, 0, grad)))
         assert isinstance(_decoded(honest), Params)  # served, the rogue's reply still queued
         assert stop() == 0
         answers = [_decoded(rogue) for _ in range(2)]
@@ -192,10 +192,10 @@ def test_snapshot_replies_queued_unread_share_one_copy_of_the_values(linked, tmp
     with serving(linked, core, tmp_path, PEERS[0], PEERS[1]) as ((honest, puller), stop):
         for version, count in held.items():
             for _ in range(count):
-                puller.send_multipart(protocol.encode(Pull(req=version, at=version)))
+                puller.send_multipart(codec.encode(Pull(req=version, at=version)))
         poll_until(lambda: len(core._pulls.entries) == 11 or None, 10, "the pulls were not held")
         for step in range(2):
-            honest.send_multipart(protocol.encode(push(0, step, grad)))
+            honest.send_multipart(codec.encode(push(0, step, grad)))
             assert isinstance(_decoded(honest), Params)
         assert stop() == 0
         # (inproc: all sent before the loop ended are here; read without a copy, at their address)

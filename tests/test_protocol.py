@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from omnips import protocol
+from omnips.codec import decode, encode
 from omnips.protocol import (MAX_HEADER_BYTES, Ack, Heartbeat, Init, Params, Plan, Probe, ProtocolError, Pull, Push,
-                             Report, Welcome, decode, encode)
+                             Report, Welcome)
 
 from protocol_helpers import ANY_MESSAGE, SAMPLE, STRATEGIES, assert_same_message, mutate
 

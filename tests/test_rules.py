@@ -15,7 +15,7 @@ PURE = ("omnips.batching", "omnips.timemodel", "omnips.sharding", "omnips.data",
         "omnips.job", "omnips.optim", "omnips.wire", "omnips.checkpoint", "server.shard", "server.asynchrony",
         "server.assembly", "server.barrier", "server.holds", "server.values", "server.members", "server.pulls",
         "server.shard_state", "scheduler.control", "scheduler.regret", "scheduler.registry",
-        "scheduler.disturbance", "scheduler.stopping", "scheduler.divergence", "scheduler.planning")
+        "scheduler.disturbance", "scheduler.stopping", "scheduler.divergence", "scheduler.planning", "omnips.codec")
 MAX_LINES = 400
 # The command-line front door checks a job's flags with each role's parser (for a local
 # launch, or a cluster manager's job): the one place in omnips/ that may import them
@@ -23,7 +23,7 @@ MAX_LINES = 400
 FRONT_DOOR = {"omnips/cli.py", "omnips/clusterjob.py"}
 # Modules over MAX_LINES today, at their size: they may shrink, not grow (each is to be
 # split into a pure core beside a thin driver).
-OVERSIZE = {"omnips/protocol.py": 500, "scheduler/service.py": 788}
+OVERSIZE = {"omnips/protocol.py": 431, "scheduler/service.py": 788}
 
 
 def _modules() -> dict[str, Path]:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import zmq
 
-from omnips import access, cli, protocol, security, transport
+from omnips import access, cli, codec, protocol, security, transport
 from omnips.job import JobSpec
 from omnips.launch import LocalCluster, WorkerSpec
 from omnips.link import LinkError, SchedulerLink
@@ -153,7 +153,7 @@ def test_the_registry_refuses_another_jobs_token_first_and_never_repeats_it():
     assert isinstance(registry.register(b"p", Register(role="worker", host="h", token="job-a"))[0][1], protocol.Ack)
     reg = Register(role="worker", host="h", token="job-a")
     assert "job-a" not in repr(reg)
-    assert protocol.decode(protocol.encode(reg)).token == "job-a"
+    assert codec.decode(codec.encode(reg)).token == "job-a"
     tokenless = Registry(JobSpec(num_workers=1), 100, 100, 10, 30.0)
     assert tokenless.register(b"p", Register(role="worker", host="h", token="x"))[0][1].code == "bad_token"
 
@@ -183,7 +183,7 @@ def _who_is_heard(ctx, endpoint: str, keys: Keys, attack: list) -> dict:
         transport.connect(sock, endpoint, k)
         for msg in attack if k is not keys else [[b"\x00"]]:
             try:
-                sock.send_multipart(msg if isinstance(msg, list) else protocol.encode(msg), flags=zmq.NOBLOCK)
+                sock.send_multipart(msg if isinstance(msg, list) else codec.encode(msg), flags=zmq.NOBLOCK)
             except zmq.Again:
                 # a handshake already refused leaves the socket no peer to queue for: unheard too
                 assert k is not keys, "the allowed client could not queue its message"
@@ -271,7 +271,7 @@ def test_one_machines_client_key_registers_a_worker_but_no_server(tmp_path):
             assert s.router.poll(10_000), name
             s._on_router()
             assert sock.poll(10_000), name
-            replies[name] = protocol.decode(sock.recv_multipart())
+            replies[name] = codec.decode(sock.recv_multipart())
             sock.close(linger=0)
         assert replies["box server"].code == "bad_key" and "--client" in replies["box server"].text
         assert all(type(replies[name]).__name__ != "Error" for name in ("box worker", "job server"))

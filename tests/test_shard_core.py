@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnips import protocol
+from omnips import codec, protocol
 from omnips.protocol import Ack, Checkpoint, Heartbeat, Init, Params, Plan, Pull, Push
 from server.pulls import MAX_AHEAD
 from server.shard import Outgoing
@@ -311,11 +311,11 @@ def test_asp_dropped_gradient_is_answered_without_an_update():
 
 
 def test_a_dropped_gradient_carries_no_values():
-    frames = [bytes(f) for f in protocol.encode(push(0, 0, [1.0], batch=1))]
+    frames = [bytes(f) for f in codec.encode(push(0, 0, [1.0], batch=1))]
     header = msgpack.unpackb(frames[0])
     header["batch"] = 0
     with pytest.raises(protocol.ProtocolError, match="carries no values"):
-        protocol.decode([msgpack.packb(header), frames[1]])
+        codec.decode([msgpack.packb(header), frames[1]])
 
 
 # -- pulls ----------------------------------------------------------------------------
