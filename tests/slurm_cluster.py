@@ -32,10 +32,10 @@ def fetch() -> Path:
     return root
 
 
-def _free_ports(n: int) -> list[int]:
-    """Ports free just now. Slurm's daemons take their ports from slurm.conf only, so they
-    cannot bind port 0 and report it; holding all n sockets open until each is read keeps
-    the n distinct."""
+def free_ports(n: int) -> list[int]:
+    """Ports free just now, for daemons that take fixed ports (Slurm's take theirs from
+    slurm.conf only, and cannot bind port 0 and report it); holding all n sockets open until
+    each is read keeps the n distinct."""
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -62,7 +62,7 @@ class SlurmCluster:
                     "PATH": f"{self.root / 'usr/bin'}:{os.environ['PATH']}"}
 
     def write_conf(self) -> None:
-        ctld, slurmd, *node_ports = _free_ports(2 + len(self.names))
+        ctld, slurmd, *node_ports = free_ports(2 + len(self.names))
         user = getpass.getuser()
         for sub in ("state", "spool", "logs"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)

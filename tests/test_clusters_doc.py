@@ -7,12 +7,12 @@ Secret's files and reads every manifest with the Kubernetes client's models."""
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from slurm_cluster import free_ports
 
 pytestmark = pytest.mark.cluster  # every test here starts processes
 
@@ -45,7 +45,7 @@ def shell(tmp_path):
     shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m omnips.cli "$@"\n')
     shim.chmod(0o755)
     (tmp_path / "scripts").symlink_to(ROOT / "scripts")
-    ports = _ports(2)
+    ports = free_ports(2)  # the page's fixed ports (a firewall needs them fixed)
     settings = {"HEAD": "127.0.0.1", "PORT": ports[0], "SERVER_PORT": ports[1], "RUN_DIR": tmp_path / "run"}
     prelude = "".join(f"{k}={v}\n" for k, v in settings.items())
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OMNIPS_PYTHON": sys.executable,
@@ -148,16 +148,3 @@ def _slurm_env(cluster, shim_dir: Path) -> dict:
     """Slurm's commands and configuration, and the omnips shim still first on PATH."""
     return {"SLURM_CONF": cluster.env["SLURM_CONF"], "LD_LIBRARY_PATH": cluster.env["LD_LIBRARY_PATH"],
             "PATH": f"{shim_dir}:{cluster.env['PATH']}"}
-
-
-def _ports(n: int) -> list[int]:
-    """Ports free just now, for the page's fixed ports (a firewall needs them fixed); all n
-    held open together so that they differ."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
