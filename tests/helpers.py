@@ -19,9 +19,9 @@ from omnips.link import SchedulerLink
 from omnips.metrics import read_events
 from omnips.protocol import Heartbeat
 
-# Every wait here is a bound on how long a test waits for what other processes do, never a
-# measure of speed: on a loaded host (CI, a busy laptop) set OMNIPS_TEST_WAIT_FACTOR to
-# stretch them all (scripts/test.sh sets 2). A failing test then takes that much longer to say so.
+# Every wait for what other processes do (here, and each test's waits for a process to end) is a
+# bound, never a measure of speed: on a loaded host (CI, a busy laptop) OMNIPS_TEST_WAIT_FACTOR
+# stretches them all (scripts/test.sh sets 2). A failing test then takes that much longer to say so.
 WAIT_FACTOR = float(os.environ.get("OMNIPS_TEST_WAIT_FACTOR", "1"))
 JOB_TIMEOUT_S = 150 * WAIT_FACTOR
 

@@ -15,7 +15,7 @@ from omnips import transport
 from omnips.launch import WorkerSpec
 from omnips.protocol import VERSION
 
-from helpers import finish, server_endpoint, start_cluster
+from helpers import WAIT_FACTOR, finish, server_endpoint, start_cluster
 
 JOB = ["--mode", "bsp", "--max-steps", "40", "--global-batch", "32", "--lr", "0.05", "--seed", "11"]
 WORKERS = [WorkerSpec(ms_per_step=40.0), WorkerSpec(ms_per_step=40.0)]
@@ -157,7 +157,7 @@ def test_startup_errors_are_one_clear_line(tmp_path):
                                     text=True) for name, (argv, _, _) in cases.items()}
     try:
         for name, proc in procs.items():
-            out, err = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=60 * WAIT_FACTOR)
             _, code, text = cases[name]
             assert proc.returncode == code, (name, err)
             assert text in err, (name, err)

@@ -12,6 +12,8 @@ from omnips.job import JobSpec
 from omnips.protocol import Register
 from scheduler.registry import Registry
 
+from helpers import WAIT_FACTOR
+
 
 def run(*argv, timeout=120):
     """`python -X importtime ARGV`: its exit code, stdout, stderr without the import lines,
@@ -63,7 +65,7 @@ def test_a_failed_start_leaves_no_run_directory(tmp_path):
 @pytest.mark.cluster
 def test_the_scheduler_says_whom_it_waits_for_while_the_cluster_forms(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "scheduler", "--num-workers", "2", "--register-timeout", "12",
-                           "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+                           "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=120 * WAIT_FACTOR)
     waits = [line for line in proc.stderr.splitlines() if "waiting for 1 of 1 servers and 2 of 2 workers" in line]
     assert proc.returncode == 1 and len(waits) >= 1, proc.stderr  # every 5 s, before the timeout's failure
     assert proc.stderr.index(waits[0]) < proc.stderr.index("cluster incomplete after 12 s: missing 1 of 1 servers")

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from slurm_cluster import free_ports
 
+from helpers import WAIT_FACTOR
+
 pytestmark = pytest.mark.cluster  # every test here starts processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +68,7 @@ def shell(tmp_path):
 
         def run(self, block: str, name: str, extra_env=None) -> str:
             proc = self.start(block, name, extra_env)
-            assert proc.wait(timeout=120) == 0, self.log(name)
+            assert proc.wait(timeout=120 * WAIT_FACTOR) == 0, self.log(name)
             return self.log(name)
 
         def log(self, name: str) -> str:
@@ -77,7 +79,7 @@ def shell(tmp_path):
     for proc in procs:  # nothing outlives the test
         if proc.poll() is None:
             proc.kill()
-            proc.wait(timeout=10)
+            proc.wait(timeout=10 * WAIT_FACTOR)
 
 
 def test_several_hosts_by_hand(shell):
@@ -90,7 +92,7 @@ def test_several_hosts_by_hand(shell):
     workers = [shell.start(worker, f"worker{i}") for i in range(2)]
     assert sched.wait(timeout=JOB_TIMEOUT_S) == 0, shell.log("scheduler") + shell.log("server")
     for w in workers:
-        assert w.wait(timeout=60) == 0, shell.log("worker0")
+        assert w.wait(timeout=60 * WAIT_FACTOR) == 0, shell.log("worker0")
     summary = json.loads((shell.run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["num_workers"] == 2 and summary["checkpoints"] >= 1
     assert "connections: CURVE" in shell.log("scheduler") and "CURVE" in shell.log("server")

@@ -9,7 +9,7 @@ import torch
 
 from omnips.launch import WorkerSpec
 
-from helpers import finish, in_log, start_cluster, stopped, wait_for_event, wait_for_steps
+from helpers import WAIT_FACTOR, finish, in_log, start_cluster, stopped, wait_for_event, wait_for_steps
 
 pytestmark = pytest.mark.cluster  # every test here starts processes
 
@@ -190,7 +190,7 @@ def test_a_worker_that_was_only_slow_is_refused_when_it_wakes_and_exits_with_the
         with stopped(woken):  # frozen for longer than --dead-after: taken for dead
             lost = wait_for_event(run_dir, lambda e: e["event"] == "membership" and e["change"] == "lost", 30)
         # it wakes in the middle of a step of the old plan
-        woken_code = woken.wait(timeout=30)
+        woken_code = woken.wait(timeout=30 * WAIT_FACTOR)
         run = finish(cluster, expect_ok=False)
     assert lost["role"] == "worker" and lost["rank"] == 2 and "silent" in lost["reason"], (lost, run.logs())
     log = (run_dir / "logs" / "worker2.log").read_text()

@@ -11,7 +11,7 @@ import torch
 
 from omnips.launch import LocalCluster, WorkerSpec
 
-from helpers import (JOB_TIMEOUT_S, assert_trained_as_one_process, error_lines, finish, poll_until,
+from helpers import (JOB_TIMEOUT_S, WAIT_FACTOR, assert_trained_as_one_process, error_lines, finish, poll_until,
                      start_cluster, stopped, wait_for_event, wait_for_steps)
 
 pytestmark = pytest.mark.cluster  # every test here starts processes
@@ -34,7 +34,7 @@ def test_dead_scheduler_ends_servers_and_workers(tmp_path):
     with _running(tmp_path, ["--dead-after", "3", "--heartbeat", "0.5"]) as (run_dir, cluster):
         cluster.procs["scheduler"].send_signal(signal.SIGKILL)
         others = {n: p for n, p in cluster.procs.items() if n != "scheduler"}
-        codes = {n: p.wait(timeout=30) for n, p in others.items()}
+        codes = {n: p.wait(timeout=30 * WAIT_FACTOR) for n, p in others.items()}
     assert all(code == 1 for code in codes.values()), codes
     for name in others:
         assert "no word from the scheduler" in (run_dir / "logs" / f"{name}.log").read_text(), name
@@ -45,7 +45,7 @@ def test_a_dead_server_without_a_checkpoint_fails_the_job_with_the_reason(tmp_pa
     with _running(tmp_path, job, ["--server-timeout", "20"]) as (run_dir, cluster):
         cluster.procs["server0"].send_signal(signal.SIGKILL)
         code = cluster.procs["scheduler"].wait(timeout=JOB_TIMEOUT_S)
-        worker_codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
+        worker_codes = [cluster.procs[f"worker{i}"].wait(timeout=30 * WAIT_FACTOR) for i in range(2)]
     assert code == 1 and worker_codes == [1, 1]
     summary = json.loads((run_dir / "summary.json").read_text())
     # found by its silence (not by the 60 s stall timeout)
@@ -58,9 +58,9 @@ def test_a_job_without_progress_for_the_stall_timeout_fails_with_the_reason(tmp_
     # only the stall timeout can end this job soon
     with _running(tmp_path, ["--stall-timeout", "3", "--heartbeat", "0.5", "--dead-after", "60"]) as (run_dir, cluster):
         with stopped(cluster.procs["server0"]):
-            code = cluster.procs["scheduler"].wait(timeout=30)
-            worker_codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
-        server_code = cluster.procs["server0"].wait(timeout=30)  # woken: it reads the failure and ends
+            code = cluster.procs["scheduler"].wait(timeout=30 * WAIT_FACTOR)
+            worker_codes = [cluster.procs[f"worker{i}"].wait(timeout=30 * WAIT_FACTOR) for i in range(2)]
+        server_code = cluster.procs["server0"].wait(timeout=30 * WAIT_FACTOR)  # woken: it reads the failure and ends
     assert code == 1 and worker_codes == [1, 1] and server_code == 1, (code, worker_codes, server_code)
     status = "failed: no progress reported for 3 s"  # the stall timeout ended it, not the 60 s ones
     assert json.loads((run_dir / "summary.json").read_text())["status"] == status
@@ -73,8 +73,8 @@ def test_a_server_that_does_not_answer_ends_the_worker_after_its_server_timeout(
     job = ["--stall-timeout", "60", "--heartbeat", "0.5", "--dead-after", "60"]
     with _running(tmp_path, job, ["--server-timeout", "3"]) as (run_dir, cluster):
         with stopped(cluster.procs["server0"]):
-            codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
-            scheduler_code = cluster.procs["scheduler"].wait(timeout=30)  # each worker told it why it left
+            codes = [cluster.procs[f"worker{i}"].wait(timeout=30 * WAIT_FACTOR) for i in range(2)]
+            scheduler_code = cluster.procs["scheduler"].wait(timeout=30 * WAIT_FACTOR)  # each worker told it why it left
     assert codes == [1, 1] and scheduler_code == 1, (codes, scheduler_code)  # the workers' own timeout
     status = json.loads((run_dir / "summary.json").read_text())["status"]
     assert re.fullmatch(r"failed: every worker is gone \(the last, worker \d: failed: worker \d on \S+: no answer "
@@ -97,7 +97,7 @@ def test_a_server_and_a_worker_never_welcomed_give_up_after_their_welcome_timeou
         cluster.add_worker(worker, 0)
         poll_until(lambda: (run_dir / "logs" / "scheduler.log").read_text().count("registered from") == 2 or None,
                    60, "the server and the worker registered")
-        codes = {name: cluster.procs[name].wait(timeout=30) for name in ("server0", "worker0")}
+        codes = {name: cluster.procs[name].wait(timeout=30 * WAIT_FACTOR) for name in ("server0", "worker0")}
         assert cluster.poll() is None  # the scheduler still waits for its cluster: the two gave up on their own
     assert codes == {"server0": 1, "worker0": 1}
     reason = (f"scheduler at {cluster.endpoint} did not complete the cluster (are all servers and workers "
@@ -126,7 +126,7 @@ def test_nan_policy_fail_ends_the_job_at_once_with_the_reason(tmp_path):
     # no --nan-policy: fail is the default; the stall timeout is far above the time the failure takes
     with start_cluster(run_dir, [*SLOW, "--stall-timeout", "120"], workers) as cluster:
         code = cluster.procs["scheduler"].wait(timeout=JOB_TIMEOUT_S)
-        worker_codes = [cluster.procs[f"worker{i}"].wait(timeout=30) for i in range(2)]
+        worker_codes = [cluster.procs[f"worker{i}"].wait(timeout=30 * WAIT_FACTOR) for i in range(2)]
     assert code == 1 and worker_codes[1] == 1
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"].startswith("failed: worker 1's gradient at step 4 has NaN or inf values")

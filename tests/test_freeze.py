@@ -13,8 +13,8 @@ import pytest
 from omnips.launch import WorkerSpec
 from omnips.metrics import read_events
 
-from helpers import (assert_trained_as_one_process, error_lines, finish, start_cluster, stopped, wait_for_event,
-                     wait_for_steps)
+from helpers import (WAIT_FACTOR, assert_trained_as_one_process, error_lines, finish, start_cluster, stopped,
+                     wait_for_event, wait_for_steps)
 
 pytestmark = pytest.mark.cluster  # every test here starts processes
 
@@ -59,9 +59,9 @@ def test_a_scheduler_frozen_for_longer_than_dead_after_is_given_up_on_and_ends_w
         others = {n: p for n, p in cluster.procs.items() if n != "scheduler"}
         with stopped(scheduler):
             stopped_at = time.monotonic()
-            codes = {n: p.wait(timeout=30) for n, p in others.items()}  # each gives up on it
+            codes = {n: p.wait(timeout=30 * WAIT_FACTOR) for n, p in others.items()}  # each gives up on it
             gave_up_after = time.monotonic() - stopped_at
-        code = scheduler.wait(timeout=30)
+        code = scheduler.wait(timeout=30 * WAIT_FACTOR)
     assert codes == {n: 1 for n in others} and gave_up_after > 3, (codes, gave_up_after)  # not before --dead-after
     for name in others:
         log = (run_dir / "logs" / f"{name}.log").read_text()
@@ -91,7 +91,7 @@ def test_a_server_frozen_past_dead_after_is_told_it_was_removed_when_it_wakes_an
         woken = cluster.procs["server0"]
         with stopped(woken):  # a step in flight: the workers' pushes wait for it
             lost = wait_for_event(run_dir, lambda e: e["event"] == "membership" and e["change"] == "lost", 30)
-        woken_code = woken.wait(timeout=15)  # it ends, having served nothing
+        woken_code = woken.wait(timeout=15 * WAIT_FACTOR)  # it ends, having served nothing
         # the job waits for a server to take the shard: nobody else gave up
         running = {n: p.poll() for n, p in cluster.procs.items() if n != "server0"}
         cluster.start_server("server0-again")

@@ -9,7 +9,7 @@ import torch
 
 from omnips.launch import WorkerSpec
 
-from helpers import finish, in_log, start_cluster, wait_for_event
+from helpers import WAIT_FACTOR, finish, in_log, start_cluster, wait_for_event
 
 pytestmark = pytest.mark.cluster  # every test here starts processes
 
@@ -91,7 +91,7 @@ def test_a_disk_full_to_the_end_ends_the_job_cleanly_with_the_reason(tmp_path):
         with start_cluster(run_dir, job, [WorkerSpec(ms_per_step=20.0)] * 2) as cluster:
             wait_for_event(run_dir, lambda e: e["event"] == "checkpoint" and e["complete"])
             fill(run_dir)
-            codes = {name: proc.wait(timeout=120) for name, proc in cluster.procs.items()}  # each by itself
+            codes = {name: proc.wait(timeout=120 * WAIT_FACTOR) for name, proc in cluster.procs.items()}  # each by itself
         logs = run_dir / "logs"
         log = (logs / "scheduler.log").read_text()
         assert codes["scheduler"] == 1 and all(code in (0, 1) for code in codes.values()), (codes, log[-3000:])

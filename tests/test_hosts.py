@@ -15,7 +15,7 @@ import pytest
 from omnips.job import PREEMPTED_EXIT
 from omnips.metrics import read_events
 
-from helpers import assert_trained_as_one_process, wait_for_event, wait_for_steps
+from helpers import WAIT_FACTOR, assert_trained_as_one_process, wait_for_event, wait_for_steps
 from hosts import HostJob
 
 pytestmark = [pytest.mark.cluster, pytest.mark.hosts]  # processes on emulated hosts
@@ -82,7 +82,7 @@ def test_asp_and_ssp_with_dynamic_batching_across_hosts(hosts, tmp_path, mode, k
     flags = []
     if keys:  # CURVE on every connection, the keys copied to every host (here: one shared path)
         subprocess.run([sys.executable, "-m", "omnips.cli", "keygen", str(tmp_path / "keys")], check=True,
-                       capture_output=True, timeout=60)
+                       capture_output=True, timeout=60 * WAIT_FACTOR)
         flags = ["--keys", str(tmp_path / "keys")]
     h, run = _start(hosts, tmp_path, [*job, *flags], server_args=flags,
                     worker_args=[[*a, *flags] for a in EMULATED])
@@ -115,7 +115,7 @@ def test_a_worker_host_whose_link_goes_down_is_dropped_and_rejoins_when_it_comes
     assert lost["t"] - down_t >= dead_after - 0.5  # by its silence (from its last heartbeat), no sooner
     # the same command on the same host, while its cable is still out (as a supervisor restarts it);
     # the first gives up on the scheduler it cannot hear
-    assert run.procs["worker1"].wait(timeout=60) == 1
+    assert run.procs["worker1"].wait(timeout=60 * WAIT_FACTOR) == 1
     assert "no word from the scheduler" in run.log("worker1").read_text()
     run.worker("worker1-again", "w1", ["--rank", "1", "--threads", "1", "--ack-timeout", "120", *slow[1]])
     h.link("w1", up=True)
@@ -132,7 +132,7 @@ def test_a_worker_host_whose_link_goes_down_is_dropped_and_rejoins_when_it_comes
           f"t={lost['t']:.2f} s (+{lost['t'] - down_t:.2f} s, --dead-after {dead_after:g}) after its step "
           f"{lost['last_step']}; worker 0 went on alone from step {min(solo)}")
     run.procs["scheduler"].send_signal(signal.SIGUSR1)  # an endless job: ended as a preemption
-    codes = {n: p.wait(timeout=60) for n, p in run.procs.items() if n != "worker1"}
+    codes = {n: p.wait(timeout=60 * WAIT_FACTOR) for n, p in run.procs.items() if n != "worker1"}
     assert codes == {n: PREEMPTED_EXIT for n in codes}, (codes, run.logs())
     s = json.loads((run.run_dir / "summary.json").read_text())
     assert s["workers_lost"] == 1 and s["workers_joined"] == 1 and s["worker_steps"][0] == s["steps"]
@@ -147,7 +147,7 @@ def test_a_server_host_cut_off_and_restarted_takes_its_shard_back_from_the_check
     wait_for_event(run.run_dir, lambda e: e["event"] == "checkpoint" and e["complete"] and e["step"] >= 10, TIMEOUT_S)
     h.link("srv1", up=False)
     run.procs["server1"].send_signal(signal.SIGKILL)  # the host went down with it
-    run.procs["server1"].wait(timeout=30)
+    run.procs["server1"].wait(timeout=30 * WAIT_FACTOR)
     run.server("server1-again", "srv1")  # its supervisor starts it again; it reaches nobody yet
     lost = wait_for_event(run.run_dir, lambda e: e["event"] == "membership" and e["change"] == "lost", 60)
     assert lost["role"] == "server" and lost["host"] == "srv1"

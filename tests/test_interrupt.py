@@ -10,7 +10,7 @@ import pytest
 
 from omnips.metrics import read_events
 
-from helpers import wait_for_steps
+from helpers import WAIT_FACTOR, wait_for_steps
 
 
 def alive(pid: int) -> bool:
@@ -34,7 +34,7 @@ def test_sigint_to_the_launcher_stops_the_job_and_leaves_a_complete_run_director
     try:
         wait_for_steps(run_dir, 2 * 25, timeout_s=120)
         launcher.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends (the children are not in its group)
-        out, err = launcher.communicate(timeout=90)
+        out, err = launcher.communicate(timeout=90 * WAIT_FACTOR)
     finally:
         if launcher.poll() is None:
             launcher.kill()

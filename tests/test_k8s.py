@@ -12,6 +12,8 @@ import pytest
 
 from omnips import security
 
+from helpers import WAIT_FACTOR
+
 kubernetes = pytest.importorskip("kubernetes", reason="NO KUBERNETES MODEL CHECK: pip install -e .[clusters]")
 yaml = pytest.importorskip("yaml")
 
@@ -33,7 +35,7 @@ CASES = {
 def k8s(cwd, *argv) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "OMNIPS_TOKEN"}
     return subprocess.run([sys.executable, "-m", "omnips.cli", "k8s", *argv], capture_output=True, text=True,
-                          timeout=60, cwd=cwd, env=env)
+                          timeout=60 * WAIT_FACTOR, cwd=cwd, env=env)
 
 
 @pytest.fixture(scope="module")

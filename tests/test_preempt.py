@@ -13,7 +13,7 @@ from omnips.launch import LocalCluster, WorkerSpec
 from scheduler.checkpoints import resume_point
 from scheduler.stopping import on_leave
 
-from helpers import Run, finish, wait_for_event, wait_for_steps
+from helpers import WAIT_FACTOR, Run, finish, wait_for_event, wait_for_steps
 
 START_S = 150  # for the cluster to start and train a few steps: imports take long on a loaded host
 # no --checkpoint-every: the preemption writes the checkpoint it is resumed from
@@ -32,7 +32,7 @@ def start_cluster(run_dir, job, workers, num_servers=1) -> LocalCluster:
 
 
 def _codes(cluster) -> dict:
-    return {name: proc.wait(timeout=60) for name, proc in cluster.procs.items()}
+    return {name: proc.wait(timeout=60 * WAIT_FACTOR) for name, proc in cluster.procs.items()}
 
 
 @pytest.mark.cluster
@@ -86,7 +86,7 @@ def test_sigterm_to_a_worker_is_a_graceful_leave_and_the_job_completes(tmp_path)
     with start_cluster(run_dir, job, [WorkerSpec(ms_per_step=30.0)] * 3) as cluster:
         wait_for_steps(run_dir, 3 * 10, START_S)
         cluster.procs["worker2"].send_signal(signal.SIGTERM)
-        assert cluster.procs["worker2"].wait(timeout=30) == 0
+        assert cluster.procs["worker2"].wait(timeout=30 * WAIT_FACTOR) == 0
         left = wait_for_event(run_dir, lambda e: e["event"] == "membership" and e["change"] == "left", 30)
         run = finish(cluster)
     s = run.summary

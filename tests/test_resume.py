@@ -25,7 +25,7 @@ from scheduler.checkpoints import CheckpointBook, resume_point
 from scheduler.progress import Progress
 from scheduler.registry import Registry
 
-from helpers import CHECKPOINT_JOB, finish, make_checkpoint, start_cluster, wait_for_event
+from helpers import CHECKPOINT_JOB, WAIT_FACTOR, finish, make_checkpoint, start_cluster, wait_for_event
 
 # -- the scheduler's side ---------------------------------------------------------------------
 
@@ -146,7 +146,7 @@ def test_resume_sets_aside_the_checkpoints_it_passes_over_and_deletes_none(tmp_p
     (good / checkpoint.shard_name(1)).rename(tmp_path / "away.ckpt")  # unreadable for now (moved aside)
     make_checkpoint(root, 20, complete=False)
     done = subprocess.run([sys.executable, "-m", "scheduler", "--resume", str(run_dir), "--register-timeout", "1"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120 * WAIT_FACTOR)
     assert "resuming from checkpoint" in done.stderr and "(step 10)" in done.stderr, done.stderr
     assert sorted(p.name for p in root.iterdir()) == ["step-10", "step-15.set-aside-unverified",
                                                       "step-20.set-aside-incomplete", "step-5"]
@@ -237,12 +237,12 @@ def _kill_at_checkpoint(cluster, step) -> None:
         for proc in cluster.procs.values():
             proc.send_signal(signal.SIGKILL)
         for proc in cluster.procs.values():
-            proc.wait(timeout=10)
+            proc.wait(timeout=10 * WAIT_FACTOR)
 
 
 def _resume(run_dir, *flags) -> subprocess.CompletedProcess:
     out = subprocess.run([sys.executable, "-m", "omnips.cli", "launch", "--resume", str(run_dir), "--no-plots",
-                          "--no-progress", *flags], capture_output=True, text=True, timeout=150)
+                          "--no-progress", *flags], capture_output=True, text=True, timeout=150 * WAIT_FACTOR)
     assert out.returncode == 0, out.stderr + (run_dir / "logs" / "scheduler.log").read_text()[-3000:]
     return out
 

@@ -14,6 +14,8 @@ from omnips import security, transport
 from omnips.launch import LocalCluster, read_endpoint
 from omnips.metrics import read_events
 
+from helpers import WAIT_FACTOR
+
 pytestmark = pytest.mark.cluster  # every test here starts processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +31,7 @@ def test_the_demo_runs_its_job_and_prints_the_summary(tmp_path):
         ["bash", str(ROOT / "scripts" / "demo.sh"), "--run-dir", str(tmp_path / "run"), "--max-steps", "20",
          "--adjust-every", "3",
          "--keys", str(tmp_path / "keys"), "--token", "t0k3n", "--transport", "tcp"],
-        capture_output=True, text=True, timeout=150, env={**os.environ, "OMNIPS_NO_SETUP": "1", "PYTHON": sys.executable})
+        capture_output=True, text=True, timeout=150 * WAIT_FACTOR, env={**os.environ, "OMNIPS_NO_SETUP": "1", "PYTHON": sys.executable})
     assert out.returncode == 0, out.stderr
     logs = {p.stem: p.read_text() for p in (tmp_path / "run" / "logs").glob("*.log")}
     assert sorted(logs) == ["scheduler", "server0", "server1", "worker0", "worker1", "worker2"]
@@ -61,14 +63,14 @@ def test_the_demo_runs_its_job_and_prints_the_summary(tmp_path):
     drawn()
     shutil.rmtree(tmp_path / "run" / "plots")
     plot = subprocess.run([sys.executable, "-m", "omnips.cli", "plot", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60 * WAIT_FACTOR)
     assert plot.returncode == 0, plot.stderr
     drawn()
 
 
 def test_plot_refuses_what_is_not_a_run(tmp_path):
     out = subprocess.run([sys.executable, "-m", "omnips.cli", "plot", str(tmp_path)], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60 * WAIT_FACTOR)
     assert out.returncode == 1 and "not a run directory" in out.stderr
 
 
@@ -78,7 +80,7 @@ def test_launch_local_refuses_bad_flags(tmp_path):
                                str(tmp_path / "never")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for args in bad]  # in parallel: each pays for importing torch
     for args, proc in zip(bad, procs):
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60 * WAIT_FACTOR)
         assert proc.returncode == 2, (args, err)
         assert "error" in err
     assert not (tmp_path / "never").exists()
@@ -99,8 +101,8 @@ def test_start_scripts_form_a_cluster(tmp_path):
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                  for role, extra in [("server", ["--threads", many]), ("worker", ["--threads", "1"]),
                                      ("worker", ["--threads", many])]]
-        assert sched.wait(timeout=150) == 0, sched.stderr.read()
-        assert all(p.wait(timeout=30) == 0 for p in procs)
+        assert sched.wait(timeout=150 * WAIT_FACTOR) == 0, sched.stderr.read()
+        assert all(p.wait(timeout=30 * WAIT_FACTOR) == 0 for p in procs)
     finally:
         for p in [sched, *procs]:
             p.kill()

@@ -25,7 +25,7 @@ from scheduler.service import Scheduler, SchedulerOptions
 from server.__main__ import parse as server_parse
 from worker.__main__ import parse as worker_parse
 
-from helpers import assert_trained_as_one_process, finish, server_endpoint, wait_for_event
+from helpers import WAIT_FACTOR, assert_trained_as_one_process, finish, server_endpoint, wait_for_event
 
 JOB = ["--mode", "bsp", "--max-steps", "10", "--global-batch", "32", "--seed", "5"]
 ANSWER_S = 1.0  # how long a refused client waits: a CURVE handshake on loopback takes milliseconds
@@ -316,7 +316,7 @@ def test_with_keys_only_key_holders_are_heard_and_the_job_is_unaffected(tmp_path
         tamper = [Init(rank=0, data=values), Pull(req=1), Push(rank=1, step=0, ver=0, batch=1, gen=0, data=values)]
         assert _who_is_heard(ctx, server_endpoint(cluster.run_dir), keys, tamper) == {
             "allowed key": True, "no key": False, "unknown key": False}
-        errors = {name: p.communicate(timeout=60)[1] for name, p in impostors.items()}
+        errors = {name: p.communicate(timeout=60 * WAIT_FACTOR)[1] for name, p in impostors.items()}
         assert all(p.returncode == 1 for p in impostors.values()), errors
         assert f"cannot join the scheduler at {cluster.endpoint}: " in errors["no keys"]
         assert "start this process with --keys too" in errors["no keys"]

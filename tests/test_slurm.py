@@ -12,6 +12,8 @@ from slurm_cluster import SlurmCluster
 
 from omnips import slurm
 
+from helpers import WAIT_FACTOR
+
 pytestmark = pytest.mark.cluster  # every test here starts processes
 
 TINY_JOB = ["--num-servers", "1", "--num-workers", "2", "--model", "mlp", "--dataset", "digits", "--epochs", "1",
@@ -21,7 +23,7 @@ JOB_TIMEOUT_S = 300
 
 def generate(*argv) -> str:
     out = subprocess.run([sys.executable, "-m", "omnips.cli", "slurm", *argv], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60 * WAIT_FACTOR)
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -44,13 +46,13 @@ def test_the_script_asks_for_one_component_per_kind_of_node(tmp_path):
 
 def test_refused_flags_say_why(tmp_path):
     out = subprocess.run([sys.executable, "-m", "omnips.cli", "slurm", "--mode", "nope"], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60 * WAIT_FACTOR)
     assert out.returncode == 2 and "--mode" in out.stderr.splitlines()[-1]
     out = subprocess.run([sys.executable, "-m", "omnips.cli", "slurm", "--port", "5555"], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60 * WAIT_FACTOR)
     assert out.returncode == 2 and "--port: set by the generated job" in out.stderr
     out = subprocess.run([sys.executable, "-m", "omnips.cli", "slurm", "--timeout", "60"], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60 * WAIT_FACTOR)
     assert out.returncode == 2 and "--timeout: for omnips launch only" in out.stderr
 
 

@@ -10,7 +10,7 @@ from omnips.job import PREEMPTED_EXIT
 from omnips.launch import WorkerSpec
 from scheduler.checkpoints import resume_point
 
-from helpers import Run, start_cluster, stopped, wait_for_steps
+from helpers import WAIT_FACTOR, Run, start_cluster, stopped, wait_for_steps
 
 pytestmark = pytest.mark.cluster  # every test here starts processes
 
@@ -23,7 +23,7 @@ def test_sigterm_to_the_scheduler_writes_the_model_and_a_checkpoint_and_ends_the
     with start_cluster(run_dir, job, [WorkerSpec(ms_per_step=20.0)] * 2, num_servers=2) as cluster:
         wait_for_steps(run_dir, 2 * 40)
         cluster.procs["scheduler"].send_signal(signal.SIGTERM)
-        codes = {name: proc.wait(timeout=60) for name, proc in cluster.procs.items()}  # each by itself
+        codes = {name: proc.wait(timeout=60 * WAIT_FACTOR) for name, proc in cluster.procs.items()}  # each by itself
         run = Run(cluster, codes["scheduler"])
     s = run.summary
     assert codes == {name: PREEMPTED_EXIT for name in codes}, (codes, run.logs())
@@ -55,8 +55,8 @@ def test_sigterm_with_a_worker_frozen_still_writes_the_model_at_the_step_the_oth
         wait_for_steps(run_dir, 2 * 30)
         with stopped(cluster.procs["worker1"]):
             cluster.procs["scheduler"].send_signal(signal.SIGTERM)
-            code = cluster.procs["scheduler"].wait(timeout=60)
-        codes = {name: proc.wait(timeout=60) for name, proc in cluster.procs.items()}
+            code = cluster.procs["scheduler"].wait(timeout=60 * WAIT_FACTOR)
+        codes = {name: proc.wait(timeout=60 * WAIT_FACTOR) for name, proc in cluster.procs.items()}
         run = Run(cluster, code)
     s = run.summary
     assert s["status"] == "preempted" and s["stopped"] == (f"SIGTERM at step {s['steps']}: model.pt written, "

@@ -10,7 +10,7 @@ import pytest
 from omnips.launch import WorkerSpec
 from omnips.scalars import WINDOW_STEPS
 
-from helpers import finish, start_cluster
+from helpers import WAIT_FACTOR, finish, start_cluster
 
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
@@ -61,7 +61,7 @@ def test_live_and_exported_scalars_agree_with_metrics_jsonl(tmp_path):
     assert len(want["samples_per_s"]) == 2 * 40 - WINDOW_STEPS * 2 and want["test/accuracy"]
     agree(scalars(live), want)
     out = subprocess.run([sys.executable, "-m", "omnips.cli", "export", "tensorboard", str(run.dir),
-                          "--out", str(tmp_path / "exported")], capture_output=True, text=True, timeout=120)
+                          "--out", str(tmp_path / "exported")], capture_output=True, text=True, timeout=120 * WAIT_FACTOR)
     assert out.returncode == 0 and out.stdout.strip() == str(tmp_path / "exported"), out.stderr
     agree(scalars(tmp_path / "exported"), want)
 
@@ -69,6 +69,6 @@ def test_live_and_exported_scalars_agree_with_metrics_jsonl(tmp_path):
 @pytest.mark.cluster
 def test_export_refuses_a_directory_without_a_run(tmp_path):
     out = subprocess.run([sys.executable, "-m", "omnips.cli", "export", "tensorboard", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120 * WAIT_FACTOR)
     assert out.returncode == 1 and out.stderr.strip() == (f"omnips export: {tmp_path} is not a run directory "
                                                           "(no metrics.jsonl)")

@@ -12,6 +12,8 @@ import pytest
 from omnips.launch import LocalCluster
 from worker.threads import share, usable_cores
 
+from helpers import WAIT_FACTOR
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -35,13 +37,13 @@ def test_workers_started_by_hand_take_an_equal_share_of_the_cores_and_log_it(tmp
                         ["bash", str(ROOT / "scripts" / "start-worker.sh"), "--scheduler", cluster.endpoint],
                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                         env={**os.environ, "OMNIPS_PYTHON": sys.executable}))
-            codes = [w.wait(timeout=120) for w in workers]
-            assert cluster.procs["scheduler"].wait(timeout=60) == 0
+            codes = [w.wait(timeout=120 * WAIT_FACTOR) for w in workers]
+            assert cluster.procs["scheduler"].wait(timeout=60 * WAIT_FACTOR) == 0
         finally:
             for w in workers:
                 if w.poll() is None:
                     w.kill()
-                    w.wait(timeout=10)
+                    w.wait(timeout=10 * WAIT_FACTOR)
     logs = [(run_dir / "logs" / f"worker{r}.log").read_text() for r in range(3)]
     assert codes == [0, 0, 0], logs
     cores = usable_cores()

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import WAIT_FACTOR
+
 pytestmark = pytest.mark.cluster  # every test here starts processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -15,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_vs_ddp_quick_writes_its_tables(tmp_path):
     out = tmp_path / "vs_ddp.md"
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_ddp.py"), "--quick", "--out", str(out)],
-                         capture_output=True, text=True, timeout=240)
+                         capture_output=True, text=True, timeout=240 * WAIT_FACTOR)
     assert run.returncode == 0, run.stderr[-3000:]
     text = out.read_text()
     assert "- nproc: " in text and "load average" in text

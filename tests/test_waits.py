@@ -11,7 +11,8 @@ from pathlib import Path
 from omnips.launch import WorkerSpec
 from omnips.metrics import read_events
 
-from helpers import JOB_TIMEOUT_S, error_lines, finish, start_cluster, stopped, wait_for_event, wait_for_steps
+from helpers import (JOB_TIMEOUT_S, WAIT_FACTOR, error_lines, finish, start_cluster, stopped, wait_for_event,
+                     wait_for_steps)
 
 ENDLESS = ["--mode", "bsp", "--max-steps", "100000", "--global-batch", "24"]
 
@@ -90,7 +91,7 @@ def test_after_the_scheduler_dies_workers_take_no_step_it_cannot_record(tmp_path
         wait_for_event(run_dir, lambda e: e["event"] == "checkpoint" and e["complete"] and e["step"] >= 3)
         cluster.procs["scheduler"].send_signal(signal.SIGKILL)
         others = {n: p for n, p in cluster.procs.items() if n != "scheduler"}
-        codes = {n: p.wait(timeout=30) for n, p in others.items()}
+        codes = {n: p.wait(timeout=30 * WAIT_FACTOR) for n, p in others.items()}
     assert codes == {n: 1 for n in others}, codes
     logs = [(run_dir / "logs" / f"worker{w}.log").read_text() for w in range(2)]
     # one worker's hold is enough: in BSP the other then waits at the barrier for its push
