@@ -125,3 +125,19 @@ def test_every_way_of_starting_a_role_sets_the_allocator(tmp_path, monkeypatch):
     monkeypatch.setattr("subprocess.Popen", lambda args, env, **kw: started.append(env))
     LocalCluster(tmp_path, scheduler_args=[], num_servers=1, workers=[])._spawn("server0", "server", [])
     assert started and all(started[0][k] == v for k, v in transport.MALLOC_ENV.items())
+
+
+def test_the_gpu_check_runs_its_mixed_job_and_checks_it(tmp_path):
+    """scripts/gpu_check.sh's job and checks, with a CPU worker where the CUDA one goes (the
+    CUDA path runs on a GPU machine); without CUDA the script says so and checks nothing."""
+    env = {**os.environ, "PYTHON": sys.executable, "RUN_DIR": str(tmp_path / "run")}
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
+                         timeout=300 * WAIT_FACTOR, env={**env, "GPU_CHECK_DEVICE": "cpu"})
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    said = [line for line in run.stdout.splitlines() if line.startswith("gpu_check: ")]
+    assert len(said) == 1 and "devices ['cpu', 'cpu', 'cpu'], plan [" in said[0], run.stdout[-2000:]
+    import torch
+    if not torch.cuda.is_available():
+        bare = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
+                              timeout=120 * WAIT_FACTOR, env=env)
+        assert bare.returncode == 2 and "no CUDA device here" in bare.stderr, bare.stderr
