@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""How fast a dead worker is detected, what its death costs a BSP job, and what a
-lost server costs.
+"""How fast a dead worker is detected, what its death costs a BSP job, what a lost
+server costs, and what a worker lost at the end of an ASP job and a full disk cost.
 
 For each --dead-after value D (heartbeats every D/5 s), one invocation runs BSP on
 digits (mlp, 3 workers on virtual devices of 20 ms per step, one server) and SIGKILLs
@@ -351,7 +351,8 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint-every", default="5,10,20", help="comma-separated intervals for the server part")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--parts", default="dead,restart,unreplaced,scheduler,stalls,asplate,fulldisk",
-                   help="which measurements to run (comma-separated)")
+                   help="which measurements to run, comma-separated: dead, restart, unreplaced, scheduler, stalls, "
+                        "asplate, fulldisk (it needs mount: root)")
     p.add_argument("--stall-heartbeats", default="0.25,1", help="comma-separated --heartbeat values, stalls part")
     p.add_argument("--out", type=Path, default=HERE / "results" / "failures.md")
     args = p.parse_args(argv)
@@ -432,8 +433,8 @@ UNREPLACED = "## A lost server nobody replaces (BSP, 2 servers, 2 workers, --dea
 KILLED = f"## The scheduler killed (BSP, 2 workers, --heartbeat 1, --dead-after {SCHEDULER_DEAD_AFTER_S})"
 STALLS = f"## A worker or a server stopped (SIGSTOP) for {STOP_S:g} s (BSP, 2 servers, 3 workers)"
 ASPLATE = "## An ASP worker killed near the end of the job (ASP, 2 servers, 3 workers, --dead-after 2 s)"
-FULLDISK = (f"## A full disk under the run directory (BSP, 1 server, 2 workers, a {FULL_DISK_SIZE} tmpfs full "
-            f"for {FULL_S:g} s)")
+FULLDISK = (f"## A full disk under the run directory (BSP, 1 server, 2 workers, tmpfs of {FULL_DISK_SIZE}, "
+            f"full for {FULL_S:g} s)")
 
 
 def _dead_lines(rows, command) -> list[str]:
@@ -541,7 +542,12 @@ def _asplate_lines(runs, command) -> list[str]:
             "|---:|---|---|---:|---:|---|---|---|",
             f"| {len(runs)} | {at} | {first} of 2 | {med(r['detect_s'] for r in runs):.2f} | "
             f"{med(r['end_s'] for r in runs):.2f} | {status} | {accuracy} | {model} |", "",
-            "ASP_NOTE"]
+            "Kill to `lost`: --dead-after (2 s) of silence and the scheduler's look. In these runs the survivors "
+            "took the rest of the budget and reported done before worker 2 was found silent, so its loss is what "
+            "completed the job and asked the final evaluation. The same job run on the tree of commit c3bb0e3 "
+            "(the one before bd34e37) ended `failed: servers did not answer the final evaluation pull within "
+            "120 s` 122.1 s after the kill, without final_test_accuracy or model.pt (2026-12-02, one run, killed at 91% of the budget, both "
+            "survivors done first)."]
 
 
 def _fulldisk_lines(runs, command) -> list[str]:
@@ -554,7 +560,7 @@ def _fulldisk_lines(runs, command) -> list[str]:
     tmp = _each(runs, lambda r: str(r["tmp"]))
     return [FULLDISK, "", *machine_lines(), f"- command: {command}",
             "- job: BSP, mlp on digits, 2 workers on 20 ms virtual steps, --max-steps 600, --global-batch 32, "
-            f"--checkpoint-every 20, --heartbeat 0.3; the run directory on a {FULL_DISK_SIZE} tmpfs (its logs/ on "
+            f"--checkpoint-every 20, --heartbeat 0.3; the run directory on a tmpfs of {FULL_DISK_SIZE} (its logs/ on "
             f"the ordinary disk), filled by a file once a checkpoint is complete, the file removed {FULL_S:g} s later",
             "",
             "| runs | full to the scheduler's `cannot write` metrics.jsonl line (s), median | full to server 0's "
@@ -564,7 +570,12 @@ def _fulldisk_lines(runs, command) -> list[str]:
             "|---:|---:|---:|---:|---|---|---|---|---|---|",
             f"| {len(runs)} | {med(r['metrics_s'] for r in runs):.2f} | {med(r['server_s'] for r in runs):.2f} | "
             f"{med(r['incomplete_s'] for r in runs):.2f} | {said} | {failed} | {newest} | {status} | {lost} | {tmp} |",
-            "", "FULL_NOTE"]
+            "", "The scheduler says once that it cannot write metrics.jsonl and once that it is written again "
+            "(2 lines): its events wait in memory meanwhile (up to 64 MiB, later ones dropped and counted in "
+            "events_lost). Server 0 says each checkpoint it cannot write, leaves it incomplete (the scheduler says "
+            "so) and trains on; the newest checkpoint, taken after the file's removal, is complete. The first "
+            "reports come at the scheduler's next write of metrics.jsonl (every --heartbeat) and the next "
+            "checkpoint's."]
 
 if __name__ == "__main__":
     sys.exit(main())
