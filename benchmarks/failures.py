@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""How fast a dead worker is detected, what its death costs a BSP job, and what a
-lost server costs.
+"""How fast a dead worker is detected, what its death costs a BSP job, what a lost
+server costs, and what a worker lost at the end of an ASP job and a full disk cost.
 
 For each --dead-after value D (heartbeats every D/5 s), one invocation runs BSP on
 digits (mlp, 3 workers on virtual devices of 20 ms per step, one server) and SIGKILLs
@@ -32,18 +32,32 @@ STOP_S: from the stop to the scheduler's `wait` event naming it, in seconds and 
 intervals, and how long the step was held. And (--parts scheduler) the scheduler is
 SIGKILLed: from the kill to the workers' hold, and the checkpoints begun that never complete.
 
+And (--parts asplate) an ASP job (3 workers, 2 servers, --dead-after 2 s) has worker 2
+SIGKILLed once ASP_KILL_AT of its sample budget is done, so that the survivors may finish
+before it is found silent: from the kill to its `membership lost` event and to the `end`
+event, the status, final_test_accuracy and model.pt (such a job used to fail after 120 s
+without a model). And (--parts fulldisk) a BSP job's run directory is on a small tmpfs,
+filled once a checkpoint is complete and freed FULL_S later: from the disk being full to
+the first line saying so in the scheduler's log (metrics.jsonl) and server 0's (a
+checkpoint not written), summary.json's status and events_lost, the checkpoints left
+incomplete and the `*.tmp` files left (none expected). It needs mount (root).
+
     python benchmarks/failures.py [--dead-after 1,2,5] [--checkpoint-every 5,10,20] [--repeats 2]
-                                  [--parts dead,restart,unreplaced,scheduler,stalls]
+                                  [--parts dead,restart,unreplaced,scheduler,stalls,asplate,fulldisk]
 
 Prints the tables and writes them to benchmarks/results/failures.md; a part not run
 keeps its section of that file as it was.
 """
 
 import argparse
+import contextlib
 import datetime
+import errno
+import json
 import re
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -63,6 +77,10 @@ JOB_TIMEOUT_S = 180
 STOP_S = 5.0
 SCHEDULER_DEAD_AFTER_S = 30
 WORKER_SERVER_TIMEOUT_S = 10
+ASP_EPOCHS = 4
+ASP_KILL_AT = 0.88  # of the sample budget
+FULL_DISK_SIZE = "8m"
+FULL_S = 5.0
 
 
 def _events(run_dir: Path) -> list[dict]:
@@ -210,6 +228,112 @@ def scheduler_one(root: Path, k: int) -> dict:
     return {"hold_s": held_at - killed_at, "torn": len(torn)}
 
 
+def asplate_one(root: Path, k: int) -> dict:
+    """ASP, worker 2 SIGKILLed once ASP_KILL_AT of the sample budget is done: the survivors take
+    the rest and may finish before it is found silent, its loss then ending the job."""
+    run_dir = root / f"asplate-{k}"
+    job = ["--mode", "asp", "--epochs", str(ASP_EPOCHS), "--global-batch", str(GLOBAL_BATCH), "--seed", str(k),
+           "--heartbeat", "0.2", "--dead-after", "2"]
+    cluster = LocalCluster(run_dir, job, 2, [WorkerSpec(ms_per_step=20.0)] * 3)
+
+    def late():
+        events = _events(run_dir)
+        budget = next((e["budget_samples"] for e in events if e["event"] == "start"), None)
+        return budget and sum(e["batch"] for e in events if e["event"] == "step") >= ASP_KILL_AT * budget
+
+    with cluster:
+        cluster.start()
+        _wait_until(late, 180, "the last part of the budget")
+        killed_at = time.monotonic()
+        cluster.procs["worker2"].send_signal(signal.SIGKILL)
+        code = cluster.wait(JOB_TIMEOUT_S)
+    events = read_events(run_dir)
+    t0 = next(e["clock_t0"] for e in events if e["event"] == "start")
+    budget = next(e["budget_samples"] for e in events if e["event"] == "start")
+    lost = next(e for e in events if e["event"] == "membership" and e["change"] == "lost")
+    end = next(e for e in events if e["event"] == "end")
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    log = (run_dir / "logs" / "scheduler.log").read_text()
+    before = log[:log.find("worker 2 lost")] if "worker 2 lost" in log else log
+    done = sum(e["batch"] for e in events if e["event"] == "step" and t0 + e["t"] <= killed_at)
+    return {"code": code, "at": done / budget, "detect_s": t0 + lost["t"] - killed_at,
+            "end_s": t0 + end["t"] - killed_at, "status": end["status"],
+            "accuracy": summary.get("final_test_accuracy"), "model": (run_dir / "model.pt").exists(),
+            "finished_first": len(re.findall(r"worker [01] finished", before))}
+
+
+@contextlib.contextmanager
+def _small_disk(where: Path, size: str):
+    """`where`/run on a tmpfs of `size`, its logs/ bound to `where`/logs on the ordinary disk
+    (a report that the disk is full must be readable); unmounted on the way out, failed or not."""
+    run_dir, logs = where / "run", where / "logs"
+    run_dir.mkdir(parents=True)
+    logs.mkdir()
+    mounted = []
+    try:
+        for args in (["-t", "tmpfs", "-o", f"size={size}", "tmpfs", run_dir], ["--bind", logs, run_dir / "logs"]):
+            if args[0] == "--bind":
+                (run_dir / "logs").mkdir()
+            done = subprocess.run(["mount", *map(str, args)], capture_output=True, text=True)
+            if done.returncode:
+                raise SystemExit(f"fulldisk: a small file system needs mount, which was refused: {done.stderr}")
+            mounted.append(args[-1])
+        yield run_dir
+    finally:
+        for target in reversed(mounted):
+            subprocess.run(["umount", str(target)], check=True)
+
+
+def _fill(directory: Path) -> Path:
+    """A file that takes every free byte of `directory`'s file system."""
+    path = directory / "filler"
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 16))
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+    return path
+
+
+def _log_times(path: Path, text: str) -> list[float]:
+    """The times (time.time()'s clock) of `path`'s log lines that hold `text`."""
+    return [datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            for line in path.read_text().splitlines() if text in line]
+
+
+def fulldisk_one(root: Path, k: int) -> dict:
+    """A BSP job whose run directory is on a tmpfs of FULL_DISK_SIZE, filled once a checkpoint
+    is complete and freed FULL_S later: the first reports, the events lost, the end."""
+    job = ["--mode", "bsp", "--max-steps", "600", "--global-batch", "32", "--seed", str(k),
+           "--checkpoint-every", "20", "--heartbeat", "0.3"]
+    with _small_disk(root / f"fulldisk-{k}", FULL_DISK_SIZE) as run_dir:
+        cluster = LocalCluster(run_dir, job, 1, [WorkerSpec(ms_per_step=20.0)] * 2)
+        with cluster:
+            cluster.start()
+            _wait_until(lambda: any(e["event"] == "checkpoint" and e["complete"] for e in _events(run_dir)),
+                        180, "a complete checkpoint")
+            filler = _fill(run_dir)
+            full_at = time.time()  # the logs' clock
+            time.sleep(FULL_S)  # the disk stays full
+            filler.unlink()
+            code = cluster.wait(JOB_TIMEOUT_S)
+        logs = run_dir / "logs"
+        said = {"metrics": _log_times(logs / "scheduler.log", f"cannot write {run_dir / 'metrics.jsonl'}"),
+                "server": _log_times(logs / "server0.log", "not written"),
+                "incomplete": _log_times(logs / "scheduler.log", "is incomplete")}
+        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+        events = _events(run_dir)
+        return {"code": code, "status": summary.get("status"), "events_lost": summary.get("events_lost"),
+                **{f"{key}_s": (min(t) - full_at if t else None) for key, t in said.items()},
+                "metrics_lines": len(_log_times(logs / "scheduler.log", "metrics.jsonl")),
+                "failed": sum(e["event"] == "checkpoint" and not e["complete"] for e in events),
+                "last_complete": any(e["event"] == "checkpoint" for e in events)
+                and [e for e in events if e["event"] == "checkpoint"][-1]["complete"],
+                "tmp": len(list(run_dir.rglob("*.tmp"))), "model": (run_dir / "model.pt").exists()}
+
+
 def _sections(text: str) -> dict[str, str]:
     """A results file's parts by their heading ("" for the head before the first "## ")."""
     parts, key = {"": []}, ""
@@ -226,14 +350,16 @@ def main(argv=None) -> int:
     p.add_argument("--dead-after", default="1,2,5", help="comma-separated --dead-after values, seconds")
     p.add_argument("--checkpoint-every", default="5,10,20", help="comma-separated intervals for the server part")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--parts", default="dead,restart,unreplaced,scheduler,stalls", help="which measurements to run")
+    p.add_argument("--parts", default="dead,restart,unreplaced,scheduler,stalls,asplate,fulldisk",
+                   help="which measurements to run, comma-separated: dead, restart, unreplaced, scheduler, stalls, "
+                        "asplate, fulldisk (it needs mount: root)")
     p.add_argument("--stall-heartbeats", default="0.25,1", help="comma-separated --heartbeat values, stalls part")
     p.add_argument("--out", type=Path, default=HERE / "results" / "failures.md")
     args = p.parse_args(argv)
     parts = set(args.parts.split(","))
     values = [float(v) for v in args.dead_after.split(",")] if "dead" in parts else []
     start = time.monotonic()
-    rows, restarts, unreplaced, stalls, killed = [], [], [], [], []
+    rows, restarts, unreplaced, stalls, killed, late, full = [], [], [], [], [], [], []
     with runs_dir("omnips-failures-") as root:
         for d in values:
             runs = [run_one(root, d, k) for k in range(args.repeats)]
@@ -264,6 +390,18 @@ def main(argv=None) -> int:
                     print(f"{who} stopped, --heartbeat {hb:g}: named after {r['named_s']:.2f} s, step held "
                           f"{r['held_s']:.2f} s", flush=True)
                 stalls.append((who, hb, runs))
+        if "asplate" in parts:
+            late = [asplate_one(root, k) for k in range(args.repeats)]
+            for r in late:
+                print(f"ASP worker killed at {r['at']:.0%} of the budget: lost after {r['detect_s']:.2f} s, "
+                      f"{r['finished_first']} survivors done first, ended after {r['end_s']:.2f} s, "
+                      f"{r['status']}, accuracy {r['accuracy']}, model.pt {r['model']}", flush=True)
+        if "fulldisk" in parts:
+            full = [fulldisk_one(root, k) for k in range(args.repeats)]
+            for r in full:
+                print(f"full disk: metrics.jsonl reported after {r['metrics_s']:.2f} s, a checkpoint after "
+                      f"{r['server_s']:.2f} s; {r['status']}, {r['events_lost']} events lost, "
+                      f"{r['failed']} checkpoints incomplete, {r['tmp']} .tmp files", flush=True)
     command = f"`python benchmarks/failures.py {' '.join(sys.argv[1:])}` ({time.monotonic() - start:.0f} s)"
     old = _sections(args.out.read_text()) if args.out.exists() else {}
     new = {}
@@ -277,8 +415,12 @@ def main(argv=None) -> int:
         new[KILLED] = "\n".join(_killed_lines(killed, command))
     if stalls:
         new[STALLS] = "\n".join(_stall_lines(stalls, command))
+    if late:
+        new[ASPLATE] = "\n".join(_asplate_lines(late, command))
+    if full:
+        new[FULLDISK] = "\n".join(_fulldisk_lines(full, command))
     lines = []
-    for key in ["", RESTART, UNREPLACED, KILLED, STALLS]:
+    for key in ["", RESTART, UNREPLACED, KILLED, STALLS, ASPLATE, FULLDISK]:
         text = new.get(key, old.get(key))
         if text:
             lines += [text, ""]
@@ -290,6 +432,9 @@ RESTART = "## A lost server, started again (BSP, 2 servers, 2 workers, --dead-af
 UNREPLACED = "## A lost server nobody replaces (BSP, 2 servers, 2 workers, --dead-after 2 s)"
 KILLED = f"## The scheduler killed (BSP, 2 workers, --heartbeat 1, --dead-after {SCHEDULER_DEAD_AFTER_S})"
 STALLS = f"## A worker or a server stopped (SIGSTOP) for {STOP_S:g} s (BSP, 2 servers, 3 workers)"
+ASPLATE = "## An ASP worker killed near the end of the job (ASP, 2 servers, 3 workers, --dead-after 2 s)"
+FULLDISK = (f"## A full disk under the run directory (BSP, 1 server, 2 workers, tmpfs of {FULL_DISK_SIZE}, "
+            f"full for {FULL_S:g} s)")
 
 
 def _dead_lines(rows, command) -> list[str]:
@@ -375,6 +520,62 @@ def _stall_lines(stalls, command) -> list[str]:
                     "says \"step N waits for worker 2 (host, cpu) for S s\"). Before, no process said anything "
                     "until it woke. The longest gap is the work lost: every worker idle while the step waits."]
 
+
+def _each(runs, show) -> str:
+    """One figure per run, "/"-separated."""
+    return "/".join(show(r) for r in runs)
+
+
+def _asplate_lines(runs, command) -> list[str]:
+    med = statistics.median
+    at = _each(runs, lambda r: f"{r['at']:.0%}")
+    first = _each(runs, lambda r: str(r["finished_first"]))
+    status = _each(runs, lambda r: r["status"])
+    accuracy = _each(runs, lambda r: "-" if r["accuracy"] is None else f"{r['accuracy']:.3f}")
+    model = _each(runs, lambda r: "yes" if r["model"] else "no")
+    return [ASPLATE, "", *machine_lines(), f"- command: {command}",
+            f"- job: ASP, mlp on digits, 3 workers on 20 ms virtual steps, --epochs {ASP_EPOCHS:g}, --global-batch "
+            f"{GLOBAL_BATCH}, --heartbeat 0.2; worker 2 SIGKILLed once {ASP_KILL_AT:.0%} of the sample budget is "
+            "reported in metrics.jsonl", "",
+            "| runs | budget done at the kill | survivors done before the loss | kill to `lost` (s), median | "
+            "kill to `end` (s), median | status | final test accuracy | model.pt |",
+            "|---:|---|---|---:|---:|---|---|---|",
+            f"| {len(runs)} | {at} | {first} of 2 | {med(r['detect_s'] for r in runs):.2f} | "
+            f"{med(r['end_s'] for r in runs):.2f} | {status} | {accuracy} | {model} |", "",
+            "Kill to `lost`: --dead-after (2 s) of silence and the scheduler's look. In these runs the survivors "
+            "took the rest of the budget and reported done before worker 2 was found silent, so its loss is what "
+            "completed the job and asked the final evaluation. The same job run on the tree of commit c3bb0e3 "
+            "(the one before bd34e37) ended `failed: servers did not answer the final evaluation pull within "
+            "120 s` 122.1 s after the kill, without final_test_accuracy or model.pt (2026-12-02, one run, killed at 91% of the budget, both "
+            "survivors done first)."]
+
+
+def _fulldisk_lines(runs, command) -> list[str]:
+    med = statistics.median
+    said = _each(runs, lambda r: str(r["metrics_lines"]))
+    failed = _each(runs, lambda r: str(r["failed"]))
+    newest = _each(runs, lambda r: "yes" if r["last_complete"] else "no")
+    status = _each(runs, lambda r: str(r["status"]))
+    lost = _each(runs, lambda r: str(r["events_lost"]))
+    tmp = _each(runs, lambda r: str(r["tmp"]))
+    return [FULLDISK, "", *machine_lines(), f"- command: {command}",
+            "- job: BSP, mlp on digits, 2 workers on 20 ms virtual steps, --max-steps 600, --global-batch 32, "
+            f"--checkpoint-every 20, --heartbeat 0.3; the run directory on a tmpfs of {FULL_DISK_SIZE} (its logs/ on "
+            f"the ordinary disk), filled by a file once a checkpoint is complete, the file removed {FULL_S:g} s later",
+            "",
+            "| runs | full to the scheduler's `cannot write` metrics.jsonl line (s), median | full to server 0's "
+            "first `checkpoint N not written` (s), median | full to the scheduler's `checkpoint N is incomplete` "
+            "(s), median | metrics.jsonl lines in the scheduler's log | checkpoints incomplete | newest checkpoint "
+            "complete | summary.json status | events_lost | `*.tmp` left |",
+            "|---:|---:|---:|---:|---|---|---|---|---|---|",
+            f"| {len(runs)} | {med(r['metrics_s'] for r in runs):.2f} | {med(r['server_s'] for r in runs):.2f} | "
+            f"{med(r['incomplete_s'] for r in runs):.2f} | {said} | {failed} | {newest} | {status} | {lost} | {tmp} |",
+            "", "The scheduler says once that it cannot write metrics.jsonl and once that it is written again "
+            "(2 lines): its events wait in memory meanwhile (up to 64 MiB, later ones dropped and counted in "
+            "events_lost). Server 0 says each checkpoint it cannot write, leaves it incomplete (the scheduler says "
+            "so) and trains on; the newest checkpoint, taken after the file's removal, is complete. The first "
+            "reports come at the scheduler's next write of metrics.jsonl (every --heartbeat) and the next "
+            "checkpoint's."]
 
 if __name__ == "__main__":
     sys.exit(main())
