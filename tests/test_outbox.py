@@ -14,6 +14,7 @@ from helpers import poll_until
 from shard_helpers import PEERS, make_core, push
 
 from omnips import codec, protocol
+from omnips.leaving import Leaving
 from omnips.protocol import Error, Params, Pull, Shutdown
 from server import checkpointer, service
 from server.outbox import Outbox
@@ -151,8 +152,14 @@ def serving(linked, core, tmp_path, *names):
         for sock, name in zip(socks, names):
             sock.setsockopt(zmq.IDENTITY, name)
             sock.connect("inproc://shard")
-        loop = threading.Thread(target=lambda: ended.append(service._loop(router, linked[0], core, writer, None)),
-                                daemon=True)  # (a loop that does not end must not keep pytest from exiting)
+        def run():
+            try:
+                ended.append(service._loop(router, linked[0], core, writer, None, Leaving(), "server 0"))
+            except BaseException as exc:  # stop() returns it: the test says why, not only that it waited
+                ended.append(exc)
+                raise
+
+        loop = threading.Thread(target=run, daemon=True)  # (a loop that does not end must not keep pytest from exiting)
         loop.start()
         yield socks, stop
     finally:

@@ -8,11 +8,15 @@ import re
 import signal
 from pathlib import Path
 
+import pytest
+
 from omnips.launch import WorkerSpec
 from omnips.metrics import read_events
 
 from helpers import (JOB_TIMEOUT_S, WAIT_FACTOR, error_lines, finish, start_cluster, stopped, wait_for_event,
                      wait_for_steps)
+
+pytestmark = pytest.mark.cluster  # every test here starts processes
 
 ENDLESS = ["--mode", "bsp", "--max-steps", "100000", "--global-batch", "24"]
 

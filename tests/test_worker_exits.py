@@ -14,6 +14,8 @@ from omnips.launch import WorkerSpec
 
 from helpers import error_lines, finish, start_cluster, wait_for_event
 
+pytestmark = pytest.mark.cluster  # every test here starts processes
+
 # the odd worker is the one whose command line asks for rank `odd_rank`; the scheduler and
 # the others build the same model
 USER_CODE = '''
