@@ -27,6 +27,7 @@ class WorkerStats:
     done: bool = False
     present: bool = False  # a worker is in this rank now
     next_step: int | None = 0  # the step its next report is for; None: any (it just joined)
+    rewound: bool = False  # sent back to a checkpoint: reports it sent before it knew may still come
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class Progress:
             raise ValueError(f"a checkpoint at step {worker_steps[0]} is past the job's {self.total_steps} steps")
         for w, steps, position in zip(self.workers, worker_steps, positions):
             w.steps = w.start = w.next_step = steps
+            w.rewound = True
             w.samples = 0 if self.job.mode == "bsp" else position  # BSP: all read one stream, at positions[0]
         self.samples = self.start_samples = positions[0] if self.job.mode == "bsp" else sum(positions)
         self._epochs_seen = min(self.samples, self.budget) // self.train_size
@@ -95,6 +97,13 @@ class Progress:
     def depart(self, rank: int) -> None:
         self.workers[rank].present = False
 
+    def next_step(self, rank: int) -> int | None:
+        return self.workers[rank].next_step
+
+    def stale(self, r: Report) -> bool:
+        """A report the worker sent before it read the rewind: the step it reports was undone."""
+        return self.workers[r.rank].rewound and not self.expects(r)
+
     def expects(self, r: Report) -> bool:
         w = self.workers[r.rank]
         return w.present and not w.done and (w.next_step is None or r.step == w.next_step)
@@ -109,6 +118,7 @@ class Progress:
         """Account for a report; returns the ASP evaluations it makes due."""
         w = self.workers[r.rank]
         self.last_report = now
+        w.rewound = False  # it reports from where it was sent back to: it has read the rewind
         if r.done:
             w.done = True
             return []

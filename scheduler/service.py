@@ -165,10 +165,10 @@ class Scheduler:
             return self._finish(f"failed: {exc}")
         except KeyboardInterrupt:
             return self._finish("failed: interrupted")
-        if self._stop is not None:  # a user's Ctrl-C interrupts; a batch system's signals preempt
-            status = "interrupted" if self._stop.why == "SIGINT" else "preempted"
-            return self._finish(status, self._stop.detail(self.progress.steps, model=self.final is not None))
-        return self._finish("completed")
+        if self._stop is None:
+            return self._finish("completed")
+        return self._finish("interrupted" if self._stop.why == "SIGINT" else "preempted",  # Ctrl-C, or a batch system
+                            self._stop.detail(self.progress.steps, model=self.final is not None))
 
     def request_stop(self, why: str) -> None:
         """From a signal handler: preempt the job at the next loop turn, writing the model and
@@ -584,8 +584,8 @@ class Scheduler:
         self._start_plan(self._planned(self.planner.departed, rank))
 
     def _membership_plan(self, active: list[int], change: str) -> BatchPlan:
-        step = max((w.next_step or 0 for w in self.progress.workers if w.present), default=0)
-        return self._planned(self.planner.membership, active, change, step)
+        return self._planned(self.planner.membership, active, change,
+                             max((w.next_step or 0 for w in self.progress.workers if w.present), default=0))
 
     def _planned(self, decide, *args) -> BatchPlan | None:
         """decide(*args), a Planner's decision; a plan the workers cannot run fails the job."""
@@ -609,8 +609,7 @@ class Scheduler:
                 self._ask_bsp_checkpoints()
 
     def _ask_bsp_evals(self) -> None:
-        """Keep EVALS_AHEAD evaluation pulls waiting at the servers: every one is a
-        queued message there, and an unconnected DEALER holds only its high-water mark."""
+        """Keep EVALS_AHEAD evaluation pulls waiting at the servers (each a queued message there)."""
         while self._bsp_points and len(self.evals.pending) < EVALS_AHEAD:
             point = self._bsp_points.pop(0)
             self._ask_eval(point, final=point.at == self.progress.total_steps)
@@ -624,8 +623,10 @@ class Scheduler:
             self._refuse(peer, "bad_rank", "report from an unregistered peer or the wrong rank")
             return
         if not self.progress.expects(r):
-            expected = self.progress.workers[r.rank].next_step
-            self._refuse(peer, "bad_step", f"report for step {r.step}, expected {expected}")
+            if self.progress.stale(r):  # not an error: it crossed the rewind on its way here
+                log.info("worker %d's report for step %d was sent before the rewind: dropped", r.rank, r.step)
+            else:
+                self._refuse(peer, "bad_step", f"report for step {r.step}, expected {self.progress.next_step(r.rank)}")
             return
         top = self.job.batch_bounds[1]
         if r.batch > top:  # it would count samples no step took (an ASP job's budget)
@@ -680,8 +681,7 @@ class Scheduler:
         self._start_plan(plan)
 
     def _start_plan(self, plan: BatchPlan | None) -> None:
-        """The first step's plan, made from the probes (None: still waiting for some): to the
-        servers, and to each worker, which waits for it."""
+        """The first step's plan (None: probes still awaited), to the servers and every worker."""
         if plan is None:
             return
         self._send_plan(plan)

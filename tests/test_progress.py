@@ -38,3 +38,21 @@ def test_staleness_is_averaged_over_the_updates():
     p.on_report(report(1, 0, 16, compute_s=0.1, staleness=2), now=5.0)
     s = p.summary()
     assert s["steps"] == 4 and s["staleness_mean"] == pytest.approx(8 / 4) and s["staleness_max"] == 5
+
+
+def test_a_report_sent_before_the_rewind_is_stale_until_the_worker_reports_from_where_it_was_sent():
+    """A server's loss sends the workers back to a checkpoint; a report already on its way for a
+    step past that one is dropped as stale, not refused (which would end the worker)."""
+    p = Progress(JobSpec(mode="bsp", num_workers=2, global_batch=64), 1438)
+    for rank in (0, 1):
+        p.seat(rank, joined=False)
+    for step in range(23):
+        for rank in (0, 1):
+            p.on_report(report(rank, step, 32, compute_s=0.1), now=float(step))
+    p.resume([20, 20], [640, 640])
+    late = report(1, 23, 32, compute_s=0.1)  # step 23, sent before worker 1 read the rewind
+    assert p.stale(late) and not p.expects(late)
+    assert not p.stale(report(1, 20, 32, compute_s=0.1))  # the step it was sent back to: expected
+    p.on_report(report(1, 20, 32, compute_s=0.1), now=30.0)
+    assert not p.stale(report(1, 23, 32, compute_s=0.1))  # it has read the rewind: now an error
+    assert p.stale(report(0, 23, 32, compute_s=0.1))  # worker 0 has not reported since
