@@ -11,7 +11,8 @@ from dataclasses import MISSING, fields
 import msgpack
 import numpy as np
 
-from .protocol import DTYPES, MAX_HEADER_BYTES, OPS, VERSION, Message, ProtocolError, _brief
+from .fieldchecks import brief
+from .protocol import DTYPES, MAX_HEADER_BYTES, OPS, VERSION, Message, ProtocolError
 
 
 def type_ok(value, tp) -> bool:
@@ -82,11 +83,11 @@ def decode(frames: list) -> Message:
     if not isinstance(header, dict):
         raise ProtocolError("bad_header", f"header must be a map, not {type(header).__name__}")
     if not type_ok(header.get("v"), int) or header["v"] != VERSION:
-        raise ProtocolError("version", f"protocol version {_brief(header.get('v'))}, this process speaks {VERSION}")
+        raise ProtocolError("version", f"protocol version {brief(header.get('v'))}, this process speaks {VERSION}")
     op = header.get("op")
     cls = OPS.get(op) if isinstance(op, str) else None
     if cls is None:
-        raise ProtocolError("bad_op", f"unknown op {_brief(op)}")
+        raise ProtocolError("bad_op", f"unknown op {brief(op)}")
     want = 2 if cls.HAS_DATA else 1
     if len(frames) != want:
         raise ProtocolError("bad_frames", f"{cls.OP} takes {want} frame(s), got {len(frames)}")
@@ -115,10 +116,10 @@ def _decode_data(header: dict, buf: memoryview) -> np.ndarray:
     tag = header.get("dt")
     dtype = DTYPES.get(tag) if isinstance(tag, str) else None
     if dtype is None:
-        raise ProtocolError("bad_dtype", f"data dtype {_brief(tag)}, expected one of {', '.join(DTYPES)}")
+        raise ProtocolError("bad_dtype", f"data dtype {brief(tag)}, expected one of {', '.join(DTYPES)}")
     n = header.get("len")
     if not type_ok(n, int) or n < 0:
-        raise ProtocolError("bad_field", f"data length {_brief(n)} is not a count")
+        raise ProtocolError("bad_field", f"data length {brief(n)} is not a count")
     if buf.nbytes != n * dtype.itemsize:
         raise ProtocolError("bad_length", f"data frame has {buf.nbytes} bytes, header says {n} {tag} "
                                           f"({dtype.itemsize} bytes each)")

@@ -5,40 +5,25 @@ protocol version `v`, the op, the message's fields and, when a data frame follow
 dtype tag and element count), then at most one raw data frame. No pickle: msgpack only.
 """
 
-import reprlib
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
+
+from .fieldchecks import (MAX_BATCH, MAX_SECONDS, MIN_SECONDS, at_most, brief, check_place, count, local_endpoints_ok,
+                          measured, non_negative, short_line)
 
 VERSION = 2
 MAX_HEADER_BYTES = 1 << 20
 MAX_PARTS = 256  # a push in parts, and the answer to one, is at most this many messages: a part of a few
 # values would make one push (or one message asking for its answer in parts) into millions; and one burst
 # of parts must stay well below a socket's high-water mark (1000 messages), where sends fail
-# Measured times (a pass, a step's compute, a wait) and batch sizes from the network: a time above 0
-# but under a nanosecond is no timer's reading and one over 11 days no step's, and no worker holds 2**31
-# samples in one pass. Such values (subnormal times, a batch of 2**63) would make a time model's slope
-# 0 or its plan unsolvable, failing the job, or make one report count a whole job's samples.
-MIN_SECONDS, MAX_SECONDS = 1e-9, 1e6
-MAX_BATCH = 1 << 31
 MAX_RANKS = 4096  # servers or workers in one job (the scheduler's --num-servers/--num-workers bound)
 MAX_PHASE, MAX_REASON = 80, 2000  # characters of a heartbeat's phase and of a failure's reason, which are logged
 # data frame dtype tags -> the items' numpy dtype (little-endian); bfloat16 travels as
 # its uint16 bit patterns (omnips/wire.py converts). Which tag a message may carry is
 # the receiver's rule: the job's --wire-dtype for pushes and their replies, else float32.
 DTYPES = {"f4": np.dtype("<f4"), "bf16": np.dtype("<u2"), "f2": np.dtype("<f2")}
-
-
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = 60
-_REPR.maxlevel = 2
-
-
-def _brief(value) -> str:
-    """repr(value) cut short: a refusal's text is logged and sent back, so it must not
-    echo a megabyte that a sender put in a field."""
-    return _REPR.repr(value)
 
 
 class ProtocolError(Exception):
@@ -75,15 +60,15 @@ class Register(Message):
     token: str = field(default="", repr=False)  # the job token (--token); never printed
 
     def check(self):
-        _non_negative(self, "threads", "pid", "memory_limit")
+        non_negative(self, "threads", "pid", "memory_limit")
         if self.rank < -1:
             raise ValueError(f"requested rank must be >= 0 (or -1 for any), not {self.rank}")
         if self.role not in ("server", "worker"):
-            raise ValueError(f"role must be 'server' or 'worker', not {_brief(self.role)}")
+            raise ValueError(f"role must be 'server' or 'worker', not {brief(self.role)}")
         if self.role == "server" and not self.endpoint:
             raise ValueError("a server must register its endpoint")
         if self.ipc and not self.ipc.startswith("ipc://"):
-            raise ValueError(f"ipc must be an ipc:// endpoint, not {_brief(self.ipc)}")
+            raise ValueError(f"ipc must be an ipc:// endpoint, not {brief(self.ipc)}")
         if not 0 < self.capacity < float("inf"):
             raise ValueError(f"capacity must be finite and > 0, not {self.capacity}")
 
@@ -116,10 +101,10 @@ class Report(Message):
     done: bool = False
 
     def check(self):
-        _non_negative(self, "rank", "step", "staleness", "mem_free", "sample_bytes")
-        _at_most(self, MAX_BATCH, "batch", "mem_batch")
-        _at_most(self, MAX_SECONDS, "network_s", "wait_s")  # differences of clock readings: from 0, however small
-        if not (self.compute_s == 0 or _measured(self.compute_s)):
+        non_negative(self, "rank", "step", "staleness", "mem_free", "sample_bytes")
+        at_most(self, MAX_BATCH, "batch", "mem_batch")
+        at_most(self, MAX_SECONDS, "network_s", "wait_s")  # differences of clock readings: from 0, however small
+        if not (self.compute_s == 0 or measured(self.compute_s)):
             raise ValueError(f"compute_s must be 0 or from {MIN_SECONDS:g} to {MAX_SECONDS:g} s, not {self.compute_s}")
 
 
@@ -137,13 +122,13 @@ class Probe(Message):
     sample_bytes: int = 0
 
     def check(self):
-        _non_negative(self, "rank", "mem_free", "sample_bytes")
-        if (not 2 <= len(self.batches) <= 8 or not all(_count(b) and 1 <= b <= MAX_BATCH for b in self.batches)
+        non_negative(self, "rank", "mem_free", "sample_bytes")
+        if (not 2 <= len(self.batches) <= 8 or not all(count(b) and 1 <= b <= MAX_BATCH for b in self.batches)
                 or len(set(self.batches)) != len(self.batches)):
-            raise ValueError(f"batches must be 2 to 8 distinct sizes from 1 to {MAX_BATCH}, not {_brief(self.batches)}")
-        if len(self.seconds) != len(self.batches) or not all(type(t) is float and _measured(t) for t in self.seconds):
+            raise ValueError(f"batches must be 2 to 8 distinct sizes from 1 to {MAX_BATCH}, not {brief(self.batches)}")
+        if len(self.seconds) != len(self.batches) or not all(type(t) is float and measured(t) for t in self.seconds):
             raise ValueError(f"seconds must be one time from {MIN_SECONDS:g} to {MAX_SECONDS:g} s per batch size, "
-                             f"not {_brief(self.seconds)}")
+                             f"not {brief(self.seconds)}")
 
 
 @dataclass(frozen=True)
@@ -163,13 +148,13 @@ class Heartbeat(Message):
     servers: list = field(default_factory=list)  # the server ranks whose answer it still waits for
 
     def check(self):
-        _non_negative(self, "echo")
-        _short_line(self, "phase", MAX_PHASE)
+        non_negative(self, "echo")
+        short_line(self, "phase", MAX_PHASE)
         if self.step < -1:
             raise ValueError(f"step must be >= 0 (or -1 for none), not {self.step}")
-        _at_most(self, MAX_SECONDS, "waited_s")
-        if len(self.servers) > MAX_RANKS or not all(_count(s) and s < MAX_RANKS for s in self.servers):
-            raise ValueError(f"servers must be server ranks below {MAX_RANKS}, not {_brief(self.servers)}")
+        at_most(self, MAX_SECONDS, "waited_s")
+        if len(self.servers) > MAX_RANKS or not all(count(s) and s < MAX_RANKS for s in self.servers):
+            raise ValueError(f"servers must be server ranks below {MAX_RANKS}, not {brief(self.servers)}")
 
 
 @dataclass(frozen=True)
@@ -183,7 +168,7 @@ class Failed(Message):
     def check(self):
         if not self.reason:
             raise ValueError("reason must say why")
-        _short_line(self, "reason", MAX_REASON)
+        short_line(self, "reason", MAX_REASON)
 
 
 @dataclass(frozen=True)
@@ -266,12 +251,12 @@ class Push(Message):
     # make more than MAX_PARTS); 0: whole
 
     def check(self):
-        _non_negative(self, "rank", "step", "ver", "gen", "batch", "offset", "whole", "reply_part")
+        non_negative(self, "rank", "step", "ver", "gen", "batch", "offset", "whole", "reply_part")
         if self.batch == 0 and self.data.size:
             raise ValueError("a dropped gradient (batch 0) carries no values")
         if self.whole and not self.batch:
             raise ValueError("a dropped gradient (batch 0) does not come in parts")
-        _check_place(self)
+        check_place(self)
 
 
 @dataclass(frozen=True)
@@ -291,9 +276,9 @@ class Params(Message):
     whole: int = 0
 
     def check(self):
-        _non_negative(self, "version", "offset", "whole")
-        _at_most(self, MAX_SECONDS, "held_s")  # it becomes the worker's reported wait
-        _check_place(self)
+        non_negative(self, "version", "offset", "whole")
+        at_most(self, MAX_SECONDS, "held_s")  # it becomes the worker's reported wait
+        check_place(self)
 
 
 @dataclass(frozen=True)
@@ -309,11 +294,11 @@ class Plan(Message):
     departed: list = field(default_factory=list)
 
     def check(self):
-        _non_negative(self, "gen")
-        if not self.batches or not all(_count(b) for b in self.batches) or not any(self.batches):
+        non_negative(self, "gen")
+        if not self.batches or not all(count(b) for b in self.batches) or not any(self.batches):
             raise ValueError(f"batches must be counts >= 0, not all 0: {self.batches!r}")
-        if not all(isinstance(d, list) and len(d) == 2 and _count(d[0]) and d[0] < len(self.batches)
-                   and _count(d[1] + 1 if isinstance(d[1], int) else None) for d in self.departed):
+        if not all(isinstance(d, list) and len(d) == 2 and count(d[0]) and d[0] < len(self.batches)
+                   and count(d[1] + 1 if isinstance(d[1], int) else None) for d in self.departed):
             raise ValueError(f"departed must be [rank, last step or -1] pairs: {self.departed!r}")
 
 
@@ -328,7 +313,7 @@ class Checkpoint(Message):
     at: int | None = None
 
     def check(self):
-        _non_negative(self, "step")
+        non_negative(self, "step")
         if self.at is not None and self.at < 0:
             raise ValueError(f"at must be >= 0, not {self.at}")
 
@@ -348,8 +333,8 @@ class Saved(Message):
     write_s: float = 0.0  # how long writing the file took (steps then are not measured)
 
     def check(self):
-        _non_negative(self, "step", "version", "size")
-        _at_most(self, MAX_SECONDS, "write_s")
+        non_negative(self, "step", "version", "size")
+        at_most(self, MAX_SECONDS, "write_s")
 
 
 @dataclass(frozen=True)
@@ -377,7 +362,7 @@ class Rewind(Message):
 
     def check(self):
         if not self.steps or len(self.positions) != len(self.steps) \
-                or not all(_count(x) for x in [*self.steps, *self.positions]):
+                or not all(count(x) for x in [*self.steps, *self.positions]):
             raise ValueError("steps and positions must be one count per worker")
         if not self.servers or not all(isinstance(e, str) for e in self.servers):
             raise ValueError("servers must be a list of endpoints")
@@ -387,45 +372,3 @@ class Rewind(Message):
 
 OPS = {cls.OP: cls for cls in (Register, Welcome, Report, Probe, Heartbeat, Failed, Shutdown, Leave, Error,
                                Ack, Init, Pull, Push, Params, Plan, Checkpoint, Saved, Restore, Rewind)}
-
-
-def _check_place(msg: Push | Params) -> None:
-    if not msg.whole and msg.offset:
-        raise ValueError("only a part (whole > 0) has an offset")
-    if msg.whole and not (msg.data.size and msg.offset + msg.data.size <= msg.whole):
-        raise ValueError(f"a part needs values within its shard: {msg.data.size} at {msg.offset} of {msg.whole}")
-
-
-def local_endpoints_ok(local: list, servers: list) -> bool:
-    """`local` is empty (a sender that knows none) or one [hostname, "ipc://..." or ""]
-    pair per server: the ipc endpoints of Rewind and of a worker's welcome."""
-    return not local or len(local) == len(servers) and all(
-        isinstance(x, list) and len(x) == 2 and all(isinstance(v, str) for v in x)
-        and (x[1] == "" or x[1].startswith("ipc://")) for x in local)
-
-
-def _count(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
-
-
-def _short_line(msg, name: str, top: int) -> None:
-    """A text from the network that is logged: one line of at most `top` characters."""
-    text = getattr(msg, name)
-    if len(text) > top or not text.isprintable():
-        raise ValueError(f"{name} must be one printable line of at most {top} characters, not {_brief(text)}")
-
-
-def _non_negative(msg, *names):
-    for name in names:
-        if not 0 <= getattr(msg, name) < float("inf"):  # also refuses NaN
-            raise ValueError(f"{name} must be finite and >= 0, not {getattr(msg, name)}")
-
-
-def _at_most(msg, top, *names):
-    for name in names:
-        if not 0 <= getattr(msg, name) <= top:  # also refuses NaN
-            raise ValueError(f"{name} must be from 0 to {top:g}, not {getattr(msg, name)}")
-
-
-def _measured(seconds: float) -> bool:
-    return MIN_SECONDS <= seconds <= MAX_SECONDS
