@@ -6,7 +6,9 @@ nobody is listening there; a listener that refuses the connection itself, for wa
 of the right keys, is reported at once), then sends `welcome` when the whole cluster is in.
 While waiting, and all through the job, the scheduler's heartbeats prove it
 alive; silence for `dead_after_s` ends the process with a clear error. Ours go the
-other way every `heartbeat_s`: a worker silent for long leaves the job.
+other way every `heartbeat_s`: a worker silent for long leaves the job. From the welcome
+on they leave from a thread that owns the socket (omnips.linkthread), whatever the
+process does meanwhile; before it, from the waits for the welcome.
 """
 
 import logging
@@ -18,6 +20,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import codec, protocol, security, transport
+from .linkthread import LinkThread
 from .protocol import Ack, Error, Heartbeat, ProtocolError, Register, Shutdown, Welcome
 
 log = logging.getLogger(__name__)
@@ -38,7 +41,10 @@ class SchedulerLink:
         self.dead_after_s = dead_after_s
         self.heartbeat_s = 1.0
         self.clock = clock
-        self._beat_at = clock()
+        self._beat_at = clock()  # when our last heartbeat left
+        self._silence = 0.0  # a silence of ours the scheduler may have taken for our loss, not yet answered
+        self._beats = threading.Lock()  # over those two: the thread beats, the process asks echoes
+        self._thread: LinkThread | None = None
         self.keys = keys
         self.sock = transport.socket(ctx, zmq.DEALER)
         self.sock.setsockopt(zmq.SNDHWM, 100_000)  # reports are small; never block a training step
@@ -48,8 +54,9 @@ class SchedulerLink:
         self.last_heard = clock()
         self._echo_asked = 0  # the last heartbeat we asked the scheduler to echo
         self._echo_heard = 0  # the last echo read
-        # what our heartbeats say we are doing: Heartbeat's phase (and a waiting worker's step,
-        # waited_s and servers); a silence that ends the process is told with its phase
+        # what our heartbeats say we are doing: Heartbeat's phase (and a worker's step, how long
+        # it has waited and for which servers); a silence that ends the process is told with
+        # its phase. Replaced whole, never changed in place: the thread reads it.
         self.state: dict = {}
 
     def register(self, reg: Register, ack_timeout_s: float, welcome_timeout_s: float) -> Welcome:
@@ -64,7 +71,21 @@ class SchedulerLink:
         msg = self._next(welcome_timeout_s, "complete the cluster (are all servers and workers started?)")
         if not isinstance(msg, Welcome):
             raise LinkError(f"expected welcome from the scheduler, got {msg.OP}")
+        self.start_thread()
         return msg
+
+    def start_thread(self) -> None:
+        """Hand the socket to a thread that sends our heartbeats on time from now on, and
+        read and send through its pipe (`sock` is that pipe's end after this)."""
+        self._thread = LinkThread(self.sock.context, self.sock, self._heartbeat, lambda: self.heartbeat_s)
+        self.sock = self._thread.pipe
+
+    def close(self) -> None:
+        """Send what is left and end the thread (nothing when there is none); call before
+        the context ends, on every way out."""
+        if self._thread is not None:
+            self._thread.stop()
+            self._thread = None
 
     @staticmethod
     def cluster_fields(welcome: Welcome, **types) -> dict:
@@ -132,45 +153,43 @@ class SchedulerLink:
             phase = self.state.get("phase")
             raise LinkError(f"no word from the scheduler at {self.endpoint} for {silent:.0f} s"
                             + (f" (while {phase})" if phase else "") + ": giving up")
-        if now - self._beat_at >= self.heartbeat_s:
+        if self._thread is None and now - self._beat_at >= self.heartbeat_s:
+            self.send(self._heartbeat())
+
+    def _heartbeat(self) -> Heartbeat:
+        """Our heartbeat, due now (sent by the thread once it runs). It asks again for an echo
+        still awaited: one lost (a full queue) must not hold us. A silence since the last
+        one long enough for the scheduler to have taken us for lost (the whole process
+        frozen, or starved of CPU) is kept until `ask_echo` answers it: this heartbeat ends
+        it before the process may look."""
+        now = self.clock()
+        with self._beats:
+            if now - self._beat_at > self.dead_after_s - self.heartbeat_s:
+                self._silence = max(self._silence, now - self._beat_at)
             self._beat_at = now
-            # an echo still awaited is asked again: one lost (a full queue) must not hold us
-            self.send(Heartbeat(echo=0 if self.echoed() else self._echo_asked, **self.state))
+        return Heartbeat(echo=0 if self.echoed() else self._echo_asked, **self.state)
 
     def quiet_s(self) -> float:
         """How long since the scheduler was last heard (from what has been read)."""
         return self.clock() - self.last_heard
 
     @contextmanager
-    def beating(self, phase: str):
-        """Heartbeats from a thread while the caller does long work that does not touch this
-        link (loading the data set, building the model, probing memory and speed): a worker
-        busy there for longer than --dead-after is not taken for dead. The thread owns the
-        socket until the block ends (ZeroMQ sockets are not shared between threads at once)."""
+    def in_phase(self, phase: str):
+        """Our heartbeats say `phase` while the block runs (loading the data set, building
+        the model, restoring a shard): a silence that ends the process is told with it."""
         before = self.state
         self.state = {"phase": phase}
-        stop = threading.Event()
-
-        def beat():
-            while True:
-                self._beat_at = self.clock()
-                self.send(Heartbeat(**self.state))
-                if stop.wait(self.heartbeat_s):
-                    return
-
-        thread = threading.Thread(target=beat, name="heartbeats", daemon=True)
-        thread.start()
         try:
             yield
         finally:
-            stop.set()
-            thread.join()
             self.state = before
 
     def ask_echo(self) -> None:
-        """Send a heartbeat the scheduler echoes at once; `echoed` tells when it is back."""
+        """Send a heartbeat the scheduler echoes at once; `echoed` tells when it is back.
+        It answers a silence of ours (silent_s)."""
         self._echo_asked += 1
-        self._beat_at = self.clock()
+        with self._beats:
+            self._beat_at, self._silence = self.clock(), 0.0
         self.send(Heartbeat(echo=self._echo_asked))
 
     def echoed(self) -> bool:
@@ -179,9 +198,11 @@ class SchedulerLink:
         return self._echo_heard >= self._echo_asked
 
     def silent_s(self) -> float:
-        """How long since our last heartbeat: past --dead-after, the scheduler may have taken
-        us for lost (a process frozen, or starved of CPU, sends none)."""
-        return self.clock() - self._beat_at
+        """Our longest silence since the last `ask_echo`, the one going on included: past
+        --dead-after, the scheduler may have taken us for lost (a process frozen, or
+        starved of CPU, sends nothing, from no thread)."""
+        with self._beats:
+            return max(self.clock() - self._beat_at, self._silence)
 
     def send(self, msg: protocol.Message) -> None:
         try:

@@ -137,12 +137,12 @@ class Heartbeat(Message):
     send it back at once: one connection keeps the order, so a process woken from a long
     silence that reads its echo has read every verdict the scheduler sent before it.
     A process's heartbeat also says what it is doing (`phase`: a silence that ends it is
-    told with its last phase) and, a worker waiting for servers' answers to its push of
-    `step`, for how long and which server ranks have not answered (the scheduler names
-    the rank a stalled step waits for)."""
+    told with its last phase) and, a worker computing `step`, that step; waiting for the
+    servers' answers to its push of it, also for how long and which server ranks have not
+    answered (the scheduler names the rank a stalled step waits for)."""
     OP = "heartbeat"
     echo: int = 0
-    phase: str = ""  # e.g. "building the model", "training", "waiting for servers"; "" unsaid
+    phase: str = ""  # e.g. "building the model", "computing", "waiting for servers"; "" unsaid
     step: int = -1  # a worker's step in flight; -1: none
     waited_s: float = 0.0  # how long it has waited for the servers' answers to that step's push
     servers: list = field(default_factory=list)  # the server ranks whose answer it still waits for

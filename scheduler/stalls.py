@@ -12,8 +12,9 @@ for how long and which servers have not answered (omnips.protocol.Heartbeat). Th
 A wait is named once it passes STALL_STEPS typical step times (the median interval
 between a worker's reports) and one heartbeat interval, so that the usual spread of a
 step's arrivals says nothing; and the rank named must have been silent for QUIET_BEATS
-heartbeat intervals (stopped, or computing: a worker sends nothing while it computes),
-so that one whose heartbeat saying it waits is still on its way is not blamed. `waiting(now)` is the fact (a status page can read it);
+heartbeat intervals (stopped, or computing: the heartbeats a worker sends while it
+computes a step count as silence here), so that one whose heartbeat saying it waits is
+still on its way is not blamed. `waiting(now)` is the fact (a status page can read it);
 `notice(now)` decides what the scheduler logs: the wait when it is first named, again
 every NOTICE_S while it lasts, and that it ended.
 """
@@ -87,9 +88,10 @@ class StallWatch:
 
     def on_beat(self, rank: int, step: int, waited_s: float, servers: list[int], now: float) -> None:
         """A worker's heartbeat: waiting for the servers' answers to its push of `step`
-        (step >= 0 with servers unanswered), or not waiting."""
+        (step >= 0 with servers unanswered), computing `step` (no servers), or neither."""
         reported = self._reported.get(rank, (-1, now))[0]
-        self._heard["worker", rank] = now
+        if step < 0 or servers:  # one still computing may be what the others wait for
+            self._heard["worker", rank] = now
         if step >= 0 and servers and step > reported:
             self._waiting[rank] = _Waiting(step, now - waited_s, tuple(servers))
         else:

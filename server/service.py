@@ -42,7 +42,7 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
           rank: int = -1, leaving: Leaving | None = None) -> int:
     ctx = zmq.Context()
     gate = security.Gate(ctx, keys) if keys else None  # before binding: it admits the clients
-    ipc_dir = None
+    ipc_dir = link = None
     try:
         router = transport.socket(ctx, zmq.ROUTER)
         bound = transport.bind(router, host, port, keys)
@@ -74,6 +74,8 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
         return _loop(router, link, core, writer, restore, leaving or Leaving(),
                      f"server {welcome.rank} on {pysocket.gethostname()}")
     finally:
+        if link is not None:
+            link.close()  # the thread sends what is left (a Leave, an Error) before the context ends
         if gate is not None:
             gate.stop()
         ctx.destroy(linger=transport.LINGER_MS)
@@ -85,7 +87,7 @@ def _restore(core: ShardCore, rank: int, lo: int, hi: int, link: SchedulerLink, 
     """Go back to the checkpoint in `path` and tell the scheduler (ack); when the shard cannot
     be restored, tell it why (the job cannot go on without it) and end (ValueError)."""
     try:
-        with link.beating("restoring its shard"):  # a large shard takes a while to read and check
+        with link.in_phase("restoring its shard"):  # a large shard takes a while to read and check
             version = checkpointer.load(core, path, rank, lo, hi)
     except ValueError as exc:
         link.send(Error(code="restore_failed", text=f"server {rank} cannot restore its shard: {exc}"))

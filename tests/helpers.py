@@ -197,6 +197,9 @@ def stand_in(**link_kw):
             assert router.poll(10_000), "nothing came from the link"
             return codec.decode(transport.recv_frames(router)[1:])
 
-        yield link, lambda msg: transport.send(router, msg, to=peer), clock, recv
+        try:
+            yield link, lambda msg: transport.send(router, msg, to=peer), clock, recv
+        finally:
+            link.close()  # (a test may have started its thread)
     finally:
         ctx.destroy(linger=0)

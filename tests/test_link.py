@@ -9,7 +9,7 @@ from helpers import stand_in
 from shard_helpers import make_core
 
 from omnips.link import LinkError
-from omnips.protocol import Heartbeat, Shutdown
+from omnips.protocol import Failed, Heartbeat, Shutdown
 from server import checkpointer, service
 from server.outbox import Outbox
 
@@ -114,13 +114,57 @@ def test_before_its_welcome_a_process_gives_up_on_a_silent_scheduler_after_30_s(
             link.check_alive()
 
 
-def test_heartbeats_flow_from_a_thread_through_a_long_phase_and_say_it(linked):
+def _until(recv, msg):
+    """Read what the link sent until `msg` (heartbeats the thread sent before it are skipped)."""
+    for _ in range(100):
+        got = recv()
+        if got == msg:
+            return got
+        assert isinstance(got, Heartbeat), got
+    raise AssertionError(f"no {msg} among 100 messages")
+
+
+def test_from_its_thread_heartbeats_flow_while_the_process_is_busy_and_say_its_phase(linked):
     link, _, _, recv = linked
-    link.state = {"phase": "training"}
-    with link.beating("building the model"):  # the caller is busy here: it reads nothing from the link
-        beats = [recv(), recv()]
-    assert beats == [Heartbeat(phase="building the model")] * 2
-    assert link.state == {"phase": "training"}  # what the caller's own heartbeats say again
+    link.start_thread()
+    assert recv() == Heartbeat()  # the first at once
+    link.state = {"phase": "computing", "step": 7}
+    with link.in_phase("building the model"):  # the caller is busy here: it reads nothing from the link
+        _until(recv, Heartbeat(phase="building the model"))
+        assert recv() == Heartbeat(phase="building the model")  # and again, a heartbeat interval later
+    assert link.state == {"phase": "computing", "step": 7}  # what the heartbeats say again
+    _until(recv, Heartbeat(phase="computing", step=7))
+
+
+def test_through_its_thread_messages_go_both_ways_in_order_and_the_last_leaves_before_it_ends(linked):
+    link, send, _, recv = linked
+    link.start_thread()
+    send(Heartbeat(echo=5))  # (a heartbeat is read, never returned: counted as an echo)
+    send(Shutdown(ok=True, reason="done"))
+    assert link.sock.poll(10_000) and link.receive() is None and link.echoed()
+    assert link.sock.poll(10_000) and link.receive() == Shutdown(ok=True, reason="done")
+    link.send(Failed(reason="one"))
+    link.send(Failed(reason="two"))
+    link.close()  # at once: what was sent still leaves, then the thread ends
+    said = [m for m in iter(recv, Failed(reason="two")) if not isinstance(m, Heartbeat)]
+    assert said == [Failed(reason="one")]
+    assert not [t for t in threading.enumerate() if t.name == "scheduler-link"]
+
+
+def test_a_silence_of_the_whole_process_stays_known_after_its_thread_broke_it_until_an_echo_is_asked(linked):
+    link, _, clock, recv = linked
+    link.start_thread()
+    assert recv() == Heartbeat()
+    clock[0] = 3.5  # the process, thread and all, was frozen for 3.5 s (--dead-after 3)
+    link.state = {"phase": "woken"}
+    _until(recv, Heartbeat(phase="woken"))
+    assert recv() == Heartbeat(phase="woken")  # the thread beat at 3.5: it broke the silence
+    assert link.silent_s() == 3.5  # still known: the server asks for an echo before it serves
+    link.ask_echo()
+    assert link.silent_s() == 0.0
+    # the echo awaited is asked again with the thread's next heartbeat, as from the process
+    _until(recv, Heartbeat(echo=1))
+    assert recv() == Heartbeat(echo=1, phase="woken")
 
 
 def test_a_scheduler_silent_for_dead_after_is_given_up_on_naming_the_phase(linked):

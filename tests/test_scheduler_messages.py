@@ -108,7 +108,7 @@ def test_a_server_that_cannot_restore_its_shard_fails_the_job_at_once(make, tmp_
 
     sent = []
     link = type("Link", (), {"send": lambda self, msg: sent.append(msg),
-                             "beating": lambda self, phase: contextlib.nullcontext()})()
+                             "in_phase": lambda self, phase: contextlib.nullcontext()})()
     core = ShardCore(JobSpec(), 0, 4, 4)
     with pytest.raises(ValueError, match="no checkpoint|cannot read"):
         _restore(core, 0, 0, 4, link, str(tmp_path / "no-such-checkpoint"))

@@ -69,6 +69,17 @@ def test_a_worker_heard_from_lately_is_not_blamed_its_heartbeat_saying_it_waits_
     assert w.waiting(t + 2.6).rank == 1  # silent since: stopped, or computing for long
 
 
+def test_a_worker_whose_heartbeats_say_it_computes_is_named_as_if_silent():
+    w = bsp_job()
+    t = 10 * STEP
+    w.on_beat(0, 10, 1.2, [0], t + 1.2)
+    w.on_beat(2, 10, 1.2, [0], t + 1.2)
+    w.on_beat(1, -1, 0.0, [], t + 1.0)
+    for beat in (1.2, 1.6, 2.0, 2.4):
+        w.on_beat(1, 10, 0.0, [], t + beat)  # computing step 10 for long: the step waits for it
+    assert w.waiting(t + 2.6).rank == 1
+
+
 def test_a_server_is_named_only_when_it_is_silent():
     w = bsp_job()
     t = 10 * STEP

@@ -92,6 +92,18 @@ def test_workers_slow_to_build_their_model_are_not_taken_for_dead(tmp_path, user
     assert s["status"] == "completed" and s["workers_lost"] == 0 and s["worker_steps"] == [20] * 3, s
 
 
+def test_workers_whose_steps_compute_longer_than_dead_after_are_not_taken_for_dead(tmp_path, user_env):
+    # each step's compute lasts 2.5 s on an emulated slow device, longer than --dead-after:
+    # the heartbeats go on meanwhile, from the thread that owns the link to the scheduler
+    run_dir = tmp_path / "run"
+    flags = [*job(3), "--heartbeat", "0.25", "--dead-after", "2"]
+    with start_cluster(run_dir, flags, [WorkerSpec(ms_per_step=2500.0)] * 2, env=user_env) as cluster:
+        run = finish(cluster)
+    s = run.summary
+    assert s["status"] == "completed" and s["workers_lost"] == 0 and s["worker_steps"] == [3] * 2, s
+    assert min(s["worker_compute_s_per_step"]) > 2.0, s  # (the steps did outlast --dead-after)
+
+
 def test_a_worker_frozen_while_it_builds_its_model_is_lost_with_that_phase(tmp_path, user_env):
     run_dir = tmp_path / "run"
     flags = [*job(20, odd_rank=2, odd="stop"), "--heartbeat", "0.25", "--dead-after", "2"]

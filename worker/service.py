@@ -47,6 +47,7 @@ def run(opts: WorkerOptions, leaving: Leaving | None = None) -> int:
     if opts.threads:
         torch.set_num_threads(opts.threads)
     ctx = zmq.Context()
+    link = None
     try:
         link = SchedulerLink(ctx, opts.scheduler, keys=opts.keys)
         welcome = link.register(
@@ -85,6 +86,8 @@ def run(opts: WorkerOptions, leaving: Leaving | None = None) -> int:
             link.send(Failed(reason=reason[:MAX_REASON]))
             raise
     finally:
+        if link is not None:
+            link.close()  # the thread sends what is left (a Failed) before the context ends
         ctx.destroy(linger=1000)
 
 
@@ -133,10 +136,10 @@ class _Session:
         self.start_step, self.start_position = cluster["start_step"], cluster["start_position"]
         self.plan = BatchPlan.from_wire(cluster["plan"], job.num_workers)
         self.step: int | None = None  # the step in flight, for our heartbeats
-        # heartbeats from a thread through each phase, however long it takes on a loaded host
-        with link.beating("loading the data set"):
+        # our heartbeats name each phase, however long it takes on a loaded host
+        with link.in_phase("loading the data set"):
             train, test = data.load(job.dataset, job.dataset_args)
-        with link.beating("building the model"):
+        with link.in_phase("building the model"):
             self.flat = FlatModel(models.build(job.model, job.model_args, train, job.seed), device)
         if self.flat.size != cluster["num_params"]:
             raise ValueError(f"this worker's model has {self.flat.size} values, the scheduler's "
@@ -148,7 +151,7 @@ class _Session:
         self.trainer = Trainer(self.flat, batcher, opts.max_batch, opts.fault_oom_above)
         # before the first pull, which overwrites whatever the probe touched (and before the
         # pusher's hooks exist)
-        with link.beating("measuring memory"):
+        with link.in_phase("measuring memory"):
             self.sample_bytes = memory.sample_bytes(self.flat.module, batcher, range(len(train)), device)
         # dynamic batching plans the first step from every worker's timed passes (a joiner
         # and a resumed job go on with the plan they are given)
@@ -184,7 +187,7 @@ class _Session:
         self.flat.load_params()
         if self.probing:  # once the model is in place: the job's time counts from the probe
             sizes = list(PROBE_BATCHES)
-            with self.link.beating("probing its speed"):
+            with self.link.in_phase("probing its speed"):
                 seconds = self._probe(sizes)
             self.link.send(Probe(rank=self.rank, batches=sizes, seconds=seconds,
                                  mem_free=memory.free_bytes(self.flat.device), sample_bytes=self.sample_bytes))
@@ -271,6 +274,7 @@ class _Session:
         if not batch:
             raise LinkError(f"worker {self.rank} is no longer in the batch plan: the scheduler removed it")
         self.step = step
+        self.link.state = {"phase": "computing", "step": step}
         if bsp:
             start = data.bsp_slice_start(step * self.job.global_batch, self.plan.batches, self.rank)
         else:
