@@ -176,9 +176,11 @@ class SchedulerLink:
     @contextmanager
     def in_phase(self, phase: str):
         """Our heartbeats say `phase` while the block runs (loading the data set, building
-        the model, restoring a shard): a silence that ends the process is told with it."""
+        the model, restoring a shard): a silence that ends the process is told with it. One
+        says it at once: a process that stops at the start of the block is lost with it."""
         before = self.state
         self.state = {"phase": phase}
+        self.send(self._heartbeat())
         try:
             yield
         finally:

@@ -130,10 +130,21 @@ def test_from_its_thread_heartbeats_flow_while_the_process_is_busy_and_say_its_p
     assert recv() == Heartbeat()  # the first at once
     link.state = {"phase": "computing", "step": 7}
     with link.in_phase("building the model"):  # the caller is busy here: it reads nothing from the link
-        _until(recv, Heartbeat(phase="building the model"))
-        assert recv() == Heartbeat(phase="building the model")  # and again, a heartbeat interval later
+        _until(recv, Heartbeat(phase="building the model"))  # at once, then every interval
+        assert [recv(), recv()] == [Heartbeat(phase="building the model")] * 2
     assert link.state == {"phase": "computing", "step": 7}  # what the heartbeats say again
     _until(recv, Heartbeat(phase="computing", step=7))
+
+
+def test_a_phase_is_said_at_once_not_a_heartbeat_interval_later(linked):
+    """A process that stops at the start of a phase (frozen while it builds its model) is
+    lost with that phase, not the one before."""
+    link, _, _, recv = linked
+    link.heartbeat_s = 60.0  # the thread's next heartbeat is a minute away
+    link.start_thread()
+    assert recv() == Heartbeat()
+    with link.in_phase("building the model"):
+        assert recv() == Heartbeat(phase="building the model")
 
 
 def test_through_its_thread_messages_go_both_ways_in_order_and_the_last_leaves_before_it_ends(linked):
