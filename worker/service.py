@@ -66,7 +66,7 @@ def run(opts: WorkerOptions, leaving: Leaving | None = None) -> int:
         try:
             session = _Session(job, welcome.rank, cluster, device, opts, link)
             session.leaving = leaving or Leaving()
-            # on_wait twice per heartbeat interval: a waiting worker's beats leave at most 1.5 intervals apart
+            # on_wait twice per heartbeat interval: what a waiting worker's heartbeats say is that fresh
             session.connect = lambda servers, local: ServerGroup(
                 ctx, routes.endpoints(servers, local, opts.transport), cluster["ranges"], opts.server_timeout_s,
                 on_wait=session.check_scheduler, tick_s=min(1.0, link.heartbeat_s / 2), keys=opts.keys,
