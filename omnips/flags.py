@@ -1,7 +1,9 @@
 """Command-line value types shared by the roles' parsers."""
 
 import argparse
+import ipaddress
 import os
+import re
 
 from .routes import TRANSPORTS
 from .security import Keys, KeysError
@@ -56,6 +58,28 @@ def port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{value} is not a port: use 0 to 65535 (0: any free one)")
     return value
+
+
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def host(text: str) -> str:
+    """An address to bind: an IPv4 or IPv6 address (brackets, as in a URL, dropped) or a
+    host name. What is neither is refused here, before a process starts, and not by a bind
+    that fails later with less to say."""
+    name = text.strip()
+    bare = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+    try:
+        return str(ipaddress.ip_address(bare))
+    except ValueError:
+        pass
+    labels = name.removesuffix(".").split(".")
+    # a last label of digits only is a mistyped IPv4 address (1.2.3.999), never a domain
+    if ":" not in name and len(name) <= 253 and all(_LABEL.fullmatch(x) for x in labels) \
+            and not labels[-1].isdigit():
+        return name
+    hint = " (an address alone: the port has a flag of its own)" if ":" in name else ""
+    raise argparse.ArgumentTypeError(f"{text!r} is not an IP address or host name{hint}")
 
 
 def add_log_level(p: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .metrics import read_events
 from .status import StatusBook, duration
@@ -37,10 +38,24 @@ def from_run_dir(path) -> dict:
     return book.snapshot()
 
 
+def status_url(address: str) -> str:
+    """The /status.json URL of ADDRESS: host:port ([::1]:port for IPv6, as in a URL) or the
+    page's URL (its port may be the scheme's); ValueError for anything else."""
+    base = address if "://" in address else f"http://{address}"
+    try:
+        parts = urlsplit(base)
+        ok = parts.scheme in ("http", "https") and parts.hostname and (parts.port is not None or "://" in address)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{address!r} is not host:port or the page's URL (an IPv6 address goes in brackets: "
+                         "[::1]:PORT)")
+    return base.rstrip("/") + "/status.json"
+
+
 def fetch(address: str, token: str = "") -> dict:
     """The snapshot a status server serves; ValueError saying why when it cannot be had."""
-    base = address if "://" in address else f"http://{address}"
-    url = base.rstrip("/") + "/status.json"
+    url = status_url(address)
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
         with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_S) as r:

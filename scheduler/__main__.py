@@ -10,7 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from omnips import logs, transport
-from omnips.flags import add_log_level, add_security, add_transport, nonempty, port, seconds
+from omnips.flags import add_log_level, add_security, add_transport, host, nonempty, port, seconds
 from omnips.job import (ASYNC_CORRECTIONS, BATCHINGS, CONTROLLERS, MODES, NAN_POLICIES, OPTIMIZERS, STALENESS_LR,
                         WIRE_DTYPES, JobSpec)
 
@@ -55,9 +55,9 @@ def parser() -> argparse.ArgumentParser:
                    help="start once this many workers are in; the others join the running job (default: all)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=port, default=0, help="port to bind; 0 picks a free one (printed)")
-    p.add_argument("--status-host", default="127.0.0.1",
-                   help="address the status server binds (default loopback; another one is reachable by anyone "
-                        "who can reach it: give the job a --token)")
+    p.add_argument("--status-host", type=host, default="127.0.0.1",
+                   help="address the status server binds: IPv4, IPv6 or a host name (default loopback; another one "
+                        "is reachable by anyone who can reach it: give the job a --token); '::' takes IPv4 and IPv6")
     p.add_argument("--status-port", type=status_port, default=0, metavar="PORT|off",
                    help="the status server's port: GET / (a page), /status.json, /metrics (Prometheus); "
                         "0 picks a free one (printed); off: none (default 0)")

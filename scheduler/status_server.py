@@ -7,8 +7,11 @@ lock the loop waits for, so no client, however slow, can stall the job.
 """
 
 import argparse
+import ipaddress
 import json
 import logging
+import socket
+import socketserver
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -92,6 +95,36 @@ class Rendered:
             return self._bodies[kind]
 
 
+def listen_address(host: str, port_: int) -> tuple[int, tuple]:
+    """(address family, socket address) to bind for `host`, an IPv4 or IPv6 address or a
+    host name (its first address); OSError when a name does not resolve."""
+    family, _, _, _, address = socket.getaddrinfo(host, port_, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    return family, address
+
+
+class HTTPServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer in the family of its address. The IPv6 wildcard `::` takes IPv4
+    clients too (IPV6_V6ONLY off), as 0.0.0.0 would: one flag exposes the page on both."""
+
+    daemon_threads = True
+
+    def __init__(self, family: int, address: tuple, handler):
+        self.address_family = family
+        super().__init__(address, handler)
+
+    def server_bind(self):
+        if self.address_family == socket.AF_INET6 and ipaddress.ip_address(self.server_address[0]).is_unspecified:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        # (not HTTPServer's: it asks a name server for the host's full name, which may hang)
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+
+def host_port(host: str, port_: int) -> str:
+    """host:port as a URL writes it: an IPv6 address in brackets."""
+    return f"[{host}]:{port_}" if ":" in host else f"{host}:{port_}"
+
+
 class StatusServer:
     """The HTTP driver: binds at once (an error names the address), serves from a thread."""
 
@@ -124,13 +157,11 @@ class StatusServer:
                 log.debug("status server: " + fmt, *args)
 
         try:
-            self.httpd = ThreadingHTTPServer((host, port_), Handler)
+            self.httpd = HTTPServer(*listen_address(host, port_), Handler)
         except OSError as exc:
-            raise OSError(f"scheduler: cannot bind the status server to {host}:{port_}: {exc.strerror or exc}") \
-                from None
-        self.httpd.daemon_threads = True
-        shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{self.httpd.server_address[1]}/"
+            raise OSError(f"scheduler: cannot bind the status server to {host_port(host, port_)}: "
+                          f"{exc.strerror or exc}") from None
+        self.url = f"http://{host_port(host, self.httpd.server_address[1])}/"
         if access.exposed(host) and not token:
             log.warning(EXPOSED_WARNING, self.url)
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},

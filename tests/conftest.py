@@ -1,6 +1,7 @@
 """Fixtures for end-to-end tests (helpers.py holds the cluster plumbing)."""
 
 import subprocess
+from pathlib import Path
 
 import pytest
 from helpers import finish, stand_in, start_cluster
@@ -66,3 +67,13 @@ def hosts(tmp_path):
     yield make
     for h in made:
         h.close()
+
+
+@pytest.fixture
+def ipv6_loopback():
+    """Skips the test, saying so loudly, where this kernel has IPv6 off: then nothing binds ::1."""
+    flag = Path("/proc/sys/net/ipv6/conf/lo/disable_ipv6")
+    if not flag.exists():
+        pytest.skip(f"NO IPv6 TEST: this kernel has no IPv6 ({flag} is missing)")
+    if flag.read_text().strip() != "0":
+        pytest.skip(f"NO IPv6 TEST: IPv6 is disabled on loopback ({flag} is {flag.read_text().strip()})")

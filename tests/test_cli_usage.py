@@ -26,6 +26,7 @@ def run(*argv, timeout=120):
 
 
 @pytest.mark.cluster
+@pytest.mark.core
 def test_omnips_lists_its_subcommands_and_names_an_unknown_one():
     code, out, err, _ = run("-m", "omnips.cli", "--help")
     assert code == 0 and err == ""

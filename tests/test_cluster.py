@@ -17,6 +17,7 @@ HETERO = [WorkerSpec(slowdown="1"), WorkerSpec(slowdown="2"), WorkerSpec(slowdow
 
 
 @pytest.mark.cluster
+@pytest.mark.core
 def test_bsp_trains_digits_to_90_percent(run_job):
     before = time.monotonic()
     run = run_job(["--mode", "bsp", "--epochs", "8", *DIGITS_FAST], HETERO, num_servers=2)
@@ -50,6 +51,7 @@ def test_bsp_trains_digits_to_90_percent(run_job):
 
 
 @pytest.mark.cluster
+@pytest.mark.core
 def test_asp_trains_digits_with_the_bsp_recipe(run_job):
     run = run_job(["--mode", "asp", "--epochs", "20", *DIGITS_FAST], HETERO, num_servers=2)
     s = run.summary

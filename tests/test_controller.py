@@ -151,6 +151,7 @@ def test_strong_overheads_affine_beats_proportional():
     assert off_by(stuck.batches, target) > 1
 
 
+@pytest.mark.slow  # 200 clusters searched
 @SEARCH
 @given(cluster=clusters())
 def test_affine_converges_in_two_adjustments_when_first_moves_allow_a_fit(cluster):
@@ -165,6 +166,7 @@ def test_affine_converges_in_two_adjustments_when_first_moves_allow_a_fit(cluste
     assert settled is not None and settled <= 2, (settled, exact_plan(a, c, total))
 
 
+@pytest.mark.slow  # 200 clusters searched
 @SEARCH
 @given(cluster=clusters())
 def test_affine_converges_in_at_most_four_adjustments(cluster):
@@ -216,6 +218,7 @@ def noisy_windows(a, c, total, seed, deadband, windows=50, amplitude=0.03):
     return cluster.changes, drift
 
 
+@pytest.mark.slow  # 20 noisy runs of 2 controllers
 @pytest.mark.parametrize("a, c, total", [([20.0, 5.0], [1.0, 3.0], 64), ([5.0, 5.0, 5.0], [1.0, 2.0, 3.0], 120)])
 def test_deadband_holds_a_converged_plan_under_noise(a, c, total):
     with_band = [noisy_windows(a, c, total, seed, DEADBAND) for seed in range(10)]
@@ -228,6 +231,7 @@ def test_deadband_holds_a_converged_plan_under_noise(a, c, total):
     assert sum(without) >= 30, without
 
 
+@pytest.mark.slow  # 10 noisy runs of 2 controllers
 def test_deadband_limits_churn_with_strong_overheads():
     """With big overheads a fitted line turns 3 % of time noise into ~9 % of batch (a/(c*b)
     amplifies it), so the deadband cannot hold every window; it still bounds the churn
@@ -548,6 +552,7 @@ def test_workers_are_picked_by_index_or_by_mask_alike():
     assert models.measured(mask).all() and not models.measured([0, 3]).any()
 
 
+@pytest.mark.slow  # 40 searches, each feeding up to 5 workers many times
 @settings(max_examples=40, deadline=None)
 @given(data=st.data(), n=st.integers(1, 5), affine=st.booleans())
 def test_many_workers_model_as_each_alone(data, n, affine):

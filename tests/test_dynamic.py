@@ -13,6 +13,7 @@ def _assigns(run):
     return [e for e in run.events if e["event"] == "assign"]
 
 
+@pytest.mark.core
 def test_batches_converge_to_the_speed_ratios(run_job):
     # virtual devices: 5 ms per step plus 1, 2, 4 ms per sample -> equal time at 36.6 / 18.3 / 9.1
     workers = [WorkerSpec(ms_per_step=5, ms_per_sample=c) for c in (1, 2, 4)]

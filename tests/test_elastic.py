@@ -39,6 +39,7 @@ def _kill_mid_run(run_dir, job, workers, victim: str, after_reports: int):
     return run
 
 
+@pytest.mark.core
 def test_a_killed_bsp_worker_leaves_and_the_others_carry_the_global_batch(tmp_path):
     job = ["--mode", "bsp", "--epochs", "5", "--global-batch", "48", "--lr", "0.1", "--seed", "3"]
     run = _kill_mid_run(tmp_path / "run", job, [WorkerSpec(ms_per_step=15.0)] * 3, "worker2", 3 * 15)

@@ -270,6 +270,7 @@ def decode_or_refuse(frames) -> protocol.Message | ProtocolError:
 # -- 1. the decoder ------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 400 mutated messages (test_each_mutation_alone_on_each_op stays in the default tier)
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(msg=ANY_MESSAGE, rng=st.randoms(use_true_random=False), count=st.integers(1, 4))
 def test_mutated_messages_decode_or_are_refused(msg, rng, count):

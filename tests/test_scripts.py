@@ -86,6 +86,7 @@ def test_launch_local_refuses_bad_flags(tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.core
 def test_start_scripts_form_a_cluster(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     sched = subprocess.Popen(["bash", str(ROOT / "scripts" / "start-scheduler.sh"), "--num-workers", "2", "--run-dir",

@@ -287,6 +287,7 @@ def _spawn(*argv) -> subprocess.Popen:
 
 
 @pytest.mark.cluster
+@pytest.mark.core
 def test_with_keys_only_key_holders_are_heard_and_the_job_is_unaffected(tmp_path):
     """While the cluster forms, impostors knock: at the scheduler (registrations) and at
     the server (init, pull and push of the right size: any of them heard would change or

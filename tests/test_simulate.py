@@ -48,6 +48,7 @@ def test_the_probe_plans_the_first_step_and_without_it_equal_batches_take_an_adj
     assert simulate.summarise(equal)["first"] == 1
 
 
+@pytest.mark.slow  # a whole table of simulated runs, twice
 @pytest.mark.parametrize("flags, start", [([], "- start: the probe, one pass of 2 and 4 samples"),
                                           (["--no-probe"], "- start: equal batches (--no-probe)")])
 def test_the_table_has_a_row_per_scenario_and_kind_of_noise(tmp_path, flags, start):

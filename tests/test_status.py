@@ -14,7 +14,8 @@ from omnips import status_view
 from omnips.status import StatusBook, eta_s
 from scheduler.__main__ import parser as scheduler_parser
 from scheduler.status_metrics import exposition, registry
-from scheduler.status_server import PAGE, Rendered, StatusPublisher, authorized, open_status, route, status_port
+from scheduler.status_server import (PAGE, Rendered, StatusPublisher, StatusServer, authorized, open_status, route,
+                                     status_port)
 
 JOB = {"mode": "bsp", "batching": "dynamic", "num_workers": 2, "num_servers": 2, "global_batch": 8,
        "model": "mlp", "dataset": "digits"}
@@ -134,6 +135,7 @@ def test_status_port_takes_a_port_or_off_and_off_starts_no_server():
         status_port("http")
     a = scheduler_parser().parse_args(["--status-port", "off"])
     assert a.status_port is None and a.status_host == "127.0.0.1"
+    assert scheduler_parser().parse_args(["--status-host", "[::1]"]).status_host == "::1"
     assert scheduler_parser().parse_args([]).status_port == 0  # on by default, on a free port
     off = open_status(JOB, "runs/x", "127.0.0.1", None, "")
     assert off.url is None
@@ -163,6 +165,48 @@ def test_the_server_answers_with_the_published_snapshot_and_refuses_a_missing_to
         assert get(pub.url + "nope", "tok")[0] == 404
     finally:
         pub.close()
+
+
+def test_the_ipv6_wildcard_serves_both_families_and_the_url_brackets_an_ipv6_address(ipv6_loopback, capsys):
+    snap = book().snapshot()
+    for host, reached, refused in (("::", ("127.0.0.1", "[::1]"), ()), ("::1", ("[::1]",), ("127.0.0.1",)),
+                                   ("127.0.0.1", ("127.0.0.1",), ("[::1]",))):
+        server = StatusServer(host, 0, "", lambda: snap)
+        try:
+            port = server.httpd.server_address[1]
+            assert server.url == (f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/")
+            for client in reached:
+                assert json.loads(get(f"http://{client}:{port}/status.json")[1])["progress"]["steps"] == 4
+            for client in refused:
+                with pytest.raises(urllib.error.URLError, match="refused"):
+                    get(f"http://{client}:{port}/status.json")
+        finally:
+            server.close()
+    assert status_view.main(["[::1]:1"]) == 1  # nobody there, but the address is read as one
+    assert "cannot read http://[::1]:1/status.json: [Errno 111] Connection refused" in capsys.readouterr().err
+
+
+def test_a_status_host_that_is_no_address_is_refused_before_the_scheduler_starts(capsys):
+    for text in ("1.2.3.999", "[::1]:8080", "head node", "::g"):
+        with pytest.raises(SystemExit) as exit_:
+            scheduler_parser().parse_args(["--status-host", text])
+        assert exit_.value.code == 2
+        assert f"omnips-scheduler: error: argument --status-host: {text!r} is not an IP address or host name" \
+            in capsys.readouterr().err
+    with pytest.raises(OSError, match=r"^scheduler: cannot bind the status server to no-such-host\.invalid:0: "):
+        StatusServer("no-such-host.invalid", 0, "", dict)
+
+
+def test_omnips_status_takes_host_port_with_an_ipv6_address_in_brackets_or_the_pages_url(capsys):
+    assert status_view.status_url("[::1]:8080") == "http://[::1]:8080/status.json"
+    assert status_view.status_url("http://[::1]:8080/") == "http://[::1]:8080/status.json"
+    assert status_view.status_url("head:9100") == "http://head:9100/status.json"
+    assert status_view.status_url("https://head/omnips/") == "https://head/omnips/status.json"
+    for address in ("::1:8080", "[::1]", "head", "[::1:80", "head:99999"):
+        assert status_view.main([address]) == 1
+        err = capsys.readouterr().err
+        assert err == f"omnips status: {address!r} is not host:port or the page's URL (an IPv6 address goes in " \
+            "brackets: [::1]:PORT)\n", err
 
 
 def test_a_resumed_runs_page_shows_the_events_before_the_resume_and_goes_on_counting(tmp_path):

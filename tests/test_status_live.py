@@ -2,9 +2,13 @@
 scraped until the scheduler exits, parsed with prometheus_client's parser, agrees with the
 run's metrics.jsonl and its counters never go back; `omnips status` reads the same table
 live and from the files; the page, in headless Chromium, shows every worker and marks the
-straggler (skipped, saying so, where no Chromium can be had)."""
+straggler (skipped, saying so, where no Chromium can be had). A scheduler alone serves its
+status over IPv6 loopback."""
 
+import json
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 import warnings
@@ -14,9 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from omnips import headless, status_view
-from omnips.launch import WorkerSpec
+from omnips.launch import WorkerSpec, read_announcements
 from omnips.metrics import read_events
-from helpers import JOB_TIMEOUT_S, finish, start_cluster
+from helpers import JOB_TIMEOUT_S, WAIT_FACTOR, finish, start_cluster
 
 pytestmark = pytest.mark.cluster  # a real job, and a browser
 
@@ -120,3 +124,23 @@ def test_metrics_scraped_during_a_job_agree_with_its_events_and_the_page_marks_t
     assert [w["batch"] for w in files["workers"]] == [8, 8, 8]
     if not browser:
         pytest.skip("no Chromium: the page was not loaded in a browser (apt-get install chromium)")
+
+
+@pytest.mark.core
+def test_a_scheduler_serves_its_status_over_ipv6_loopback(tmp_path, ipv6_loopback, capsys):
+    proc = subprocess.Popen([sys.executable, "-m", "scheduler", "--status-host", "::1", "--num-workers", "2",
+                             "--run-dir", str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        endpoint, url = read_announcements(proc.stdout, 60 * WAIT_FACTOR)
+        assert endpoint and url and url.startswith("http://[::1]:"), (endpoint, url, proc.poll())
+        with urllib.request.urlopen(url + "status.json", timeout=30) as r:
+            snap = json.loads(r.read())
+        assert snap["state"] == "forming" and snap["job"]["num_workers"] == 2, snap
+        assert status_view.main([url.removeprefix("http://").rstrip("/")]) == 0  # omnips status [::1]:PORT
+        assert "2 workers, 1 servers: forming" in capsys.readouterr().out
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=60 * WAIT_FACTOR)
+        finally:
+            proc.kill()  # (a no-op once it has exited)

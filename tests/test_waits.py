@@ -26,6 +26,7 @@ def _named(run_dir, role: str, rank: int) -> dict:
                           and e["rank"] == rank, 30)
 
 
+@pytest.mark.core
 def test_a_stopped_worker_and_a_stopped_server_are_named_with_the_step_that_waits_for_them(tmp_path):
     run_dir = tmp_path / "run"
     job = ["--mode", "bsp", "--max-steps", "150", "--global-batch", "24", "--heartbeat", "0.25", "--dead-after", "30"]
