@@ -188,15 +188,14 @@ class LookAhead(_Ahead):
 class Dana(_Ahead):
     """DANA-Zero (Hakimi et al. 2019) for SGD with momentum: a momentum buffer per worker.
 
-    Worker i's update, at its share of BSP's step per sample (eta = lr * b_i / B):
-    u_i <- momentum * u_i + eta * (g + weight_decay * x), then x <- x - u_i (Nesterov:
-    x <- x - momentum * u_i - eta * (g + weight_decay * x)). Each buffer decays once per
-    update of its own worker, so over a round in which every worker pushes once, the
-    values move as BSP's do with the recipe's momentum on the round's gradients, instead
-    of decaying N times per round as one shared buffer does (which, with the momentum
-    asynchrony adds, overshoots). A reply carries x - momentum * sum_j u_j: where the
-    values will be once every worker's momentum has taken its next step, so a gradient
-    is computed about where it will be applied.
+    Worker i's update is the recipe's SGD step (momentum, Nesterov, weight decay) at its
+    share of BSP's step per sample, eta_i = lr * b_i / B, on its own buffer v_i. Each
+    buffer decays once per update of its own worker, so over a round in which every
+    worker pushes once the values move as BSP's do with the recipe's momentum, instead of
+    decaying N times a round as one shared buffer does (which, with the momentum
+    asynchrony adds, overshoots). A reply carries x - momentum * sum_j eta_j * v_j: where
+    the values will be once every worker's momentum has taken its next step, so a
+    gradient is computed about where it will be applied.
 
     Adam's steps are normalised per value, and a buffer per worker would need its own
     normaliser: with Adam (and with SGD without momentum) the update is the momentum
@@ -205,9 +204,8 @@ class Dana(_Ahead):
 
     def __init__(self, trained: int):
         super().__init__(trained)
-        self._u: dict[int, np.ndarray] = {}  # per worker, in the values' units
-        self._sum = aligned_zeros(trained)  # sum of the _u
-        self._change = aligned_empty(trained)
+        self._v: dict[int, tuple[np.ndarray, float]] = {}  # rank -> (its buffer, the eta it last moved by)
+        self._sum = aligned_zeros(trained)  # sum of eta * buffer over the workers
         self._eta = 0.0
         self._fallback = MomentumCorrection(trained)
 
@@ -227,25 +225,14 @@ class Dana(_Ahead):
     def apply(self, rank, grads, values, opt):
         if not (self.staleness and self._moves(opt)):  # no delay yet: the optimizer's own step, bit for bit
             return super().apply(rank, grads, values, opt)
-        u = self._u.get(rank)
-        if u is None:
-            u = self._u[rank] = aligned_zeros(self.trained)
-        eta, momentum, decay = self._eta, opt.momentum, opt.weight_decay
+        v, eta = self._v.get(rank) or (aligned_zeros(self.trained), 0.0)
+        buf, total = torch.from_numpy(v), torch.from_numpy(self._sum)
         for lo, grad in grads:
             hi = lo + grad.size
-            x, g = torch.from_numpy(values[lo:hi]), torch.from_numpy(grad)
-            ui, change = torch.from_numpy(u[lo:hi]), torch.from_numpy(self._change[lo:hi])
-            torch.mul(ui, momentum - 1, out=change).add_(g, alpha=eta)  # the buffer's change
-            if decay:
-                change.add_(x, alpha=eta * decay)
-            ui.add_(change)
-            torch.from_numpy(self._sum[lo:hi]).add_(change)
-            if opt.nesterov:
-                if decay:
-                    x.mul_(1 - eta * decay)
-                x.sub_(ui, alpha=momentum).sub_(g, alpha=eta)
-            else:
-                x.sub_(ui)
+            total[lo:hi].sub_(buf[lo:hi], alpha=eta)
+            opt.apply([(lo, torch.from_numpy(grad))], buf=buf)
+            total[lo:hi].add_(buf[lo:hi], alpha=self._eta)
+        self._v[rank] = (v, self._eta)
 
     def _ahead_of(self, values, out, opt):
         torch.mul(torch.from_numpy(self._sum), -opt.momentum, out=out).add_(values)
@@ -253,10 +240,11 @@ class Dana(_Ahead):
     def forget(self, rank=None):
         super().forget(rank)
         if rank is None:
-            self._u.clear()
+            self._v.clear()
             self._sum.fill(0)
-        elif rank in self._u:
-            self._sum -= self._u.pop(rank)
+        elif rank in self._v:
+            v, eta = self._v.pop(rank)
+            torch.from_numpy(self._sum).sub_(torch.from_numpy(v), alpha=eta)
 
     def load_state(self, saved):
         super().load_state(saved)
