@@ -80,15 +80,15 @@ class Run:
                 + (f" {self.correction}" if self.mode != "bsp" else ""))
 
 
-def section_runs(name: str, full: bool) -> list[Run]:
+def section_runs(name: str, full: bool, corrections=ASYNC_CORRECTIONS) -> list[Run]:
     models = ["mlp", "cnn"] if full else ["cnn" if name == "cnn" else "mlp"]
     workers = [3, 8] if full or name in ("corrections", "adam", "nesterov", "speeds") else [3]
     levels = list(LEVELS) if full or name == "speeds" else ["HL1"]
     batchings = ["uniform", "dynamic"] if full or name == "speeds" else ["uniform"]
     optimizer = {"adam": "adam", "nesterov": "nesterov"}.get(name, "sgd")
     if full or name == "corrections":
-        asynchronous = [("asp", c) for c in ASYNC_CORRECTIONS] + [("ssp", c) for c in ASYNC_CORRECTIONS
-                                                                   if full or c in (DEFAULT, "none")]
+        asynchronous = [("asp", c) for c in corrections] + [("ssp", c) for c in corrections
+                                                             if full or c in (DEFAULT, "none")]
     elif name == "adam":
         asynchronous = [("asp", DEFAULT), ("asp", "none"), ("ssp", DEFAULT)]
     else:
@@ -257,6 +257,8 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--epochs", type=float, default=8.0)
     p.add_argument("--full", action="store_true", help="the whole grid in every section named")
+    p.add_argument("--corrections", default=",".join(ASYNC_CORRECTIONS),
+                   help="the corrections section's (default: every one)")
     p.add_argument("--quick", action="store_true", help="toy size: 1 epoch, seed 0, a run of each kind")
     p.add_argument("--out", type=Path, default=HERE / "results" / "asp_accuracy.md")
     p.add_argument("--keep-runs", action="store_true")
@@ -264,7 +266,12 @@ def main() -> None:
     p.add_argument("--cost-rounds", type=int, default=30)
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    runs = [r for name in args.sections.split(",") if name != "cost" for r in section_runs(name, args.full)]
+    corrections = args.corrections.split(",")
+    unknown = set(corrections) - set(ASYNC_CORRECTIONS)
+    if unknown:
+        p.error(f"unknown --corrections {', '.join(sorted(unknown))} (known: {', '.join(ASYNC_CORRECTIONS)})")
+    runs = [r for name in args.sections.split(",") if name != "cost"
+            for r in section_runs(name, args.full, corrections)]
     if args.quick:
         seeds, args.epochs = [0], 1.0
         runs = [r for r in runs if r.mode == "bsp" or r.correction in (DEFAULT, "none")][:4]
