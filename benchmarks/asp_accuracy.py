@@ -80,10 +80,10 @@ class Run:
                 + (f" {self.correction}" if self.mode != "bsp" else ""))
 
 
-def section_runs(name: str, full: bool, corrections=ASYNC_CORRECTIONS) -> list[Run]:
+def section_runs(name: str, full: bool, corrections=ASYNC_CORRECTIONS, speeds=tuple(LEVELS)) -> list[Run]:
     models = ["mlp", "cnn"] if full else ["cnn" if name == "cnn" else "mlp"]
     workers = [3, 8] if full or name in ("corrections", "adam", "nesterov", "speeds") else [3]
-    levels = list(LEVELS) if full or name == "speeds" else ["HL1"]
+    levels = list(LEVELS) if full else list(speeds) if name == "speeds" else ["HL1"]
     batchings = ["uniform", "dynamic"] if full or name == "speeds" else ["uniform"]
     optimizer = {"adam": "adam", "nesterov": "nesterov"}.get(name, "sgd")
     if full or name == "corrections":
@@ -259,6 +259,7 @@ def main() -> None:
     p.add_argument("--full", action="store_true", help="the whole grid in every section named")
     p.add_argument("--corrections", default=",".join(ASYNC_CORRECTIONS),
                    help="the corrections section's (default: every one)")
+    p.add_argument("--levels", default=",".join(LEVELS), help="the speeds section's (default: every one)")
     p.add_argument("--quick", action="store_true", help="toy size: 1 epoch, seed 0, a run of each kind")
     p.add_argument("--out", type=Path, default=HERE / "results" / "asp_accuracy.md")
     p.add_argument("--keep-runs", action="store_true")
@@ -266,12 +267,12 @@ def main() -> None:
     p.add_argument("--cost-rounds", type=int, default=30)
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    corrections = args.corrections.split(",")
-    unknown = set(corrections) - set(ASYNC_CORRECTIONS)
-    if unknown:
-        p.error(f"unknown --corrections {', '.join(sorted(unknown))} (known: {', '.join(ASYNC_CORRECTIONS)})")
+    corrections, levels = args.corrections.split(","), args.levels.split(",")
+    for flag, names, known in (("--corrections", corrections, ASYNC_CORRECTIONS), ("--levels", levels, LEVELS)):
+        if set(names) - set(known):
+            p.error(f"unknown {flag} {', '.join(sorted(set(names) - set(known)))} (known: {', '.join(known)})")
     runs = [r for name in args.sections.split(",") if name != "cost"
-            for r in section_runs(name, args.full, corrections)]
+            for r in section_runs(name, args.full, corrections, levels)]
     if args.quick:
         seeds, args.epochs = [0], 1.0
         runs = [r for r in runs if r.mode == "bsp" or r.correction in (DEFAULT, "none")][:4]
