@@ -235,7 +235,7 @@ class Dana(_Ahead):
         self._v[rank] = (v, self._eta)
 
     def _ahead_of(self, values, out, opt):
-        torch.mul(torch.from_numpy(self._sum), -opt.momentum, out=out).add_(values)
+        torch.add(values, torch.from_numpy(self._sum), alpha=-opt.momentum, out=out)
 
     def forget(self, rank=None):
         super().forget(rank)
