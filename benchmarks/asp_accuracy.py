@@ -3,7 +3,7 @@
 
 Every run is a real job (scheduler, 2 servers, N workers as processes) on digits with
 the same recipe, --global-batch 96, --epochs E, and one of
-  sgd: --lr 0.1 --momentum 0.9;   adam: --optimizer adam --lr 0.003.
+  sgd: --lr 0.1 --momentum 0.9 (nesterov: and --nesterov);   adam: --optimizer adam --lr 0.003.
 It changes only the mode (bsp; asp; ssp with --staleness 2), the asynchronous
 correction (--async-correction, server/asynchrony.py), the batching (uniform or
 dynamic) and the workers' speeds.
@@ -20,8 +20,9 @@ Sections (each a list of runs; --sections picks some):
   corrections  mlp, N = 3 and 8, HL1, uniform, sgd: BSP, ASP with every correction,
                SSP with the default and with none;
   adam         the same with Adam: BSP, ASP and SSP with the default, ASP with none;
-  speeds       mlp, N = 3, HL1, HL4, HL8: BSP, ASP, SSP (default correction), uniform
-               and dynamic batching;
+  nesterov     the same with SGD --nesterov: BSP, ASP and SSP with the default;
+  speeds       mlp, N = 3 at HL1, HL4, HL8 and N = 8 at HL8: BSP, ASP, SSP (default
+               correction), uniform and dynamic batching;
   cnn          cnn, N = 3, HL1, uniform: BSP, ASP, SSP (default correction);
   cost         no job: what each correction adds to a server's update of an 11 M-value
                shard (ShardCore.handle of an ASP push, in process, interleaved).
@@ -53,7 +54,8 @@ from omnips.job import ASYNC_CORRECTIONS, JobSpec  # noqa: E402
 from omnips.launch import WorkerSpec  # noqa: E402
 
 DEFAULT = JobSpec.async_correction
-RECIPES = {"sgd": ["--lr", "0.1", "--momentum", "0.9"], "adam": ["--optimizer", "adam", "--lr", "0.003"]}
+RECIPES = {"sgd": ["--lr", "0.1", "--momentum", "0.9"], "nesterov": ["--lr", "0.1", "--momentum", "0.9", "--nesterov"],
+           "adam": ["--optimizer", "adam", "--lr", "0.003"]}
 LEVELS = {"HL1": 1, "HL4": 4, "HL8": 8}
 MS_PER_STEP, MS_PER_SAMPLE = 1.0, 0.25
 JOB_TIMEOUT_S = 600
@@ -78,21 +80,22 @@ class Run:
                 + (f" {self.correction}" if self.mode != "bsp" else ""))
 
 
-def section_runs(name: str, full: bool) -> list[Run]:
+def section_runs(name: str, full: bool, corrections=ASYNC_CORRECTIONS, speeds=tuple(LEVELS)) -> list[Run]:
     models = ["mlp", "cnn"] if full else ["cnn" if name == "cnn" else "mlp"]
-    workers = [3, 8] if full or name in ("corrections", "adam") else [3]
-    levels = list(LEVELS) if full or name == "speeds" else ["HL1"]
+    workers = [3, 8] if full or name in ("corrections", "adam", "nesterov", "speeds") else [3]
+    levels = list(LEVELS) if full else list(speeds) if name == "speeds" else ["HL1"]
     batchings = ["uniform", "dynamic"] if full or name == "speeds" else ["uniform"]
-    optimizer = "adam" if name == "adam" else "sgd"
+    optimizer = {"adam": "adam", "nesterov": "nesterov"}.get(name, "sgd")
     if full or name == "corrections":
-        asynchronous = [("asp", c) for c in ASYNC_CORRECTIONS] + [("ssp", c) for c in ASYNC_CORRECTIONS
-                                                                   if full or c in (DEFAULT, "none")]
+        asynchronous = [("asp", c) for c in corrections] + [("ssp", c) for c in corrections
+                                                             if full or c in (DEFAULT, "none")]
     elif name == "adam":
         asynchronous = [("asp", DEFAULT), ("asp", "none"), ("ssp", DEFAULT)]
     else:
         asynchronous = [("asp", DEFAULT), ("ssp", DEFAULT)]
     return [Run(name, m, n, lv, b, mode, c, optimizer)
             for m in models for n in workers for lv in levels for b in batchings
+            if full or name != "speeds" or n == 3 or lv == "HL8"  # 8 workers: the slowest level only
             for mode, c in [("bsp", "-"), *asynchronous]]
 
 
@@ -181,17 +184,19 @@ def plot(results: dict, runs: list[Run], seed: int, out: Path) -> str | None:
     if not speeds:
         return None
     level = max((r.level for r in speeds), key=LEVELS.get)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run in (r for r in speeds if r.level == level):
-        curve = results[(run.key(), seed)]["curve"]
-        ax.plot([t for t, _ in curve], [a for _, a in curve], marker="o", ms=3,
-                linestyle="-" if run.batching == "dynamic" else "--", label=f"{run.mode} {run.batching}")
-    ax.axhline(0.95, color="grey", lw=0.8)
-    ax.set_xlabel("wall time from the first step (s)")
-    ax.set_ylabel("test accuracy")
-    ax.set_ylim(0, 1)
-    ax.set_title(f"digits mlp, {speeds[0].workers} workers at {level}, seed {seed}")
-    ax.legend()
+    counts = sorted({r.workers for r in speeds if r.level == level})
+    fig, axes = plt.subplots(1, len(counts), figsize=(6 * len(counts), 4.5), squeeze=False)
+    for ax, n in zip(axes[0], counts):
+        for run in (r for r in speeds if r.level == level and r.workers == n):
+            curve = results[(run.key(), seed)]["curve"]
+            ax.plot([t for t, _ in curve], [a for _, a in curve], marker="o", ms=3,
+                    linestyle="-" if run.batching == "dynamic" else "--", label=f"{run.mode} {run.batching}")
+        ax.axhline(0.95, color="grey", lw=0.8)
+        ax.set_xlabel("wall time from the first step (s)")
+        ax.set_ylabel("test accuracy")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"digits mlp, {n} workers at {level}, seed {seed}")
+        ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)
@@ -238,7 +243,7 @@ def update_cost(n: int, rounds: int) -> list[str]:
     lines = [f"{n / 1e6:g} M values, {rounds} rounds, corrections interleaved; median of each",
              "", "| correction | update (check + step + reply) | x none | memory: shard-sized buffers added |",
              "|---|---:|---:|---:|"]
-    extra = {"none": "0", "momentum": "0", "lookahead": "1", "dc": "1 + 1 per worker", "gap": "3 + 1 per worker"}
+    extra = {"none": "0", "momentum": "0", "dana": "2 + 1 per worker", "lookahead": "1", "dc": "1 + 1 per worker", "gap": "3 + 1 per worker"}
     for name in ASYNC_CORRECTIONS:
         med = statistics.median(times[name])
         lines.append(f"| {name} | {1000 * med:.1f} ms | {med / base:.3f} | {extra[name]} |")
@@ -248,10 +253,13 @@ def update_cost(n: int, rounds: int) -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
-    p.add_argument("--sections", default="corrections,adam,speeds,cnn,cost")
+    p.add_argument("--sections", default="corrections,adam,nesterov,speeds,cnn,cost")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--epochs", type=float, default=8.0)
     p.add_argument("--full", action="store_true", help="the whole grid in every section named")
+    p.add_argument("--corrections", default=",".join(ASYNC_CORRECTIONS),
+                   help="the corrections section's (default: every one)")
+    p.add_argument("--levels", default=",".join(LEVELS), help="the speeds section's (default: every one)")
     p.add_argument("--quick", action="store_true", help="toy size: 1 epoch, seed 0, a run of each kind")
     p.add_argument("--out", type=Path, default=HERE / "results" / "asp_accuracy.md")
     p.add_argument("--keep-runs", action="store_true")
@@ -259,7 +267,12 @@ def main() -> None:
     p.add_argument("--cost-rounds", type=int, default=30)
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    runs = [r for name in args.sections.split(",") if name != "cost" for r in section_runs(name, args.full)]
+    corrections, levels = args.corrections.split(","), args.levels.split(",")
+    for flag, names, known in (("--corrections", corrections, ASYNC_CORRECTIONS), ("--levels", levels, LEVELS)):
+        if set(names) - set(known):
+            p.error(f"unknown {flag} {', '.join(sorted(set(names) - set(known)))} (known: {', '.join(known)})")
+    runs = [r for name in args.sections.split(",") if name != "cost"
+            for r in section_runs(name, args.full, corrections, levels)]
     if args.quick:
         seeds, args.epochs = [0], 1.0
         runs = [r for r in runs if r.mode == "bsp" or r.correction in (DEFAULT, "none")][:4]

@@ -16,7 +16,7 @@ OPTIMIZERS = ("sgd", "adam")
 BATCHINGS = ("uniform", "static", "dynamic")
 CONTROLLERS = ("affine", "proportional")
 STALENESS_LR = ("none", "inverse")
-ASYNC_CORRECTIONS = ("momentum", "lookahead", "dc", "gap", "none")  # server/asynchrony.py
+ASYNC_CORRECTIONS = ("dana", "momentum", "lookahead", "dc", "gap", "none")  # server/asynchrony.py
 NAN_POLICIES = ("fail", "skip")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 # The job travels in msgpack messages, whose integers are at most int64.
@@ -62,7 +62,7 @@ class JobSpec:
     max_batch: int | None = None
     staleness: int = 3  # ssp: how many steps a worker may run ahead of the slowest
     staleness_lr: str = "none"
-    async_correction: str = "momentum"  # asp/ssp: how updates allow for their staleness (server/asynchrony.py)
+    async_correction: str = "dana"  # asp/ssp: how updates allow for their staleness (server/asynchrony.py)
     nan_policy: str = "fail"  # a worker's non-finite gradient: end the job, or drop that gradient
     wire_dtype: str = "float32"  # pushes and their replies travel in it; servers keep float32 (omnips/wire.py)
     seed: int = 0

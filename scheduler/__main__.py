@@ -45,10 +45,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--staleness-lr", choices=STALENESS_LR, default=d.staleness_lr,
                    help="asp/ssp: 'inverse' divides an update's learning rate by 1 + its staleness")
     p.add_argument("--async-correction", choices=ASYNC_CORRECTIONS, default=d.async_correction,
-                   help="asp/ssp: how a server allows for the staleness of each update: momentum lowers the "
-                        "momentum by the implicit momentum of the measured staleness; lookahead, dc (delay "
-                        "compensation) and gap (gap-aware damping) keep a shard-sized buffer (dc, gap: one per "
-                        "worker); none: the plain update (server/asynchrony.py; default %(default)s)")
+                   help="asp/ssp: how a server allows for the staleness of each update: dana keeps SGD's "
+                        "momentum in one buffer per worker and replies with the values moved ahead along them "
+                        "(with Adam: momentum's update); momentum lowers the momentum by the implicit momentum "
+                        "of the measured staleness; lookahead, dc (delay compensation) and gap (gap-aware "
+                        "damping) keep a shard-sized buffer (dc, gap: one per worker); none: the plain update "
+                        "(docs/asynchronous-updates.md; default %(default)s)")
     p.add_argument("--num-servers", type=int, default=d.num_servers)
     p.add_argument("--num-workers", type=int, default=d.num_workers, help="worker ranks (the most at once)")
     p.add_argument("--min-workers", type=int, default=d.min_workers,

@@ -81,11 +81,11 @@ class LossWatch:
         return self.verdict
 
     def _hint(self) -> str:
-        job = self.job
+        job, default = self.job, JobSpec.async_correction
         if job.mode != "bsp" and job.async_correction == "none":
-            return ("asynchronous updates add momentum of their own: try --async-correction momentum "
+            return (f"asynchronous updates add momentum of their own: try --async-correction {default} "
                     "(the default), or a lower --momentum")
-        if job.mode != "bsp" and job.async_correction != "momentum":
-            return "try --async-correction momentum (the default), or a lower --lr"
+        if job.mode != "bsp" and job.async_correction != default:
+            return f"try --async-correction {default} (the default), or a lower --lr"
         return f"try a lower --lr (now {job.lr:g})" + (f" or --momentum (now {job.momentum:g})"
                                                         if job.optimizer == "sgd" and job.momentum else "")

@@ -7,6 +7,9 @@ optimizer's own, so a recipe with momentum 0.9 overshoots and trains nothing. Ea
 correction works on one shard alone, from what that shard sees (no traffic between
 shards per update):
 
+- `dana` (DANA-Zero, Hakimi et al. 2019): SGD's momentum kept in one buffer per worker,
+  each decaying once per update of its own worker, and replies moved ahead along all of
+  them (Dana); with Adam, `momentum`'s update;
 - `momentum`: an update's momentum (SGD) or beta1 (Adam) is the recipe's less the
   implicit momentum s / (1 + s), at least 0, and its learning rate keeps most of the
   step BSP takes per sample (MomentumCorrection);
@@ -33,6 +36,7 @@ import numpy as np
 import torch
 
 from omnips.flat import aligned_empty, aligned_zeros
+from omnips.optim import SGD
 
 KEEP_STEP = 0.7  # of the recipe's long-run step per sample that the momentum correction keeps
 MEAN_SPAN = 32  # updates the running mean of staleness averages over, about
@@ -65,6 +69,11 @@ class Correction:
     def gradient(self, rank: int, lo: int, grad: np.ndarray, values: np.ndarray) -> np.ndarray:
         """The gradient to apply at slots [lo, lo + grad.size) of `values` (before the update)."""
         return grad
+
+    def apply(self, rank: int, grads: list, values: np.ndarray, opt) -> None:
+        """The update of `values` by worker `rank`'s gradient, (offset, array) segments
+        within the parameters: the optimizer's step on gradient() of each."""
+        opt.apply([(lo, torch.from_numpy(self.gradient(rank, lo, grad, values))) for lo, grad in grads])
 
     def updated(self, lo: int, hi: int, values: np.ndarray) -> None:
         """Slots [lo, hi) of `values` hold the update's result."""
@@ -128,7 +137,10 @@ class MomentumCorrection(Correction):
         return lr * share * max(1.0, KEEP_STEP * opt.gain(recipe) / opt.gain(lowered)), lowered
 
 
-class LookAhead(_Remedy):
+class _Ahead(_Remedy):
+    """A correction whose replies carry the values moved ahead: the look-ahead of one
+    version, computed once and sent to every worker that pushed against it."""
+
     moves_replies = True
 
     def __init__(self, trained: int):
@@ -137,21 +149,23 @@ class LookAhead(_Remedy):
         self._version: int | None = None  # the version _ahead holds
 
     def reply(self, values, opt, version):
-        decay = opt.decay
-        if not (self.staleness and decay and self.trained):
+        if not (self.staleness and self.trained and self._moves(opt)):
             return values
         if self._version != version:
             if self._ahead.size != values.size:
                 self._ahead = aligned_empty(values.size)
             t = self.trained
-            # a further update with no new gradient moves by decay * the last one's step, then decay^2 ...
-            reach = decay * (1 - decay ** self.staleness) / (1 - decay)
-            ahead = torch.from_numpy(self._ahead)
-            opt.direction(ahead[:t])
-            torch.sub(torch.from_numpy(values[:t]), ahead[:t], alpha=reach, out=ahead[:t])
+            self._ahead_of(torch.from_numpy(values[:t]), torch.from_numpy(self._ahead[:t]), opt)
             np.copyto(self._ahead[t:], values[t:])
             self._version = version
         return self._ahead
+
+    def _moves(self, opt) -> bool:
+        """Whether there is anything to look ahead along."""
+        return bool(opt.decay)
+
+    def _ahead_of(self, values: torch.Tensor, out: torch.Tensor, opt) -> None:
+        raise NotImplementedError
 
     def detach(self):
         self._ahead = aligned_empty(self._ahead.size)
@@ -160,6 +174,81 @@ class LookAhead(_Remedy):
     def forget(self, rank=None):
         if rank is None:
             self._version = None
+
+
+class LookAhead(_Ahead):
+    def _ahead_of(self, values, out, opt):
+        decay = opt.decay
+        # a further update with no new gradient moves by decay * the last one's step, then decay^2 ...
+        reach = decay * (1 - decay ** self.staleness) / (1 - decay)
+        opt.direction(out)
+        torch.sub(values, out, alpha=reach, out=out)
+
+
+class Dana(_Ahead):
+    """DANA-Zero (Hakimi et al. 2019) for SGD with momentum: a momentum buffer per worker.
+
+    Worker i's update is the recipe's SGD step (momentum, Nesterov, weight decay) at its
+    share of BSP's step per sample, eta_i = lr * b_i / B, on its own buffer v_i. Each
+    buffer decays once per update of its own worker, so over a round in which every
+    worker pushes once the values move as BSP's do with the recipe's momentum, instead of
+    decaying N times a round as one shared buffer does (which, with the momentum
+    asynchrony adds, overshoots). A reply carries x - momentum * sum_j eta_j * v_j: where
+    the values will be once every worker's momentum has taken its next step, so a
+    gradient is computed about where it will be applied.
+
+    Adam's steps are normalised per value, and a buffer per worker would need its own
+    normaliser: with Adam (and with SGD without momentum) the update is the momentum
+    correction's. The buffers are not checkpointed: a restore starts them at zero, as
+    a fresh optimizer's."""
+
+    def __init__(self, trained: int):
+        super().__init__(trained)
+        self._v: dict[int, tuple[np.ndarray, float]] = {}  # rank -> (its buffer, the eta it last moved by)
+        self._sum = aligned_zeros(trained)  # sum of eta * buffer over the workers
+        self._eta = 0.0
+        self._fallback = MomentumCorrection(trained)
+
+    def _moves(self, opt):
+        return isinstance(opt, SGD) and bool(opt.momentum)
+
+    def observe(self, staleness):
+        super().observe(staleness)
+        self._fallback.observe(staleness)
+
+    def step(self, lr, share, opt):
+        if not self._moves(opt):
+            return self._fallback.step(lr, share, opt)
+        self._eta = lr * share
+        return super().step(lr, share, opt)
+
+    def apply(self, rank, grads, values, opt):
+        if not (self.staleness and self._moves(opt)):  # no delay yet: the optimizer's own step, bit for bit
+            return super().apply(rank, grads, values, opt)
+        v, eta = self._v.get(rank) or (aligned_zeros(self.trained), 0.0)
+        buf, total = torch.from_numpy(v), torch.from_numpy(self._sum)
+        for lo, grad in grads:
+            hi = lo + grad.size
+            total[lo:hi].sub_(buf[lo:hi], alpha=eta)
+            opt.apply([(lo, torch.from_numpy(grad))], buf=buf)
+            total[lo:hi].add_(buf[lo:hi], alpha=self._eta)
+        self._v[rank] = (v, self._eta)
+
+    def _ahead_of(self, values, out, opt):
+        torch.add(values, torch.from_numpy(self._sum), alpha=-opt.momentum, out=out)
+
+    def forget(self, rank=None):
+        super().forget(rank)
+        if rank is None:
+            self._v.clear()
+            self._sum.fill(0)
+        elif rank in self._v:
+            v, eta = self._v.pop(rank)
+            torch.from_numpy(self._sum).sub_(torch.from_numpy(v), alpha=eta)
+
+    def load_state(self, saved):
+        super().load_state(saved)
+        self._fallback.load_state(saved)
 
 
 class _Gapped(_Remedy):
@@ -245,7 +334,7 @@ class GapAware(_Gapped):
         step += weight * change
 
 
-CORRECTIONS = {"none": Correction, "momentum": MomentumCorrection, "lookahead": LookAhead,
+CORRECTIONS = {"dana": Dana, "none": Correction, "momentum": MomentumCorrection, "lookahead": LookAhead,
                "dc": DelayCompensation, "gap": GapAware}
 
 

@@ -103,9 +103,8 @@ class ShardValues:
             segments = [(lo, self._agg[lo:hi])]
         t = self.trained
         if lo < t:
-            grad = [(a, self.correction.gradient(rank, a, values[:t - a], self.values))
-                    for a, values in segments if a < t]
-            self.opt.apply([(a, torch.from_numpy(values)) for a, values in grad])
+            self.correction.apply(rank, [(a, values[:t - a]) for a, values in segments if a < t], self.values,
+                                  self.opt)
             self.correction.updated(lo, hi, self.values)
         for a, values in segments:
             if a + values.size > t:

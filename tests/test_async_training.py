@@ -30,9 +30,9 @@ def test_asp_without_a_correction_trains_nothing_and_the_summary_says_so(run_job
     assert s["status"] == "completed" and s["final_test_accuracy"] < 0.5
     assert s["diverged"] and ("has not fallen below its start" in s["diverged_reason"]
                               or "not finite" in s["diverged_reason"])
-    assert "--async-correction momentum" in s["diverged_reason"]
+    assert "--async-correction dana" in s["diverged_reason"]
     said = [e for e in run.events if e["event"] == "diverged"]
-    assert len(said) == 1 and "--async-correction momentum" in said[0]["hint"]
+    assert len(said) == 1 and "--async-correction dana" in said[0]["hint"]
     assert "training diverged" in (run.dir / "logs" / "scheduler.log").read_text()
 
 

@@ -105,6 +105,41 @@ def test_lookahead_replies_with_the_values_moved_along_the_momentum_and_keeps_th
     np.testing.assert_allclose(core.values[:4], p, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_dana_keeps_a_momentum_buffer_per_worker_and_replies_ahead_of_all_of_them(nesterov):
+    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=LR, momentum=MU, weight_decay=WD,
+                     init=X0, async_correction="dana", nesterov=nesterov)
+    gs = grads(len(ARRIVALS))
+    replies, stale = drive(core, gs=gs)
+    p, u = X0[:4].astype(np.float64), {}
+    for (rank, _, _), g, mean, reply in zip(ARRIVALS, gs, running_means(stale), replies):
+        g = g[:4].astype(np.float64)
+        if mean == 0:  # no delay seen yet: the optimizer's own step at BSP's step per sample
+            p, _ = sgd(p, None, g, STEP, MU, nesterov=nesterov)
+            np.testing.assert_allclose(reply[:4], p, rtol=1e-6, atol=1e-6)
+            continue
+        d = g + WD * p
+        u[rank] = MU * u.get(rank, 0) + STEP * d
+        p = p - (MU * u[rank] + STEP * d if nesterov else u[rank])
+        np.testing.assert_allclose(reply[:4], p - MU * sum(u.values()), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(core.values[:4], p, rtol=1e-5, atol=1e-6)
+    # a worker that leaves takes its buffer out of the look-ahead
+    core.set_plan(Plan(gen=1, batches=[12, 12, 0], departed=[[2, 0]]), 0.0)
+    np.testing.assert_allclose(core.store.correction._sum, u[0] + u[1], rtol=1e-5, atol=1e-6)
+
+
+def test_dana_with_adam_is_the_momentum_correction():
+    def run(name):
+        core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=0.01, init=X0, optimizer="adam",
+                         async_correction=name)
+        return drive(core, gs=grads(len(ARRIVALS), seed=5))[0], core.values.copy()
+
+    (expected, expected_values), (replies, values) = run("momentum"), run("dana")
+    np.testing.assert_array_equal(values, expected_values)
+    for a, b in zip(expected, replies):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_delay_compensation_adds_lambda_g_g_times_the_drift_since_the_workers_last_reply():
     core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=LR, momentum=MU, weight_decay=0.0,
                      init=X0, async_correction="dc")
@@ -138,7 +173,7 @@ def test_gap_aware_divides_each_gradient_by_its_gap_in_mean_steps():
         np.testing.assert_allclose(reply[:4], p, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("correction", ["momentum", "lookahead", "dc", "gap"])
+@pytest.mark.parametrize("correction", ["dana", "momentum", "lookahead", "dc", "gap"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_with_one_worker_every_correction_is_the_plain_update_bit_for_bit(correction, optimizer):
     def run(name):
@@ -182,15 +217,17 @@ def test_a_restore_refused_for_its_optimizer_state_leaves_the_staleness_record_a
     assert other.store.correction.state() == before != core.store.correction.state()
 
 
+@pytest.mark.parametrize("correction", ["lookahead", "dana"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_after_a_restore_look_ahead_replies_derive_from_the_restored_values_never_from_stale_ones(optimizer):
-    a = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=X0, async_correction="lookahead",
+def test_after_a_restore_look_ahead_replies_derive_from_the_restored_values_never_from_stale_ones(optimizer,
+                                                                                                   correction):
+    a = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=X0, async_correction=correction,
                   optimizer=optimizer)
     drive(a)
-    b = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=-X0, async_correction="lookahead",
+    b = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=-X0, async_correction=correction,
                   optimizer=optimizer)
-    drive(b, gs=grads(len(ARRIVALS), seed=9))  # b's own look-ahead, cached for its version
-    c = make_core(mode="asp", n=6, num_trained=4, global_batch=24, async_correction="lookahead",
+    drive(b, gs=grads(len(ARRIVALS), seed=9))  # b's own look-ahead and buffers, cached for its version
+    c = make_core(mode="asp", n=6, num_trained=4, global_batch=24, async_correction=correction,
                   optimizer=optimizer)  # a fresh server taking a's shard over: no step taken yet
     for core in (b, c):
         core.rewind()

@@ -33,7 +33,7 @@ def test_a_loss_that_does_not_fall_below_the_first_epochs_for_two_evaluations_is
     verdicts = feed(watch, [2.4] * 30)
     assert len(verdicts) == 1 and watch.verdict is verdicts[0]
     assert "has not fallen below its start (2.3)" in verdicts[0].reason
-    assert "--async-correction momentum" in verdicts[0].hint
+    assert "--async-correction dana" in verdicts[0].hint
 
 
 def test_a_job_that_learns_between_two_stuck_evaluations_starts_the_count_again():

@@ -112,7 +112,8 @@ def test_state_and_detach_write_the_step_first():
     """What reads the whole shard (a checkpoint's state, the move to fresh buffers) sees the
     step a lazy handle took, though no reply part asked for it."""
     x0 = np.linspace(-1, 1, 4 * ALIGN, dtype=np.float32)
-    eager, lazy = make_core(mode="asp", n=x0.size, init=x0), make_core(mode="asp", n=x0.size, init=x0)
+    # (a correction whose replies are the shard's own values: one that moves them writes the step whole at once)
+    eager, lazy = (make_core(mode="asp", n=x0.size, init=x0, async_correction="momentum") for _ in range(2))
     g = np.full(x0.size, 0.5, dtype=np.float32)
     eager.handle(PEERS[0], push(0, 0, g), 0.0)
     lazy.handle(PEERS[0], push(0, 0, g), 0.0, lazy=True)
