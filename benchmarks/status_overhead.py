@@ -3,9 +3,9 @@
 off (the baseline) and on, runs interleaved (off, on, off, on, ...) in one process so
 that both see the same load.
 
-The scheduler's own report handler (Scheduler._on_report, as its loop calls it, then the
-status server's once-a-turn tick) is driven in-process with --workers simulated BSP
-workers (no server or worker process runs; replies go to a socket without peers), each
+The scheduler's own report handling (its core's events, the driver carrying out the
+instructions, then the status server's once-a-turn tick, as its loop does) is driven
+in-process with --workers simulated BSP workers (no server or worker process runs; replies go to a socket without peers), each
 run a fresh scheduler through --steps global steps. With the status server on, a
 client thread scrapes /metrics and /status.json every few seconds (--rows) meanwhile,
 so the cost of answering it (its share of the GIL) is counted too. A third run per
@@ -35,6 +35,7 @@ from report import machine_lines, publish  # noqa: E402
 from omnips.job import JobSpec  # noqa: E402
 from omnips.protocol import Register, Report  # noqa: E402
 from omnips.status import StatusBook  # noqa: E402
+from scheduler.instructions import AskEval, ConnectServers  # noqa: E402
 from scheduler.service import Scheduler, SchedulerOptions  # noqa: E402
 
 
@@ -44,11 +45,16 @@ def scheduler(run_dir: Path, workers: int, steps: int, batching: str, status: bo
     job.check()
     s = Scheduler(job, SchedulerOptions(run_dir=str(run_dir), status_port=0 if status else None),
                   announce=lambda *a, **k: None)
-    s._connect_servers = lambda: None  # no server runs: pulls would have nobody to go to
-    s._on_register(b"S", Register(role="server", host="h", endpoint="tcp://127.0.0.1:1"))
+    handle(s, b"S", Register(role="server", host="h", endpoint="tcp://127.0.0.1:1"))
     for r in range(workers):
-        s._on_register(b"W%d" % r, Register(role="worker", host=f"w{r}", rank=r))
+        handle(s, b"W%d" % r, Register(role="worker", host=f"w{r}", rank=r))
     return s
+
+
+def handle(s: Scheduler, peer: bytes, msg) -> None:
+    """`msg` from `peer` through the scheduler's core and driver; no server runs: pulls would
+    have nobody to go to."""
+    s.execute([i for i in s.core.handle(peer, msg, time.monotonic()) if not isinstance(i, (ConnectServers, AskEval))])
 
 
 def scraper(url: str, every_s: float, stop: threading.Event, count: list) -> None:
@@ -76,7 +82,7 @@ def run(root: Path, n: int, args, batching: str, status: bool, scrape_every: flo
         wall = time.perf_counter()
         for step_reports in reports:
             for peer, report in zip(peers, step_reports):
-                s._on_report(peer, report)
+                handle(s, peer, report)
                 s.status.tick(time.monotonic())
         cpu, wall = time.thread_time() - start, time.perf_counter() - wall
     finally:

@@ -1,10 +1,24 @@
-"""Evaluations in flight: shard replies gathered per request until the model is whole."""
+"""Evaluations: when the model is read from the servers, the shard replies gathered per
+request until it is whole, what an evaluation's result writes, and the final one whose
+model is model.pt. Pure: it appends what to do to the core's Outbox (AskEval, Evaluate,
+WriteEvent); the driver pulls, evaluates and writes the file.
 
+BSP reads exact versions known in advance (EVALS_AHEAD pulls kept waiting at the
+servers, the last step's final); ASP/SSP read the model as the servers hold it when the
+samples cross an epoch, and for the final one once every worker present has stopped."""
+
+import logging
 from dataclasses import dataclass, field
 
+from omnips.job import JobSpec
 from omnips.protocol import Params
 
-from .progress import EvalPoint
+from .instructions import AskEval, Evaluate, Outbox
+from .progress import EvalPoint, Progress
+
+log = logging.getLogger("omnips.scheduler")
+
+EVALS_AHEAD = 32
 
 
 @dataclass
@@ -36,3 +50,55 @@ class EvalBook:
         if len(entry.shards) < self.num_servers:
             return None
         return self.pending.pop(msg.req)
+
+
+class Evaluations:
+    def __init__(self, job: JobSpec, progress: Progress, out: Outbox):
+        self.job, self.progress, self.out = job, progress, out
+        self.book = EvalBook(job.num_servers)
+        self.final: tuple[float, float] | None = None  # the final evaluation's (accuracy, loss)
+        self._bsp_points: list[EvalPoint] = []
+
+    def connected(self) -> None:
+        """The servers' sockets are (re)opened: what was asked on the old ones will not come;
+        BSP asks its evaluations in advance."""
+        self.book = EvalBook(self.job.num_servers)
+        if self.job.mode == "bsp":
+            self._bsp_points = list(self.progress.bsp_eval_points())
+            self._ask_ahead()
+
+    def _ask_ahead(self) -> None:
+        """Keep EVALS_AHEAD evaluation pulls waiting at the servers (each a queued message there)."""
+        while self._bsp_points and len(self.book.pending) < EVALS_AHEAD:
+            point = self._bsp_points.pop(0)
+            self.ask(point, final=point.at == self.progress.total_steps)
+
+    def ask(self, point: EvalPoint, final: bool) -> None:
+        self.out.append(AskEval(self.book.open(point, final), point.at))
+
+    def final_if_done(self) -> None:
+        """ASP/SSP: once every worker present has stopped, by its last report or by leaving the
+        job (found silent after the others had finished), the model is read as the servers hold
+        it. (BSP asks for its final version in advance.)"""
+        if self.job.mode != "bsp" and self.progress.all_done and not self.book.final_asked:
+            self.ask(EvalPoint(self.progress.samples / self.progress.train_size, None), final=True)
+
+    def final_now(self) -> None:
+        """A stop: the model as the servers hold it where the workers stopped (ASP/SSP: unless
+        asked already, as the last worker stopped)."""
+        if self.job.mode == "bsp" or not self.book.final_asked:
+            self.ask(EvalPoint(self.progress.epochs, None), final=True)
+
+    def on_params(self, server: int, msg: Params) -> None:
+        done = self.book.add(server, msg)
+        if done is not None:
+            self.out.append(Evaluate(done))
+
+    def evaluated(self, e: PendingEval, acc: float, loss: float) -> None:
+        versions = [e.shards[s].version for s in sorted(e.shards)]
+        self.out.event("eval", epoch=e.point.epoch, versions=versions, test_accuracy=acc, test_loss=loss,
+                       final=e.final)
+        log.info("epoch %.2f: test accuracy %.4f, loss %.4f", e.point.epoch, acc, loss)
+        if e.final:
+            self.final = (acc, loss)
+        self._ask_ahead()

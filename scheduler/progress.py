@@ -151,6 +151,11 @@ class Progress:
         return sum(w.steps for w in self.workers)
 
     @property
+    def reached(self) -> int:
+        """The furthest step a present worker is at."""
+        return max((w.next_step or 0 for w in self.workers if w.present), default=0)
+
+    @property
     def epochs(self) -> float:
         return self.samples / self.train_size
 

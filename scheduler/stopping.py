@@ -4,7 +4,12 @@ are read for model.pt and asked for a checkpoint to resume from, at the version 
 workers stopped. All within STOP_WAIT_S (a supervisor's SIGKILL follows its SIGTERM), then
 the job ends as preempted (omnips.job.PREEMPTED_EXIT), saying what it saved."""
 
+import logging
 from dataclasses import dataclass
+
+from omnips.batching import BatchPlan
+
+log = logging.getLogger("omnips.scheduler")
 
 STOP_WAIT_S = 20.0
 
@@ -58,3 +63,24 @@ def on_leave(role: str, stopping: bool, others_present: int) -> str:
     if role == "server" or others_present == 0:
         return "preempt"
     return "stopped" if stopping else "depart"
+
+
+def begin_or_save(core) -> None:
+    """A stop was asked (request_stop): the workers stop after their step in flight (the
+    plan that ends an ASP job), then the model and a checkpoint are asked of the servers
+    (Stop.save_now). A job that has not trained yet ends at once."""
+    if core.stop is None:
+        trained = core.progress.last_end is not None
+        core.stop = Stop(core.stop_asked, core.now, STOP_WAIT_S if trained else 0.0)
+        core.stop_asked = None
+        if trained:
+            log.warning("%s: preempted: the workers stop after their step in flight, then model.pt and a "
+                        "checkpoint are written (within %g s)", core.stop.why, STOP_WAIT_S)
+            plan = core.registry.plan
+            if not plan.stop:
+                core.send_plan(BatchPlan(plan.gen + 1, plan.batches, stop=True))
+    if core.stop.save_now(core.progress.all_done, core.now):
+        core.stop.saving = True
+        core.evals.final_now()
+        steps = core.progress.steps  # BSP: at the version where every worker stopped
+        core.stop.checkpoint_req = core.reports.ask_checkpoint(steps, steps if core.job.mode == "bsp" else None)

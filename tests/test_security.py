@@ -269,13 +269,13 @@ def test_one_machines_client_key_registers_a_worker_but_no_server(tmp_path):
             transport.connect(sock, s.endpoint, keys)
             transport.send(sock, Register(role=role, host="h", endpoint="tcp://127.0.0.1:1" if role == "server" else ""))
             assert s.router.poll(10_000), name
-            s._on_router()
+            s.receive()
             assert sock.poll(10_000), name
             replies[name] = codec.decode(sock.recv_multipart())
             sock.close(linger=0)
         assert replies["box server"].code == "bad_key" and "--client" in replies["box server"].text
         assert all(type(replies[name]).__name__ != "Error" for name in ("box worker", "job server"))
-        assert sorted(m.role for m in s.registry.by_peer.values()) == ["server", "worker"]
+        assert sorted(m.role for m in s.core.registry.by_peer.values()) == ["server", "worker"]
     finally:
         s._close(linger=0)
 

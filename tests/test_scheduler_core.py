@@ -1,0 +1,254 @@
+"""The scheduler's pure core driven with events, the clock passed in, no sockets: what it
+tells whom (instructions) for the start plan from the workers' probes, refusals, a server
+that cannot restore its shard or registers for a shard that has one, heartbeats, silences,
+failures, evaluations and the end of the job."""
+
+import contextlib
+
+import numpy as np
+import pytest
+
+from omnips.job import JobSpec
+from omnips.protocol import Error, Failed, Heartbeat, Params, Plan, Probe, Register, Report, Shutdown, Welcome
+from scheduler.core import SchedulerCore
+from scheduler.instructions import AskEval, ConnectServers, Evaluate, Finish, Send, WriteEvent
+from scheduler.options import SchedulerOptions
+
+PARAMS = 100
+TRAIN = 1000
+
+
+@pytest.fixture
+def make(tmp_path):
+    def core(token="", **job) -> SchedulerCore:
+        spec = JobSpec(**{"batching": "dynamic", "num_servers": 1, **job})
+        spec.check()
+        c = SchedulerCore(spec, SchedulerOptions(run_dir=str(tmp_path / "run"), token=token), PARAMS, PARAMS, TRAIN,
+                          str(tmp_path / "run" / "checkpoints"))
+        register(c, b"S", "server", token=token)
+        return c
+    return core
+
+
+def register(c, peer, role, rank=-1, token="", now=0.0) -> list:
+    return c.handle(peer, Register(role=role, host="h", endpoint="tcp://127.0.0.1:1" if role == "server" else "",
+                                   rank=rank, token=token), now)
+
+
+def probe(c, peer, rank, a, b, now=0.0, **memory) -> list:
+    return c.handle(peer, Probe(rank=rank, batches=[2, 4], seconds=[a + 2 * b, a + 4 * b], **memory), now)
+
+
+def sent(out, to=None, kind=object) -> list:
+    return [i.msg for i in out if isinstance(i, Send) and (to is None or i.to == to) and isinstance(i.msg, kind)]
+
+
+def events(out, kind) -> list[dict]:
+    return [i.fields for i in out if isinstance(i, WriteEvent) and i.kind == kind]
+
+
+def refusal(out) -> str | None:
+    """The code of the one Error the instructions hold when that is all they hold."""
+    return out[0].msg.code if len(out) == 1 and isinstance(out[0].msg, Error) else None
+
+
+def test_the_start_plan_waits_for_every_probe_and_refuses_the_others(make):
+    c = make(num_workers=2, global_batch=60)
+    for r in range(2):
+        register(c, b"W%d" % r, "worker", r)
+    assert c.planner.probing == {0, 1} and c.registry.plan.gen == 0
+    assert refusal(probe(c, b"X", 0, 0.1, 0.1)) == "bad_rank"  # not a registered peer
+    assert refusal(probe(c, b"W1", 0, 0.1, 0.1)) == "bad_rank"  # another worker's rank
+    assert sent(probe(c, b"W0", 0, 0.005, 0.001)) == [] and c.planner.probing == {1}
+    assert refusal(probe(c, b"W0", 0, 0.1, 0.1)) == "bad_step"  # twice
+    out = probe(c, b"W1", 1, 0.005, 0.002)
+    start = Plan(gen=1, batches=[40, 20])
+    assert sent(out, b"S", Plan) == [start] and sent(out, b"W0") == sent(out, b"W1") == [start]
+    assert [e["batches"] for e in events(out, "assign")] == [[40, 20]]
+    assert refusal(probe(c, b"W1", 1, 0.1, 0.1)) == "bad_step"  # after the start
+
+
+def test_a_probe_of_a_worker_gone_does_not_stand_for_whoever_takes_its_rank(make):
+    c = make(num_workers=3, global_batch=60, min_workers=2)
+    for r in range(2):
+        register(c, b"W%d" % r, "worker", r)
+    probe(c, b"W1", 1, 0.005, 0.010, mem_free=200_000, sample_bytes=10_000)  # slow, short of memory
+    assert sent(c.handle(b"W1", Failed(reason="gone"), 1.0), b"W1") == [Shutdown(ok=False, reason="removed from "
+                                                                                 "the job: failed: gone")]
+    register(c, b"NEW", "worker", 1, now=2.0)  # takes rank 1 while worker 0 still probes: it does not probe
+    [plan] = sent(probe(c, b"W0", 0, 0.005, 0.001, now=3.0), b"NEW", Plan)
+    assert c.planner.control.max_batch[1] == 60 and not c.planner.control.models.measured([1])[0]
+    # the newcomer is taken as fast as the typical worker at its batch, not as the one gone
+    assert abs(plan.batches[1] - 30) <= 3 and sum(plan.batches) == 60, plan
+
+
+def test_workers_that_joined_during_the_probe_go_on_when_every_prober_left(make):
+    c = make(num_workers=2, global_batch=32, min_workers=1, mode="asp")
+    register(c, b"W0", "worker", 0)
+    assert c.planner.probing == {0}
+    out = register(c, b"W1", "worker")  # joins while worker 0 probes
+    assert Welcome in [type(m) for m in sent(out, b"W1")]
+    out = c.handle(b"W0", Failed(reason="gone"), 1.0)  # before its probe: nothing to plan from
+    assert not c.planner.probing and [p.batches for p in sent(out, b"W1", Plan)] == [[0, 32]]
+
+
+def test_a_memory_bound_from_a_probe_holds_inside_the_deadband(make):
+    c = make(num_workers=3, global_batch=120, deadband=0.2)
+    for r in range(3):
+        register(c, b"W%d" % r, "worker", r)
+    # equal speeds: the plan stays 40/40/40 by the deadband, but worker 0's memory holds 39
+    # 0.8 x 296,250 B free / 3 workers on the host / (2 x 1000 B a sample) -> 39 samples
+    probe(c, b"W0", 0, 0.005, 0.001, mem_free=296_250, sample_bytes=1000)
+    probe(c, b"W1", 1, 0.005, 0.001)
+    [plan] = sent(probe(c, b"W2", 2, 0.005, 0.001), b"S", Plan)
+    assert c.planner.control.max_batch[0] == 39
+    assert plan.batches[0] <= 39 and sum(plan.batches) == 120
+
+
+def test_a_server_that_cannot_restore_its_shard_fails_the_job_at_once(make, tmp_path):
+    from server.service import _restore
+    from server.shard import ShardCore
+
+    sent = []  # the server's side: its restore fails and it says so
+    link = type("Link", (), {"send": lambda self, msg: sent.append(msg),
+                             "in_phase": lambda self, phase: contextlib.nullcontext()})()
+    shard = ShardCore(JobSpec(), 0, 4, 4)
+    with pytest.raises(ValueError, match="no checkpoint|cannot read"):
+        _restore(shard, 0, 0, 4, link, str(tmp_path / "no-such-checkpoint"))
+    assert [type(m) for m in sent] == [Error] and sent[0].code == "restore_failed" and not shard.initialized
+    c = make(num_workers=1)
+    said = Error(code="restore_failed", text="server 0 cannot restore its shard: no checkpoint")
+    assert refusal(c.handle(b"X", said, 0.0)) == "bad_op"  # from a peer that is no server: refused, nothing more
+    assert c.handle(b"S", said, 0.0) == [Finish("failed: restore_failed: server 0 cannot restore its shard: "
+                                                "no checkpoint")]
+
+
+def test_a_server_registering_while_every_shard_has_one_is_refused_unless_one_missed_two_heartbeats(make):
+    c = make(num_workers=1)
+    register(c, b"W0", "worker", 0)
+    assert c.registry.complete
+    # server 0 is alive (heard 1 s ago): the newcomer is refused, nothing changes
+    assert refusal(register(c, b"S2", "server", now=1.0)) is not None
+    assert b"S2" not in c.registry.by_peer and [m.peer for m in c.registry.servers] == [b"S"]
+    # server 0 last heard from 2.5 heartbeats ago, long before --dead-after (30 s): taken for lost
+    # at once (here without a checkpoint, so the job fails with the reason)
+    assert register(c, b"S3", "server", now=2.5)[-1] == Finish(
+        "failed: server 0 at tcp://127.0.0.1:1 silent for 2.5 s when a new server registered")
+
+
+def test_a_server_of_another_job_or_a_second_registration_removes_no_silent_server(make):
+    c = make(num_workers=1, token="secret")
+    register(c, b"W0", "worker", 0, token="secret")
+    register(c, b"S2", "server", token="another", now=2.5)  # server 0 silent 2.5 s: would be taken for lost
+    register(c, b"S", "server", token="secret", now=2.5)  # server 0's own connection, again
+    assert [m.peer for m in c.registry.servers] == [b"S"] and not c.registry.vacant_servers
+    assert b"S2" not in c.registry.by_peer
+
+
+@pytest.mark.parametrize("mode", ["asp", "bsp"])
+def test_a_report_of_a_batch_above_the_jobs_largest_is_refused_and_counts_nothing(make, mode):
+    c = make(num_workers=2, global_batch=60, mode=mode, batching="uniform", probe=False)
+    for rank in range(2):
+        register(c, b"W%d" % rank, "worker", rank)
+    before = (c.progress.samples, c.progress.workers[0].next_step, c.progress.budget_reached)
+    report = Report(rank=0, step=0, batch=61, compute_s=0.03, network_s=0.0, wait_s=0.0, loss=1.0)
+    assert refusal(c.handle(b"W0", report, 1.0)) == "bad_batch"
+    assert (c.progress.samples, c.progress.workers[0].next_step, c.progress.budget_reached) == before
+    c.handle(b"W0", Report(rank=0, step=0, batch=60, compute_s=0.03, network_s=0.0, wait_s=0.0, loss=1.0), 1.0)
+    assert c.progress.samples == 60 and c.progress.workers[0].next_step == 1  # the largest is a batch
+
+
+def test_a_scheduler_that_sent_nothing_for_longer_than_processes_wait_fails_the_job_saying_it_stalled(make):
+    c = make(num_workers=1)  # --heartbeat 1, --dead-after 30: processes give up after 30 s and a heartbeat's grace
+    assert sent(c.tick(0.0), b"S") == [Heartbeat()]  # the first: due at once
+    # still forming: processes not yet welcomed wait 30 s, whatever --dead-after says
+    assert sent(c.tick(100.0), b"S") == [Heartbeat()]
+    register(c, b"W0", "worker", 0, now=100.0)
+    assert c.registry.complete
+    assert sent(c.tick(130.5), b"W0") == [Heartbeat()]  # the last heartbeats left 30.5 s ago: none gave up yet
+    assert c.tick(162.0) == [Finish("failed: the scheduler sent nothing for 32 s (it was stalled: stopped, or "
+                                    "starved of CPU), longer than --dead-after (30 s), after which the servers and "
+                                    "workers give up on it")]  # 31.5 s ago: all have
+
+
+def test_a_heartbeat_asking_for_an_echo_is_echoed_to_a_member_at_once(make):
+    c = make(num_workers=1, global_batch=8)
+    assert c.handle(b"S", Heartbeat(), 0.0) == []  # a plain one is not answered
+    assert c.handle(b"S", Heartbeat(echo=7), 0.0) == [Send(b"S", Heartbeat(echo=7))]
+    assert c.handle(b"X", Heartbeat(echo=8), 0.0) == []  # not a member (a server already removed): no answer
+
+
+def test_a_stop_asked_again_ends_the_job_at_once(make):
+    c = make(num_workers=1, global_batch=60)
+    assert c.request_stop("SIGTERM")
+    c.tick(0.0)  # begun: nothing trained yet, so it ends at the next turn
+    assert c.ended(0.1) and c.outcome() == Finish("preempted", "SIGTERM at step 0: model.pt not written")
+    assert not c.request_stop("SIGTERM")  # (the driver ends the job at once)
+
+
+def test_a_worker_that_fails_says_why_and_the_scheduler_replans_at_once(make):
+    c = make(num_workers=2, global_batch=60, batching="uniform")
+    for r in range(2):
+        register(c, b"W%d" % r, "worker", r)
+    before = c.registry.plan
+    assert c.handle(b"X", Failed(reason="not in the job"), 1.0) == []  # a stranger's word changes nothing
+    assert c.registry.plan == before and set(c.registry.workers) == {0, 1}
+    out = c.handle(b"W1", Failed(reason="worker 1 on h: this worker's model differs from the scheduler's"), 1.0)
+    assert set(c.registry.workers) == {0} and c.lost == 1
+    [lost] = [e for e in events(out, "membership") if e["change"] == "lost"]
+    assert lost["rank"] == 1 and lost["reason"] == "failed: worker 1 on h: this worker's model differs from the " \
+                                                   "scheduler's"
+    assert sent(out, b"S", Plan) == [Plan(gen=before.gen + 1, batches=[60, 0], departed=[[1, -1]])]
+    assert [type(m) for m in sent(out, b"W1")] == [Shutdown]
+
+
+def test_a_silent_worker_is_named_with_the_phase_its_last_heartbeat_told(make):
+    c = make(num_workers=2, global_batch=60, batching="uniform")
+    for r in range(2):
+        register(c, b"W%d" % r, "worker", r)
+    c.handle(b"W1", Heartbeat(phase="building the model"), 9.0)
+    for peer in (b"S", b"W0"):
+        c.handle(peer, Heartbeat(), 39.0)
+    assert not events(c.tick(39.0, unread=False), "membership")  # 30 s: not past --dead-after
+    out = c.tick(40.0, unread=True)  # messages wait: silences are not judged
+    assert not events(out, "membership")
+    [lost] = events(c.tick(40.0), "membership")
+    assert lost["rank"] == 1 and lost["reason"] == "silent for 31 s, last heard building the model", lost
+
+
+def shard(req: int, version: int) -> Params:
+    return Params(req=req, version=version, held_s=0.0, plan=None, data=np.zeros(PARAMS // 2, np.float32))
+
+
+def test_bsp_asks_its_evaluations_in_advance_and_the_job_ends_once_the_final_one_is_evaluated(make):
+    c = make(num_workers=1, num_servers=2, global_batch=500, epochs=2, batching="uniform", probe=False)
+    out = register(c, b"S1", "server")
+    assert out.index(ConnectServers()) < out.index(AskEval(1, 2)), out  # connected, then asked
+    assert [i for i in out if isinstance(i, AskEval)] == [AskEval(1, 2), AskEval(2, 4)]  # an epoch is 2 steps
+    register(c, b"W0", "worker", 0)
+    assert c.server_reply(0, shard(2, 4), 1.0) == []  # one shard of two
+    [evaluate] = c.server_reply(1, shard(2, 4), 1.0)
+    assert isinstance(evaluate, Evaluate) and evaluate.pending.final
+    assert not c.ended(2.0)  # the workers have not finished
+    [written] = c.evaluated(evaluate.pending, 0.9, 0.3, 1.0, 2.0)
+    assert written == WriteEvent("eval", {"epoch": 2.0, "versions": [4, 4], "test_accuracy": 0.9, "test_loss": 0.3,
+                                          "final": True})
+    for step in range(4):
+        c.handle(b"W0", Report(rank=0, step=step, batch=500, compute_s=0.01, network_s=0.0, wait_s=0.0, loss=1.0,
+                               done=step == 3), 3.0)
+    assert c.ended(3.0) and c.outcome() == Finish("completed")
+    out = c.finish("completed", None)
+    assert sent(out, b"W0") == [Shutdown(ok=True, reason="completed")] and events(out, "end")
+
+
+def test_asp_reads_the_model_for_its_final_evaluation_once_every_worker_is_done(make):
+    c = make(num_workers=2, global_batch=100, mode="asp", batching="uniform", probe=False, max_steps=1)
+    for r in range(2):
+        register(c, b"W%d" % r, "worker", r)
+    done = [Report(rank=r, step=0, batch=50, compute_s=0.01, network_s=0.0, wait_s=0.0, loss=1.0, done=True)
+            for r in range(2)]
+    assert not [i for i in c.handle(b"W0", done[0], 1.0) if isinstance(i, AskEval)]
+    assert [i for i in c.handle(b"W1", done[1], 1.0) if isinstance(i, AskEval)] == [AskEval(1, None)]
+    for now in range(1, 121, 10):  # from the first tick on the servers have --server-timeout (120 s) to answer
+        assert not [i for i in c.tick(float(now)) if isinstance(i, Finish)]
+    assert c.tick(1.0 + 121.0)[-1] == Finish("failed: servers did not answer the final evaluation pull within 120 s")
