@@ -96,19 +96,31 @@ class Correction:
     def state(self) -> dict:
         return {"staleness": self.staleness, "seen": self._seen}
 
-    @staticmethod
-    def check_state(saved) -> None:
-        """ValueError unless `saved` is state()'s, or None (a checkpoint written before
-        corrections existed)."""
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What state() leaves out, as copies of shard-sized arrays (saved as "async.<name>")."""
+        return {}
+
+    def check_state(self, saved, arrays: dict) -> None:
+        """ValueError unless `saved` and `arrays` are state()'s and arrays()' of this
+        correction at this size; `saved` None: a checkpoint written before corrections
+        existed (or before they kept arrays), which must then hold none."""
         if saved is None:
+            if arrays:
+                raise ValueError(f"the saved shard holds correction arrays without their record: {sorted(arrays)}")
             return
         stale = saved.get("staleness") if isinstance(saved, dict) else None
         if not (type(stale) in (int, float) and math.isfinite(stale) and stale >= 0
                 and type(saved.get("seen")) is int and saved["seen"] >= 0):
             raise ValueError("the saved shard's staleness record is malformed")
+        self._check_arrays(saved, arrays)
 
-    def load_state(self, saved) -> None:
-        """Take state() (checked by check_state); None starts the record afresh."""
+    def _check_arrays(self, saved: dict, arrays: dict) -> None:
+        if arrays:
+            raise ValueError(f"the saved shard holds arrays the {type(self).__name__} correction does not keep: "
+                             f"{sorted(arrays)}")
+
+    def load_state(self, saved, arrays: dict) -> None:
+        """Take state() and arrays() (checked by check_state); None starts afresh."""
         self.forget()
         self.staleness, self._seen = (0.0, 0) if saved is None else (float(saved["staleness"]), saved["seen"])
 
@@ -199,8 +211,7 @@ class Dana(_Ahead):
 
     Adam's steps are normalised per value, and a buffer per worker would need its own
     normaliser: with Adam (and with SGD without momentum) the update is the momentum
-    correction's. The buffers are not checkpointed: a restore starts them at zero, as
-    a fresh optimizer's."""
+    correction's. The buffers are part of the shard's checkpoint."""
 
     def __init__(self, trained: int):
         super().__init__(trained)
@@ -246,9 +257,36 @@ class Dana(_Ahead):
             v, eta = self._v.pop(rank)
             torch.from_numpy(self._sum).sub_(torch.from_numpy(v), alpha=eta)
 
-    def load_state(self, saved):
-        super().load_state(saved)
-        self._fallback.load_state(saved)
+    def state(self):
+        # (per worker, the eta its buffer last moved the values by: the sum's weights)
+        return {**super().state(), "etas": {str(rank): eta for rank, (_, eta) in self._v.items()}}
+
+    def arrays(self):
+        if not self._v:
+            return {}
+        return {"sum": self._sum.copy(), **{f"v{rank}": v.copy() for rank, (v, _) in self._v.items()}}
+
+    def _check_arrays(self, saved, arrays):
+        etas = saved.get("etas", {})
+        if not (isinstance(etas, dict) and all(k.isdigit() and type(e) in (int, float) and math.isfinite(e)
+                                               for k, e in etas.items())):
+            raise ValueError("the saved shard's per-worker momentum record is malformed")
+        names = {f"v{rank}" for rank in etas} | ({"sum"} if etas else set())
+        if set(arrays) != names:
+            raise ValueError(f"the saved shard's per-worker momentum buffers are {sorted(arrays)}, "
+                             f"its record names {sorted(names)}")
+        if any(a.dtype != np.float32 or a.shape != (self.trained,) for a in arrays.values()):
+            raise ValueError(f"the saved per-worker momentum buffers are not {self.trained} float32 numbers")
+
+    def load_state(self, saved, arrays):
+        super().load_state(saved, arrays)
+        self._fallback.load_state(saved, {})
+        if saved is not None and saved.get("etas"):
+            np.copyto(self._sum, arrays["sum"])
+            for rank, eta in saved["etas"].items():
+                v = aligned_empty(self.trained)
+                np.copyto(v, arrays[f"v{rank}"])
+                self._v[int(rank)] = (v, float(eta))
 
 
 class _Gapped(_Remedy):

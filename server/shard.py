@@ -310,7 +310,8 @@ class ShardCore:
                   "updates": self.updates, "staleness": [self.staleness_sum, self.staleness_max],
                   "last_step": [self.holds.last_step.get(r, -1) for r in range(self.job.num_workers)],
                   "optimizer": scalars, "asynchrony": self.store.correction.state()},
-            arrays={"values": self.frozen(), **{f"opt.{k}": v for k, v in buffers.items()}})
+            arrays={"values": self.frozen(), **{f"opt.{k}": v for k, v in buffers.items()},
+                    **{f"async.{k}": v for k, v in self.store.correction.arrays().items()}})
 
     def rewind(self) -> None:
         """Forget every request, binding and plan: the job goes back to a checkpoint (a
@@ -333,11 +334,11 @@ class ShardCore:
         self.ready(self.n)  # the step taken last is part of the state it replaces
         if self.barrier.pending or self.holds.held or self._pulls.entries:
             raise ValueError("a shard with requests in flight cannot be restored")
-        m, buffers = check_saved(state, self.job, self.n, self.trained, next_steps)
+        m, buffers, kept = check_saved(state, self.job, self.n, self.trained, next_steps)
         correction = self.store.correction
-        correction.check_state(m.get("asynchrony"))
+        correction.check_state(m.get("asynchrony"), kept)
         self.store.opt.load_state(m["optimizer"], buffers)  # checks before it changes anything
-        correction.load_state(m.get("asynchrony"))
+        correction.load_state(m.get("asynchrony"), kept)
         self.store.load(state.arrays["values"])
         self.version, self.updates = m["version"], m["updates"]
         self.staleness_sum, self.staleness_max = m["staleness"]

@@ -15,7 +15,8 @@ class ShardState:
 
     meta: dict  # JSON-able: the job, sizes, version, counters, last step per rank, optimizer scalars,
     # the asynchronous correction's staleness record
-    arrays: dict[str, np.ndarray]  # "values", and the optimizer's buffers as "opt.<name>"
+    arrays: dict[str, np.ndarray]  # "values", the optimizer's buffers as "opt.<name>", the asynchronous
+    # correction's as "async.<name>"
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,8 @@ class Snapshot:
 
 
 def check_saved(state: ShardState, job: JobSpec, n: int, trained: int,
-                next_steps: list[int] | None) -> tuple[dict, dict[str, np.ndarray]]:
-    """(meta, the optimizer's buffers by name) of `state`, checked to fit a shard of `job`
+                next_steps: list[int] | None) -> tuple[dict, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(meta, the optimizer's buffers by name, the correction's arrays by name) of `state`, checked to fit a shard of `job`
     holding `n` values (`trained` of them parameters); `next_steps` as for
     ShardCore.restore. ValueError, naming what does not fit, otherwise. The optimizer's
     and the correction's records are checked by their owners."""
@@ -50,9 +51,10 @@ def check_saved(state: ShardState, job: JobSpec, n: int, trained: int,
         raise ValueError("the saved shard's counters are malformed")
     if next_steps is not None and not (len(next_steps) == workers and _ints(*next_steps, lowest=0)):
         raise ValueError(f"next steps {next_steps} are not one step count per worker")
-    if any(not k.startswith("opt.") for k in arrays if k != "values"):
+    if any(not k.startswith(("opt.", "async.")) for k in arrays if k != "values"):
         raise ValueError(f"the saved shard holds unknown arrays: {sorted(arrays)}")
-    return m, {k.removeprefix("opt."): v for k, v in arrays.items() if k != "values"}
+    return (m, {k.removeprefix("opt."): v for k, v in arrays.items() if k.startswith("opt.")},
+            {k.removeprefix("async."): v for k, v in arrays.items() if k.startswith("async.")})
 
 
 def _ints(*values, lowest: int) -> bool:

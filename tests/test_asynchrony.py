@@ -204,6 +204,26 @@ def test_the_staleness_measured_survives_a_checkpoint_and_a_malformed_record_is_
     assert not bad.initialized and bad.store.correction.state() == {"staleness": 0.0, "seen": 0}
 
 
+def test_danas_buffers_survive_a_checkpoint_and_a_mismatched_record_is_refused():
+    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=X0, async_correction="dana")
+    drive(core)
+    state = core.state()
+    assert sorted(state.arrays) == ["async.sum", "async.v0", "async.v1", "async.v2", "opt.momentum_buffer", "values"]
+    twin = make_core(mode="asp", n=6, num_trained=4, global_batch=24, async_correction="dana")
+    twin.restore(state)
+    assert {k: v.tobytes() for k, v in twin.state().arrays.items()} == {k: v.tobytes() for k, v in state.arrays.items()}
+    for broken, text in [({**state.arrays, "async.v1": None}, "buffers are"),
+                         ({**state.arrays, "async.v1": np.zeros(3, np.float32)}, "not 4 float32"),
+                         ({**state.arrays, "async.v7": np.zeros(4, np.float32)}, "buffers are")]:
+        bad = make_core(mode="asp", n=6, num_trained=4, global_batch=24, async_correction="dana")
+        with pytest.raises(ValueError, match=text):
+            bad.restore(type(state)(state.meta, {k: v for k, v in broken.items() if v is not None}))
+        assert not bad.initialized and not bad.store.correction.arrays()
+    other = make_core(mode="asp", n=6, num_trained=4, global_batch=24, async_correction="momentum")
+    with pytest.raises(ValueError):  # another correction's checkpoint: another job
+        other.restore(state)
+
+
 def test_a_restore_refused_for_its_optimizer_state_leaves_the_staleness_record_alone():
     core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=X0, async_correction="momentum")
     drive(core)
@@ -229,12 +249,18 @@ def test_after_a_restore_look_ahead_replies_derive_from_the_restored_values_neve
     drive(b, gs=grads(len(ARRIVALS), seed=9))  # b's own look-ahead and buffers, cached for its version
     c = make_core(mode="asp", n=6, num_trained=4, global_batch=24, async_correction=correction,
                   optimizer=optimizer)  # a fresh server taking a's shard over: no step taken yet
+    saved = a.state()
+    dropped = a.handle(PEERS[0], push(0, 3, np.zeros(0), batch=0, ver=a.version), 5.0)  # a's own reply to it
     for core in (b, c):
         core.rewind()
-        core.restore(a.state())
+        core.restore(saved)
         out = core.handle(PEERS[0], push(0, 3, np.zeros(0), batch=0, ver=core.version), 5.0)  # a dropped push
-        # no step since the restore: no direction to look ahead along, the restored values as they are
-        np.testing.assert_array_equal(out[0].msg.data, a.values)
+        if correction == "dana" and optimizer == "sgd":  # the buffers are saved: a's own look-ahead
+            expected = dropped[0].msg.data
+            assert not np.array_equal(expected, a.values)
+        else:  # no step since the restore: no direction to look ahead along, the restored values as they are
+            expected = a.values
+        np.testing.assert_array_equal(out[0].msg.data, expected)
 
 
 def test_a_departed_worker_leaves_no_copy_of_the_values_sent_to_it():
