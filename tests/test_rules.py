@@ -121,3 +121,15 @@ def test_no_module_passes_400_lines(name):
     assert lines <= limit, f"{path} has {lines} lines (at most {limit}): split it by what it holds"
     if path in OVERSIZE:
         assert lines > MAX_LINES, f"{path} is down to {lines} lines: take it off OVERSIZE"
+
+
+def test_every_installed_package_is_under_omnips():
+    """A user's own `server` or `worker` package never meets ours: the role folders install
+    as omnips.server, omnips.worker and omnips.scheduler."""
+    import tomllib
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert all(p == "omnips" or p.startswith("omnips.") for p in setup["packages"]), setup["packages"]
+    assert setup["package-dir"] == {f"omnips.{role}": role for role in ROLES}
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert all(target.startswith("omnips.") for target in scripts.values()), scripts
