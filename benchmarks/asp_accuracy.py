@@ -212,7 +212,7 @@ def update_cost(n: int, rounds: int) -> list[str]:
 
     from omnips.job import JobSpec
     from omnips.protocol import Init, Push
-    from server.shard import ShardCore
+    from omnips.server.shard import ShardCore
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)

@@ -221,7 +221,7 @@ def replay_schedule(controller: str, phase: int, args, steps: int) -> tuple[floa
     a live run depends on how the reports happen to interleave. Returns (balance, adjustments)."""
     from omnips.batching import BatchPlan
     from omnips.job import JobSpec
-    from scheduler.control import BatchControl
+    from omnips.scheduler.control import BatchControl
 
     job = JobSpec(num_workers=4, global_batch=args.global_batch, batching="dynamic", controller=controller,
                   adjust_every=args.adjust_every, deadband=args.deadband, max_steps=steps + phase)

@@ -448,7 +448,7 @@ def run_cluster(mode: str, num_servers: int, kind: str, model_args: dict, datase
     `key_dir` every process (this one too) uses CURVE."""
     from solo import SoloWorker
 
-    from worker.buckets import floored
+    from omnips.worker.buckets import floored
 
     steps = cluster_steps(warmup, repeats)
     name = f"{mode}-{num_servers}s-{kind}" + ("-curve" if key_dir else "")
@@ -538,7 +538,7 @@ def pieces(params: np.ndarray, grads: np.ndarray, repeats: int, server_threads: 
     from omnips.job import JobSpec
     from omnips.protocol import Init, Push
     from omnips.flat import all_finite
-    from server.shard import ShardCore
+    from omnips.server.shard import ShardCore
 
     n = params.size
     out = {}

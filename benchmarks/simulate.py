@@ -70,8 +70,8 @@ from omnips.batching import PROBE_BATCHES, BatchPlan, equal_time, initial_batche
 from omnips import codec, protocol, timemodel  # noqa: E402
 from omnips.job import JobSpec  # noqa: E402
 from omnips.metrics import RunDir  # noqa: E402
-from scheduler import control  # noqa: E402
-from scheduler.control import BatchControl  # noqa: E402
+from omnips.scheduler import control  # noqa: E402
+from omnips.scheduler.control import BatchControl  # noqa: E402
 
 COMM_S = 0.005
 KINDS = ("jitter", "timer")

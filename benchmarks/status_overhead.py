@@ -35,8 +35,8 @@ from report import machine_lines, publish  # noqa: E402
 from omnips.job import JobSpec  # noqa: E402
 from omnips.protocol import Register, Report  # noqa: E402
 from omnips.status import StatusBook  # noqa: E402
-from scheduler.instructions import AskEval, ConnectServers  # noqa: E402
-from scheduler.service import Scheduler, SchedulerOptions  # noqa: E402
+from omnips.scheduler.instructions import AskEval, ConnectServers  # noqa: E402
+from omnips.scheduler.service import Scheduler, SchedulerOptions  # noqa: E402
 
 
 def scheduler(run_dir: Path, workers: int, steps: int, batching: str, status: bool) -> Scheduler:

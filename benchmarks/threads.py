@@ -24,7 +24,7 @@ def run(threads: str, steps: int) -> dict:
     with LocalCluster(run_dir, job, 1, [], ranks=3) as cluster:
         cluster.start_scheduler()
         cluster.start_servers()
-        workers = [subprocess.Popen([sys.executable, "-m", "worker", "--scheduler", cluster.endpoint,
+        workers = [subprocess.Popen([sys.executable, "-m", "omnips.worker", "--scheduler", cluster.endpoint,
                                      "--threads", threads], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                    for _ in range(3)]
         for w in workers:

@@ -73,7 +73,7 @@ from omnips.job import JobSpec  # noqa: E402
 from omnips.launch import WorkerSpec  # noqa: E402
 from omnips.optim import SGD  # noqa: E402
 from omnips.transport import tune_malloc  # noqa: E402
-from worker.emulation import Emulation  # noqa: E402
+from omnips.worker.emulation import Emulation  # noqa: E402
 
 LR, MOMENTUM, SEED = 0.05, 0.9, 0
 JOB_TIMEOUT_S = 600

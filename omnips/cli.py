@@ -35,7 +35,7 @@ def launch_parser() -> argparse.ArgumentParser:
         prog="omnips launch", allow_abbrev=False,
         description="Start a scheduler, S servers and N workers on this machine. "
         "Per-worker flags take one value for all workers or one per worker; every other flag goes to the "
-        "scheduler (see python -m scheduler --help).")
+        "scheduler (see python -m omnips.scheduler --help).")
     p.add_argument("--num-servers", type=int, default=None, help="default 1, or the resumed job's")
     p.add_argument("--num-workers", type=int, default=None, help="default 3, or the resumed job's")
     p.add_argument("--capacity", nargs="+", default=["1"], help="declared relative speed, per worker")
@@ -66,7 +66,7 @@ def cluster_size(args, parser) -> None:
 
 def resumed_job(run_dir: str, parser) -> JobSpec:
     """The job in RUN_DIR/config.json, read as the scheduler will read it."""
-    from scheduler.checkpoints import ResumeError, saved_job
+    from omnips.scheduler.checkpoints import ResumeError, saved_job
     try:
         return saved_job(run_dir)
     except ResumeError as exc:
@@ -92,7 +92,7 @@ def worker_specs(args, parser) -> list[WorkerSpec]:
 def check_job(args, scheduler_args, parser) -> None:
     """Refuse the scheduler's flags, and a new job that cannot work, as the scheduler would:
     it runs only after the run directory is made, and its refusal would end in a log."""
-    from scheduler.__main__ import check_run_flags, job_from, parser as scheduler_parser
+    from omnips.scheduler.__main__ import check_run_flags, job_from, parser as scheduler_parser
     a = borrowed_check(parser, "", scheduler_parser().parse_args, [
         *scheduler_args, "--num-servers", str(args.num_servers), "--num-workers", str(args.num_workers)])
     try:
@@ -105,8 +105,8 @@ def check_job(args, scheduler_args, parser) -> None:
 
 def check_workers(workers: list[WorkerSpec], parser) -> None:
     """Refuse what a worker would: it would exit at once, leaving the cluster waiting for it."""
-    from worker.__main__ import parse
-    from worker.trainer import check_device
+    from omnips.worker.__main__ import parse
+    from omnips.worker.trainer import check_device
     for rank, spec in enumerate(workers):
         borrowed_check(parser, f"worker {rank}: ", parse,
                        ["--scheduler", "tcp://127.0.0.1:0", "--rank", str(rank), *spec.args()])
@@ -182,7 +182,7 @@ def launch(argv) -> int:
 def interrupted(run_dir: Path, cluster: LocalCluster) -> str:
     """Stop the job through its scheduler (Ctrl-C, SIGTERM or SIGHUP to the launcher): one
     line saying what was stopped, where the run is and how to go on."""
-    from scheduler.stopping import STOP_WAIT_S
+    from omnips.scheduler.stopping import STOP_WAIT_S
     cluster.interrupt(STOP_WAIT_S + 10.0)  # the scheduler's own stop window, and time to write
     path = run_dir / "summary.json"
     summary = json.loads(path.read_text()) if path.exists() else {"status": "stopped before the job began"}

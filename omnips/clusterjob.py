@@ -35,19 +35,19 @@ class ClusterJob:
         return ["--keys", self.keys] if self.keys else []
 
     def scheduler_cmd(self, port: int) -> list[str]:
-        return [self.python, "-m", "scheduler", *self.scheduler_args, "--num-servers", str(self.num_servers),
+        return [self.python, "-m", "omnips.scheduler", *self.scheduler_args, "--num-servers", str(self.num_servers),
                 "--num-workers", str(len(self.workers)), "--host", "0.0.0.0", "--port", str(port),
                 "--run-dir", self.run_dir, *self.keys_args()]
 
     def server_cmd(self, scheduler, advertise: str | None = None) -> list:
         adv = ["--advertise", advertise] if advertise else []
-        return [self.python, "-m", "server", "--scheduler", scheduler, "--host", "0.0.0.0", *adv, *self.keys_args()]
+        return [self.python, "-m", "omnips.server", "--scheduler", scheduler, "--host", "0.0.0.0", *adv, *self.keys_args()]
 
     def worker_cmd(self, rank: int, scheduler, ask_rank: bool = True) -> list:
         """Worker `rank`'s command line; without `ask_rank` it takes the next free rank. `scheduler`: the
         address, or a stand-in that the renderer writes as a shell variable (as in server_cmd)."""
         ask = ["--rank", str(rank)] if ask_rank else []
-        return [self.python, "-m", "worker", "--scheduler", scheduler, *ask, *self.keys_args(),
+        return [self.python, "-m", "omnips.worker", "--scheduler", scheduler, *ask, *self.keys_args(),
                 *self.workers[rank].args()]
 
     def env(self) -> dict[str, str]:
@@ -83,7 +83,7 @@ def parse(prog: str, argv: list[str], add_own, python: str = sys.executable) -> 
     workers = cli.worker_specs(args, parser)
     cli.check_job(args, scheduler_args, parser)
     for rank, spec in enumerate(workers):  # the devices are the nodes': not checked here
-        from worker.__main__ import parse as worker_parse
+        from omnips.worker.__main__ import parse as worker_parse
         cli.borrowed_check(parser, f"worker {rank}: ", worker_parse,
                            ["--scheduler", "tcp://127.0.0.1:0", "--rank", str(rank), *spec.args()])
     for flag in ("--host", "--port", "--run-dir"):

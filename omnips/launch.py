@@ -122,7 +122,7 @@ class LocalCluster:
 
     # start() in three stages, so that a test can act while the cluster is incomplete
     def start_scheduler(self, timeout_s: float = 60.0) -> None:
-        sched = self._spawn("scheduler", "scheduler", [
+        sched = self._spawn("scheduler", "omnips.scheduler", [
             *self.scheduler_args, *self._keys(), "--num-servers", str(self.num_servers),
             "--num-workers", str(self.ranks or len(self.workers)), "--port", "0", "--run-dir", str(self.run_dir)],
             stdout=subprocess.PIPE)
@@ -136,7 +136,7 @@ class LocalCluster:
 
     def start_server(self, name: str, rank: int = -1) -> None:
         """A server with the cluster's command line (also one that takes a lost server's shard)."""
-        self._spawn(name, "server", ["--scheduler", self.endpoint, "--rank", str(rank), *self._keys(),
+        self._spawn(name, "omnips.server", ["--scheduler", self.endpoint, "--rank", str(rank), *self._keys(),
                                      *self.server_args])
 
     def start_workers(self) -> None:
@@ -149,7 +149,7 @@ class LocalCluster:
     def add_worker(self, spec: WorkerSpec, rank: int, name: str | None = None) -> str:
         """Start a worker asking for `rank` (also into a running job, where the rank is vacant)."""
         name = name or f"worker{rank}"
-        self._spawn(name, "worker", ["--scheduler", self.endpoint, "--rank", str(rank), *self._keys(), *spec.args()])
+        self._spawn(name, "omnips.worker", ["--scheduler", self.endpoint, "--rank", str(rank), *self._keys(), *spec.args()])
         return name
 
     def _read_endpoint(self, proc: subprocess.Popen, timeout_s: float) -> str:

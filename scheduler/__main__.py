@@ -1,4 +1,4 @@
-"""python -m scheduler: owns the job, forms the cluster, tracks progress, writes the run directory."""
+"""python -m omnips.scheduler: owns the job, forms the cluster, tracks progress, writes the run directory."""
 
 import argparse
 import json

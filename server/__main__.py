@@ -1,4 +1,4 @@
-"""python -m server: one parameter server (a shard of the model and its optimizer state)."""
+"""python -m omnips.server: one parameter server (a shard of the model and its optimizer state)."""
 
 import argparse
 import logging

@@ -5,7 +5,7 @@ import numpy as np
 from omnips import codec
 from omnips.job import JobSpec
 from omnips.protocol import Ack, Error, Init, Push
-from server.shard import Outgoing, ShardCore
+from omnips.server.shard import Outgoing, ShardCore
 
 PEERS = [b"w0", b"w1", b"w2"]
 SCHED = b"scheduler"

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from omnips.protocol import Params, Plan
-from server.asynchrony import DC_LAMBDA, KEEP_STEP, MEAN_SPAN
+from omnips.server.asynchrony import DC_LAMBDA, KEEP_STEP, MEAN_SPAN
 from shard_helpers import PEERS, make_core, push, round_trip
 
 X0 = np.array([1, -2, 3, 0.5, 7, 8], dtype=np.float32)  # 4 trained slots, 2 buffer slots

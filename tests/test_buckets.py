@@ -18,10 +18,10 @@ from omnips.protocol import Params, Push
 from omnips.servers import ServerError, ServerGroup
 from omnips.sharding import shard_ranges
 from omnips.wire import WireDtype
-from server.assembly import Assembler, PartRefused
-from worker.buckets import BucketPlan, bucket_floor, bucket_values
-from worker.pushing import Pusher
-from worker.trainer import Trainer
+from omnips.server.assembly import Assembler, PartRefused
+from omnips.worker.buckets import BucketPlan, bucket_floor, bucket_values
+from omnips.worker.pushing import Pusher
+from omnips.worker.trainer import Trainer
 
 from shard_helpers import PEERS, assert_refused, make_core, parts_of, push
 

@@ -10,7 +10,7 @@ import pytest
 
 from omnips.job import JobSpec
 from omnips.protocol import Register
-from scheduler.registry import Registry
+from omnips.scheduler.registry import Registry
 
 from helpers import WAIT_FACTOR
 
@@ -41,11 +41,11 @@ def test_omnips_lists_its_subcommands_and_names_an_unknown_one():
 @pytest.mark.parametrize("argv, error", [
     (["-m", "omnips.cli", "launch", "--num-worker", "2"], "unrecognized arguments: --num-worker 2"),
     (["-m", "omnips.cli", "launch", "--lr", "x"], "argument --lr: invalid float value: 'x'"),
-    (["-m", "worker", "--schedular", "tcp://127.0.0.1:1"], "unrecognized arguments: --schedular tcp://127.0.0.1:1"),
-    (["-m", "server", "--schedular", "tcp://127.0.0.1:1"], "unrecognized arguments: --schedular tcp://127.0.0.1:1"),
-    (["-m", "worker", "--scheduler", "tcp://127.0.0.1:1", "--thread", "2"], "unrecognized arguments: --thread 2"),
-    (["-m", "server"], "the following arguments are required: --scheduler"),
-    (["-m", "scheduler", "--num-worker", "2"], "unrecognized arguments: --num-worker 2"),
+    (["-m", "omnips.worker", "--schedular", "tcp://127.0.0.1:1"], "unrecognized arguments: --schedular tcp://127.0.0.1:1"),
+    (["-m", "omnips.server", "--schedular", "tcp://127.0.0.1:1"], "unrecognized arguments: --schedular tcp://127.0.0.1:1"),
+    (["-m", "omnips.worker", "--scheduler", "tcp://127.0.0.1:1", "--thread", "2"], "unrecognized arguments: --thread 2"),
+    (["-m", "omnips.server"], "the following arguments are required: --scheduler"),
+    (["-m", "omnips.scheduler", "--num-worker", "2"], "unrecognized arguments: --num-worker 2"),
 ], ids=["launch-prefix", "launch-value", "worker-typo", "server-typo", "worker-prefix", "server-missing",
         "scheduler-prefix"])
 @pytest.mark.cluster
@@ -65,7 +65,7 @@ def test_a_failed_start_leaves_no_run_directory(tmp_path):
 
 @pytest.mark.cluster
 def test_the_scheduler_says_whom_it_waits_for_while_the_cluster_forms(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "scheduler", "--num-workers", "2", "--register-timeout", "12",
+    proc = subprocess.run([sys.executable, "-m", "omnips.scheduler", "--num-workers", "2", "--register-timeout", "12",
                            "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=120 * WAIT_FACTOR)
     waits = [line for line in proc.stderr.splitlines() if "waiting for 1 of 1 servers and 2 of 2 workers" in line]
     assert proc.returncode == 1 and len(waits) >= 1, proc.stderr  # every 5 s, before the timeout's failure

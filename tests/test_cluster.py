@@ -149,9 +149,9 @@ def test_user_model_and_dataset_factories(run_job, tmp_path):
 def test_console_scripts_point_at_the_roles():
     from importlib.metadata import entry_points
 
-    import scheduler.__main__
-    import server.__main__
-    import worker.__main__
+    import omnips.scheduler.__main__
+    import omnips.server.__main__
+    import omnips.worker.__main__
     from omnips import cli
 
     scripts = {e.name: e.load() for e in entry_points(group="console_scripts") if e.name.startswith("omnips")}

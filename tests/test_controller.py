@@ -13,8 +13,8 @@ from omnips.batching import BatchPlan, Decision, decide, equal_time, initial_bat
 from omnips.job import JobSpec
 from omnips import timemodel
 from omnips.timemodel import DRIFT, REPEAT, TimeModels
-from scheduler.regret import FORGET_WINDOWS
-from scheduler.control import FIRST_WINDOW, MIN_GAIN, PERSIST, WIDE_GAIN, Adjustment, BatchControl
+from omnips.scheduler.regret import FORGET_WINDOWS
+from omnips.scheduler.control import FIRST_WINDOW, MIN_GAIN, PERSIST, WIDE_GAIN, Adjustment, BatchControl
 
 
 class TimeModel:

@@ -1,6 +1,6 @@
 """scheduler/disturbance.py: which reported steps overlapped an evaluation or a checkpoint write."""
 
-from scheduler.disturbance import KEPT, SLACK_S, Disturbances
+from omnips.scheduler.disturbance import KEPT, SLACK_S, Disturbances
 
 
 def test_a_step_overlaps_a_span_between_its_start_and_its_report():

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from omnips.job import JobSpec
-from scheduler.divergence import MARGIN, NONFINITE_RUN, LossWatch
+from omnips.scheduler.divergence import MARGIN, NONFINITE_RUN, LossWatch
 
 TRAIN = 100  # samples an epoch; reports of 10 samples
 

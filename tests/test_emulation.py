@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.emulation import Emulation, parse_schedule
+from omnips.worker.emulation import Emulation, parse_schedule
 
 FAST = settings(max_examples=30, deadline=None)
 

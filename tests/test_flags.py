@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.__main__ import parser as scheduler_parser
-from server.__main__ import parse as server_parse
-from worker.__main__ import parse as worker_parse
+from omnips.scheduler.__main__ import parser as scheduler_parser
+from omnips.server.__main__ import parse as server_parse
+from omnips.worker.__main__ import parse as worker_parse
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e9", "soon"])

@@ -28,8 +28,8 @@ from omnips.metrics import read_events
 from omnips.protocol import (Ack, Checkpoint, Error, Failed, Heartbeat, Init, Params, Plan, ProtocolError, Pull, Push,
                              Register, Report, Shutdown, Welcome)
 from omnips.sharding import shard_ranges
-from scheduler.registry import Registry
-from server.shard import ShardCore
+from omnips.scheduler.registry import Registry
+from omnips.server.shard import ShardCore
 
 from helpers import finish, start_cluster, wait_for_event
 from protocol_helpers import ANY_MESSAGE, SAMPLE, TEXT, U64, assert_same_message, mutate

@@ -15,10 +15,10 @@ from shard_helpers import PEERS, SCHED, make_core, parts_of, push
 from omnips import codec
 from omnips.job import ASYNC_CORRECTIONS
 from omnips.protocol import MAX_PARTS, Checkpoint, Params, Plan, Pull, Push
-from server import service
-from server.outbox import Outbox
-from server.segments import ALIGN
-from server.shard import Outgoing, ShardCore
+from omnips.server import service
+from omnips.server.outbox import Outbox
+from omnips.server.segments import ALIGN
+from omnips.server.shard import Outgoing, ShardCore
 
 
 

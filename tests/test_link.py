@@ -10,8 +10,8 @@ from shard_helpers import make_core
 
 from omnips.link import LinkError
 from omnips.protocol import Failed, Heartbeat, Shutdown
-from server import checkpointer, service
-from server.outbox import Outbox
+from omnips.server import checkpointer, service
+from omnips.server.outbox import Outbox
 
 
 def test_a_process_that_was_frozen_reads_what_came_meanwhile_before_it_judges_the_silence(linked):

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from omnips import data, models
 from omnips.batching import BACKWARD_FACTOR, MEMORY_USE, memory_batch
-from worker import memory
+from omnips.worker import memory
 
 CPU = torch.device("cpu")
 

@@ -3,7 +3,7 @@
 import numpy as np
 from omnips.job import JobSpec
 from omnips.protocol import Init, Params, Plan, Push
-from server.shard import ShardCore
+from omnips.server.shard import ShardCore
 
 from shard_helpers import PEERS
 

@@ -16,8 +16,8 @@ from shard_helpers import PEERS, make_core, push
 from omnips import codec, protocol
 from omnips.leaving import Leaving
 from omnips.protocol import Error, Params, Pull, Shutdown
-from server import checkpointer, service
-from server.outbox import Outbox
+from omnips.server import checkpointer, service
+from omnips.server.outbox import Outbox
 
 GRACE_S = 0.3
 

@@ -10,8 +10,8 @@ import torch
 
 from omnips.job import PREEMPTED_EXIT
 from omnips.launch import LocalCluster, WorkerSpec
-from scheduler.checkpoints import resume_point
-from scheduler.stopping import on_leave
+from omnips.scheduler.checkpoints import resume_point
+from omnips.scheduler.stopping import on_leave
 
 from helpers import WAIT_FACTOR, Run, finish, wait_for_event, wait_for_steps
 

@@ -4,7 +4,7 @@ import pytest
 
 from omnips.job import JobSpec
 from omnips.protocol import Report
-from scheduler.progress import Progress
+from omnips.scheduler.progress import Progress
 
 
 def report(rank, step, batch, compute_s, network_s=0.0, wait_s=0.0, loss=1.0, staleness=0):

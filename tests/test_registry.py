@@ -2,7 +2,7 @@
 
 from omnips.job import JobSpec
 from omnips.protocol import Ack, Error, Register, Welcome
-from scheduler.registry import Registry
+from omnips.scheduler.registry import Registry
 
 
 def registry(**job):

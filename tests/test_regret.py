@@ -7,8 +7,8 @@ import pytest
 
 from omnips.batching import BatchPlan, equal_time, integerize
 from omnips.job import JobSpec
-from scheduler.control import CHANGE_STEPS, BatchControl
-from scheduler.regret import FORGET_WINDOWS, REGRET, PlanMemory
+from omnips.scheduler.control import CHANGE_STEPS, BatchControl
+from omnips.scheduler.regret import FORGET_WINDOWS, REGRET, PlanMemory
 
 ADJUST_EVERY = 10
 

@@ -20,10 +20,10 @@ from omnips.job import JobSpec
 from omnips.launch import WorkerSpec
 from omnips.metrics import RunDir, RunDirInUse, read_events
 from omnips.protocol import Register, Report, Saved, Welcome
-from scheduler import __main__ as scheduler_main
-from scheduler.checkpoints import CheckpointBook, resume_point
-from scheduler.progress import Progress
-from scheduler.registry import Registry
+from omnips.scheduler import __main__ as scheduler_main
+from omnips.scheduler.checkpoints import CheckpointBook, resume_point
+from omnips.scheduler.progress import Progress
+from omnips.scheduler.registry import Registry
 
 from helpers import CHECKPOINT_JOB, WAIT_FACTOR, finish, make_checkpoint, start_cluster, wait_for_event
 
@@ -145,7 +145,7 @@ def test_resume_sets_aside_the_checkpoints_it_passes_over_and_deletes_none(tmp_p
     good = make_checkpoint(root, 15)
     (good / checkpoint.shard_name(1)).rename(tmp_path / "away.ckpt")  # unreadable for now (moved aside)
     make_checkpoint(root, 20, complete=False)
-    done = subprocess.run([sys.executable, "-m", "scheduler", "--resume", str(run_dir), "--register-timeout", "1"],
+    done = subprocess.run([sys.executable, "-m", "omnips.scheduler", "--resume", str(run_dir), "--register-timeout", "1"],
                           capture_output=True, text=True, timeout=120 * WAIT_FACTOR)
     assert "resuming from checkpoint" in done.stderr and "(step 10)" in done.stderr, done.stderr
     assert sorted(p.name for p in root.iterdir()) == ["step-10", "step-15.set-aside-unverified",

@@ -9,9 +9,9 @@ import pytest
 from omnips import checkpoint
 from omnips.job import MAX_EPOCHS, JobSpec
 from omnips.metrics import RunDir
-from scheduler import __main__ as scheduler_main
-from scheduler.checkpoints import resume_point
-from scheduler.progress import Progress
+from omnips.scheduler import __main__ as scheduler_main
+from omnips.scheduler.checkpoints import resume_point
+from omnips.scheduler.progress import Progress
 
 from helpers import CHECKPOINT_JOB, make_checkpoint
 

@@ -12,8 +12,8 @@ import zmq
 from omnips import routes, security, transport
 from omnips.cli import launch_parser
 from omnips.launch import LocalCluster, WorkerSpec
-from scheduler.__main__ import parser as scheduler_parser
-from worker.__main__ import parse as worker_parse
+from omnips.scheduler.__main__ import parser as scheduler_parser
+from omnips.worker.__main__ import parse as worker_parse
 
 from helpers import assert_trained_as_one_process, finish
 

@@ -12,12 +12,12 @@ ROLES = ("scheduler", "server", "worker")
 PACKAGES = ("omnips",) + ROLES
 # Sans-IO modules: they take events and return instructions, so they must not need sockets.
 PURE = ("omnips.batching", "omnips.timemodel", "omnips.sharding", "omnips.data", "omnips.protocol",
-        "omnips.job", "omnips.optim", "omnips.wire", "omnips.checkpoint", "server.shard", "server.asynchrony",
-        "server.assembly", "server.barrier", "server.holds", "server.values", "server.members", "server.pulls",
-        "server.shard_state", "scheduler.control", "scheduler.regret", "scheduler.registry",
-        "scheduler.disturbance", "scheduler.stopping", "scheduler.divergence", "scheduler.planning", "omnips.codec", "omnips.fieldchecks",
-        "scheduler.core", "scheduler.instructions", "scheduler.evaluation", "scheduler.liveness", "scheduler.recovery",
-        "scheduler.reports", "scheduler.options", "scheduler.progress", "scheduler.stalls", "scheduler.checkpoints")
+        "omnips.job", "omnips.optim", "omnips.wire", "omnips.checkpoint", "omnips.server.shard", "omnips.server.asynchrony",
+        "omnips.server.assembly", "omnips.server.barrier", "omnips.server.holds", "omnips.server.values", "omnips.server.members", "omnips.server.pulls",
+        "omnips.server.shard_state", "omnips.scheduler.control", "omnips.scheduler.regret", "omnips.scheduler.registry",
+        "omnips.scheduler.disturbance", "omnips.scheduler.stopping", "omnips.scheduler.divergence", "omnips.scheduler.planning", "omnips.codec", "omnips.fieldchecks",
+        "omnips.scheduler.core", "omnips.scheduler.instructions", "omnips.scheduler.evaluation", "omnips.scheduler.liveness", "omnips.scheduler.recovery",
+        "omnips.scheduler.reports", "omnips.scheduler.options", "omnips.scheduler.progress", "omnips.scheduler.stalls", "omnips.scheduler.checkpoints")
 MAX_LINES = 400
 # The command-line front door checks a job's flags with each role's parser (for a local
 # launch, or a cluster manager's job): the one place in omnips/ that may import them
@@ -33,6 +33,8 @@ def _modules() -> dict[str, Path]:
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            if package in ROLES:  # installed as omnips.server, ... (pyproject.toml)
+                name = f"omnips.{name}"
             out[name.removesuffix(".__init__")] = path
     return out
 
@@ -61,14 +63,14 @@ def _imports(name: str, top_level_only: bool) -> set[str]:
 
 
 def _role(module: str) -> str | None:
-    top = module.split(".")[0]
-    return top if top in ROLES else None
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "omnips" and parts[1] in ROLES else None
 
 
 def test_the_rules_see_every_package():
-    assert {n.split(".")[0] for n in MODULES} == set(PACKAGES)
-    assert "server.shard" in MODULES and "omnips.protocol" in MODULES
-    assert _imports("server.shard", True) >= {"omnips.protocol", "server.barrier", "server.values"}
+    assert {_role(n) or n.split(".")[0] for n in MODULES} == set(PACKAGES)
+    assert "omnips.server.shard" in MODULES and "omnips.protocol" in MODULES
+    assert _imports("omnips.server.shard", True) >= {"omnips.protocol", "omnips.server.barrier", "omnips.server.values"}
 
 
 @pytest.mark.parametrize("name", [n for n in MODULES if _role(n)])
@@ -77,7 +79,7 @@ def test_a_role_imports_no_other_role(name):
     assert not others, f"{name} imports {sorted(others)}: roles share code through omnips/"
 
 
-@pytest.mark.parametrize("name", [n for n in MODULES if n.startswith("omnips")])
+@pytest.mark.parametrize("name", [n for n in MODULES if not _role(n)])
 def test_the_library_imports_no_role(name):
     if str(MODULES[name].relative_to(ROOT)) in FRONT_DOOR:
         pytest.skip("the front door imports the roles it starts")
@@ -108,7 +110,7 @@ def test_a_pure_module_does_not_load_zmq(name):
 
 def test_loaded_follows_imports():
     """The check above can fail: a driver does load zmq, through the library."""
-    assert "zmq" in _loaded("server.service") and "zmq" in _loaded("omnips.security")
+    assert "zmq" in _loaded("omnips.server.service") and "zmq" in _loaded("omnips.security")
 
 
 @pytest.mark.parametrize("name", list(MODULES))
@@ -119,3 +121,15 @@ def test_no_module_passes_400_lines(name):
     assert lines <= limit, f"{path} has {lines} lines (at most {limit}): split it by what it holds"
     if path in OVERSIZE:
         assert lines > MAX_LINES, f"{path} is down to {lines} lines: take it off OVERSIZE"
+
+
+def test_every_installed_package_is_under_omnips():
+    """A user's own `server` or `worker` package never meets ours: the role folders install
+    as omnips.server, omnips.worker and omnips.scheduler."""
+    import tomllib
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert all(p == "omnips" or p.startswith("omnips.") for p in setup["packages"]), setup["packages"]
+    assert setup["package-dir"] == {f"omnips.{role}": role for role in ROLES}
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert all(target.startswith("omnips.") for target in scripts.values()), scripts

@@ -10,9 +10,9 @@ import pytest
 
 from omnips.job import JobSpec
 from omnips.protocol import Error, Failed, Heartbeat, Params, Plan, Probe, Register, Report, Shutdown, Welcome
-from scheduler.core import SchedulerCore
-from scheduler.instructions import AskEval, ConnectServers, Evaluate, Finish, Send, WriteEvent
-from scheduler.options import SchedulerOptions
+from omnips.scheduler.core import SchedulerCore
+from omnips.scheduler.instructions import AskEval, ConnectServers, Evaluate, Finish, Send, WriteEvent
+from omnips.scheduler.options import SchedulerOptions
 
 PARAMS = 100
 TRAIN = 1000
@@ -106,8 +106,8 @@ def test_a_memory_bound_from_a_probe_holds_inside_the_deadband(make):
 
 
 def test_a_server_that_cannot_restore_its_shard_fails_the_job_at_once(make, tmp_path):
-    from server.service import _restore
-    from server.shard import ShardCore
+    from omnips.server.service import _restore
+    from omnips.server.shard import ShardCore
 
     sent = []  # the server's side: its restore fails and it says so
     link = type("Link", (), {"send": lambda self, msg: sent.append(msg),

@@ -5,8 +5,8 @@ import time
 
 from omnips.job import JobSpec
 from omnips.protocol import Failed, Register
-from scheduler.instructions import AskEval, ConnectServers
-from scheduler.service import Scheduler, SchedulerOptions
+from omnips.scheduler.instructions import AskEval, ConnectServers
+from omnips.scheduler.service import Scheduler, SchedulerOptions
 
 
 def test_a_dropped_message_names_its_peer_by_role_rank_and_host(tmp_path, caplog):

@@ -124,7 +124,7 @@ def test_every_way_of_starting_a_role_sets_the_allocator(tmp_path, monkeypatch):
     assert transport.tune_malloc()
     started = []
     monkeypatch.setattr("subprocess.Popen", lambda args, env, **kw: started.append(env))
-    LocalCluster(tmp_path, scheduler_args=[], num_servers=1, workers=[])._spawn("server0", "server", [])
+    LocalCluster(tmp_path, scheduler_args=[], num_servers=1, workers=[])._spawn("server0", "omnips.server", [])
     assert started and all(started[0][k] == v for k, v in transport.MALLOC_ENV.items())
 
 

@@ -19,11 +19,11 @@ from omnips.launch import LocalCluster, WorkerSpec
 from omnips.link import LinkError, SchedulerLink
 from omnips.protocol import Init, Pull, Push, Register
 from omnips.security import Gate, Keys, KeysError
-from scheduler.__main__ import parser as scheduler_parser
-from scheduler.registry import Registry
-from scheduler.service import Scheduler, SchedulerOptions
-from server.__main__ import parse as server_parse
-from worker.__main__ import parse as worker_parse
+from omnips.scheduler.__main__ import parser as scheduler_parser
+from omnips.scheduler.registry import Registry
+from omnips.scheduler.service import Scheduler, SchedulerOptions
+from omnips.server.__main__ import parse as server_parse
+from omnips.worker.__main__ import parse as worker_parse
 
 from helpers import WAIT_FACTOR, assert_trained_as_one_process, finish, server_endpoint, wait_for_event
 

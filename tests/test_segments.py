@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.segments import ALIGN, aligned
+from omnips.server.segments import ALIGN, aligned
 
 from shard_helpers import PEERS, make_core, parts_of, push
 

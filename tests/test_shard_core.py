@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from omnips import codec, protocol
 from omnips.protocol import Ack, Checkpoint, Heartbeat, Init, Params, Plan, Pull, Push
-from server.pulls import MAX_AHEAD
-from server.shard import Outgoing
+from omnips.server.pulls import MAX_AHEAD
+from omnips.server.shard import Outgoing
 
 from shard_helpers import PEERS, SCHED, assert_refused, assert_same_state, make_core, push, round_trip, snapshot
 

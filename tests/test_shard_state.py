@@ -15,9 +15,9 @@ from omnips import checkpoint
 from omnips.checkpoint import CheckpointError, FileInfo
 from omnips.job import JobSpec
 from omnips.protocol import Checkpoint, Init, Params, Pull, Saved
-from server import checkpointer
-from server.shard import ShardCore
-from server.shard_state import ShardState, Snapshot
+from omnips.server import checkpointer
+from omnips.server.shard import ShardCore
+from omnips.server.shard_state import ShardState, Snapshot
 
 from helpers import written
 from shard_helpers import PEERS, SCHED, assert_same_state, push, snapshot

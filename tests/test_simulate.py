@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from omnips import timemodel
-from scheduler import control
+from omnips.scheduler import control
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))

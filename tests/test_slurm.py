@@ -37,9 +37,9 @@ def test_the_script_asks_for_one_component_per_kind_of_node(tmp_path):
                                "hetjob", "--partition=cpu --ntasks=2 --cpus-per-task=2"]
     assert "--time=30" in directives and f"--signal=B:USR1@{slurm.WARNING_S}" in directives
     assert "--requeue" in directives
-    workers = [line for line in script.splitlines() if line.startswith("srun") and "-m worker" in line]
+    workers = [line for line in script.splitlines() if line.startswith("srun") and "-m omnips.worker" in line]
     assert [re.search(r"--het-group=(\d)", w).group(1) for w in workers] == ["1", "2", "2"]
-    assert all("--kill-on-bad-exit=0" in w and f"{sys.executable} -m worker" in w for w in workers)
+    assert all("--kill-on-bad-exit=0" in w and f"{sys.executable} -m omnips.worker" in w for w in workers)
     assert "--gpus-per-task=2" in workers[0] and "--gpus-per-task" not in workers[1]
     assert f"PREEMPTED_EXIT={slurm.PREEMPTED_EXIT}" in script
 

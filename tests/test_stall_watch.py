@@ -2,7 +2,7 @@
 
 import pytest
 
-from scheduler.stalls import NOTICE_S, StallWatch, Wait
+from omnips.scheduler.stalls import NOTICE_S, StallWatch, Wait
 
 HB = 1.0
 STEP = 0.1  # the step time of the reports below

@@ -12,9 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from omnips import status_view
 from omnips.status import StatusBook, eta_s
-from scheduler.__main__ import parser as scheduler_parser
-from scheduler.status_metrics import exposition, registry
-from scheduler.status_server import (PAGE, Rendered, StatusPublisher, StatusServer, authorized, open_status, route,
+from omnips.scheduler.__main__ import parser as scheduler_parser
+from omnips.scheduler.status_metrics import exposition, registry
+from omnips.scheduler.status_server import (PAGE, Rendered, StatusPublisher, StatusServer, authorized, open_status, route,
                                      status_port)
 
 JOB = {"mode": "bsp", "batching": "dynamic", "num_workers": 2, "num_servers": 2, "global_batch": 8,

@@ -128,7 +128,7 @@ def test_metrics_scraped_during_a_job_agree_with_its_events_and_the_page_marks_t
 
 @pytest.mark.core
 def test_a_scheduler_serves_its_status_over_ipv6_loopback(tmp_path, ipv6_loopback, capsys):
-    proc = subprocess.Popen([sys.executable, "-m", "scheduler", "--status-host", "::1", "--num-workers", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "omnips.scheduler", "--status-host", "::1", "--num-workers", "2",
                              "--run-dir", str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         endpoint, url = read_announcements(proc.stdout, 60 * WAIT_FACTOR)

@@ -8,7 +8,7 @@ import torch
 
 from omnips.job import PREEMPTED_EXIT
 from omnips.launch import WorkerSpec
-from scheduler.checkpoints import resume_point
+from omnips.scheduler.checkpoints import resume_point
 
 from helpers import WAIT_FACTOR, Run, start_cluster, stopped, wait_for_steps
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from omnips.launch import LocalCluster
-from worker.threads import share, usable_cores
+from omnips.worker.threads import share, usable_cores
 
 from helpers import WAIT_FACTOR
 

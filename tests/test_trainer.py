@@ -7,8 +7,8 @@ import pytest
 
 from omnips import data, models
 from omnips.flat import FlatModel
-from server.service import advertised_host
-from worker.trainer import Trainer
+from omnips.server.service import advertised_host
+from omnips.worker.trainer import Trainer
 
 
 @pytest.fixture(scope="module")

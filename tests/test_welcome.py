@@ -5,7 +5,7 @@ import pytest
 
 from omnips.job import JobSpec
 from omnips.link import LinkError
-from worker.service import _check_seat
+from omnips.worker.service import _check_seat
 
 JOB = JobSpec(num_workers=2, num_servers=2)
 

@@ -1,4 +1,4 @@
-"""python -m worker: one training worker (a model replica on its device)."""
+"""python -m omnips.worker: one training worker (a model replica on its device)."""
 
 import argparse
 import logging
