@@ -155,5 +155,5 @@ def test_console_scripts_point_at_the_roles():
     from omnips import cli
 
     scripts = {e.name: e.load() for e in entry_points(group="console_scripts") if e.name.startswith("omnips")}
-    assert scripts == {"omnips": cli.main, "omnips-scheduler": scheduler.__main__.main,
-                       "omnips-server": server.__main__.main, "omnips-worker": worker.__main__.main}
+    assert scripts == {"omnips": cli.main, "omnips-scheduler": omnips.scheduler.__main__.main,
+                       "omnips-server": omnips.server.__main__.main, "omnips-worker": omnips.worker.__main__.main}

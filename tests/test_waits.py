@@ -42,10 +42,12 @@ def test_a_stopped_worker_and_a_stopped_server_are_named_with_the_step_that_wait
         run = finish(cluster)
     steps = [e for e in run.events if e["event"] == "step"]
     host = next(e["host"] for e in run.events if e["event"] == "membership" and e["role"] == "worker")
-    # the step in flight when it stopped: the others reported the one before, it had not
+    # the step in flight when it stopped: the one after the last it reported, or after that
+    # when its last push left but its report was still on the way (the link's thread stopped too)
     assert worker["host"] == host and worker["device"] == "cpu" and worker["seconds"] > 0.25, worker
     done = [e["step"] for e in steps if e["worker"] == 2 and e["t"] < worker["t"]]
-    assert worker["step"] == max(done) + 1, (worker, done)
+    assert worker["step"] in (max(done) + 1, max(done) + 2), (worker, done)
+    assert worker["step"] - 1 in [e["step"] for e in steps if e["worker"] == 2]  # it had pushed the step before
     assert (went_on["rank"], went_on["step"]) == (2, worker["step"]) and went_on["seconds"] >= worker["seconds"]
     assert server["role"] == "server" and server["device"] == "" and server["host"], server
     s = run.summary
