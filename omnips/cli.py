@@ -255,6 +255,8 @@ class Progress:
                     self.accuracy = e["test_accuracy"]
                 elif e["event"] == "diverged":
                     self.diverged = e["hint"]
+                elif e["event"] == "recovered":
+                    self.diverged = None
                 elif e["event"] == "wait":
                     self.waits = wait_text(e)
 

@@ -57,7 +57,7 @@ def _describe(e: dict) -> str | None:
         return wait_text(e) or f"step {e.get('step')} went on after {e.get('seconds', 0):.1f} s"
     if kind == "checkpoint":
         return f"checkpoint {e.get('step')} " + ("complete" if e.get("complete") else f"incomplete: {e.get('error')}")
-    if kind in ("diverged", "nonfinite", "rewind", "resume", "end", "start"):
+    if kind in ("diverged", "recovered", "nonfinite", "rewind", "resume", "end", "start"):
         rest = {k: v for k, v in e.items() if k in ("reason", "worker", "step", "status", "steps_lost")}
         return kind + (" " + ", ".join(f"{k} {v}" for k, v in rest.items()) if rest else "")
     return None

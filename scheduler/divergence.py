@@ -13,7 +13,10 @@ above it) for STUCK_EVALS evaluations running. Its start is the lower of the fir
 epoch's mean and the mean of the first reports (the untrained model's loss: a first
 epoch that blew up and settled at chance level would hide a job that learns nothing).
 A resumed job's loss may rightly stay where the checkpoint left it: only the
-non-finite rules apply to it.
+non-finite rules apply to it. A job called stuck that learns after all (a model that
+sits at chance level for its first epochs, then learns) is said to have recovered once
+its loss between two evaluations falls RECOVERED below its start: the verdict is
+withdrawn. A non-finite loss or gradient is never withdrawn.
 """
 
 import math
@@ -23,6 +26,7 @@ from omnips.job import JobSpec
 
 MARGIN = 0.02  # a learning job's loss falls well below its first epoch's mean by its third
 STUCK_EVALS = 2
+RECOVERED = 0.10  # a stuck job whose loss falls this far below its start learns after all
 NONFINITE_RUN = 10  # reports running, under --nan-policy skip
 
 
@@ -30,6 +34,13 @@ NONFINITE_RUN = 10  # reports running, under --nan-policy skip
 class Diverged:
     reason: str
     hint: str
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """A stuck verdict withdrawn: the job learns after all."""
+
+    reason: str
 
 
 class LossWatch:
@@ -41,10 +52,11 @@ class LossWatch:
         self._stuck = 0
         self._nonfinite = 0  # gradients that were not finite, reports running
         self.verdict: Diverged | None = None
+        self._stuck_verdict = False  # the verdict is the stuck rule's: the loss is still watched
 
     def on_loss(self, loss: float, batch: int, worker: int, step: int, finite_gradient: bool = True) -> Diverged | None:
         """A worker's training loss over `batch` samples; the verdict the first time it is reached."""
-        if self.verdict is not None:
+        if self.verdict is not None and not self._stuck_verdict:
             return None
         if not math.isfinite(loss):
             return self._decide(f"worker {worker}'s training loss at step {step} is not finite ({loss})")
@@ -64,19 +76,28 @@ class LossWatch:
         self._samples += batch
         return None
 
-    def on_eval(self) -> Diverged | None:
+    def on_eval(self) -> Diverged | Recovered | None:
         """An evaluation: the loss since the last one is judged (once the first epoch is known)."""
-        if self.verdict is not None or self.resumed or self.first is None or not self._samples:
+        if self.resumed or self.first is None or not self._samples:
             return None
         recent = self._sum / self._samples
         self._sum = self._samples = 0.0
+        if self.verdict is not None:
+            if not (self._stuck_verdict and recent < self.first * (1 - RECOVERED)):
+                return None
+            self.verdict, self._stuck_verdict, self._stuck = None, False, 0
+            return Recovered(f"the training loss ({recent:.4g}) is now below its start ({self.first:.4g}): "
+                             "the job learns after all")
         self._stuck = self._stuck + 1 if recent >= self.first * (1 - MARGIN) else 0
         if self._stuck < STUCK_EVALS:
             return None
-        return self._decide(f"the training loss ({recent:.4g}) has not fallen below its start "
-                            f"({self.first:.4g}) for {STUCK_EVALS} evaluations")
+        verdict = self._decide(f"the training loss ({recent:.4g}) has not fallen below its start "
+                               f"({self.first:.4g}) for {STUCK_EVALS} evaluations")
+        self._stuck_verdict = True
+        return verdict
 
     def _decide(self, reason: str) -> Diverged:
+        self._stuck_verdict = False
         self.verdict = Diverged(reason, self._hint())
         return self.verdict
 

@@ -10,7 +10,7 @@ import logging
 from omnips.batching import BatchPlan
 from omnips.protocol import Checkpoint, Probe, Report, Saved
 
-from .divergence import Diverged
+from .divergence import Diverged, Recovered
 from .instructions import AskCheckpoint, JobFailed, WriteStep
 
 log = logging.getLogger("omnips.scheduler")
@@ -134,7 +134,10 @@ class Reports:
             self.ask_bsp_checkpoints()
 
 
-    def diverged(self, verdict: Diverged | None) -> None:
-        if verdict is not None:
+    def diverged(self, verdict: Diverged | Recovered | None) -> None:
+        if isinstance(verdict, Recovered):
+            log.info("training recovered: %s", verdict.reason)
+            self.core.out.event("recovered", reason=verdict.reason)
+        elif verdict is not None:
             log.warning("training diverged: %s; %s", verdict.reason, verdict.hint)
             self.core.out.event("diverged", reason=verdict.reason, hint=verdict.hint)

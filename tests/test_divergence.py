@@ -5,7 +5,7 @@ import math
 import pytest
 
 from omnips.job import JobSpec
-from omnips.scheduler.divergence import MARGIN, NONFINITE_RUN, LossWatch
+from omnips.scheduler.divergence import MARGIN, NONFINITE_RUN, RECOVERED, Diverged, LossWatch, Recovered
 
 TRAIN = 100  # samples an epoch; reports of 10 samples
 
@@ -82,3 +82,23 @@ def test_a_gradient_that_is_not_finite_is_diverged_where_it_ends_the_job_or_when
         assert watch.on_loss(2.0, 10, worker=0, step=step, finite_gradient=False) is None
     verdict = watch.on_loss(2.0, 10, worker=2, step=50, finite_gradient=False)
     assert verdict is not None and f"the {NONFINITE_RUN}th report running" in verdict.reason
+
+
+def test_a_job_called_stuck_that_learns_after_all_is_said_to_have_recovered():
+    watch = LossWatch(JobSpec(mode="asp"), TRAIN)
+    # a model at chance level for its first epochs (a cnn on digits does this), then learning
+    verdicts = feed(watch, [2.3] * 30)
+    assert [type(v) for v in verdicts] == [Diverged] and watch.verdict is verdicts[0]
+    assert feed(watch, [2.3 * (1 - RECOVERED / 2)] * 10) == [] and watch.verdict  # not far enough below its start
+    [recovered] = feed(watch, [1.0] * 10)
+    assert isinstance(recovered, Recovered) and "now below its start" in recovered.reason
+    assert watch.verdict is None and feed(watch, [0.9 * 0.97 ** k for k in range(40)]) == []
+    # it may be found stuck again, and then it is said again
+    again = feed(watch, [2.3] * 30)
+    assert [type(v) for v in again] == [Diverged]
+
+
+def test_a_loss_that_is_not_finite_is_never_withdrawn():
+    watch = LossWatch(JobSpec(mode="asp"), TRAIN)
+    [verdict] = feed(watch, [2.3] * 10 + [float("nan")])
+    assert feed(watch, [0.1] * 30) == [] and watch.verdict is verdict
