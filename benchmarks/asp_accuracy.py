@@ -291,7 +291,8 @@ def main() -> None:
              f"- command: python benchmarks/asp_accuracy.py {' '.join(sys.argv[1:])}",
              f"- {len(results)} jobs in {(time.monotonic() - t0) / 60:.0f} min; seeds {', '.join(map(str, seeds))}; "
              f"{args.epochs:g} epochs; default correction: {DEFAULT}",
-             f"- recipes: sgd {' '.join(RECIPES['sgd'])}; adam {' '.join(RECIPES['adam'])}; --global-batch 96, "
+             f"- recipes: {'; '.join(f'{name} ' + ' '.join(flags) for name, flags in RECIPES.items())}; "
+             "--global-batch 96, "
              "2 servers; SSP --staleness 2",
              f"- emulated speeds: F_i * ({MS_PER_STEP:g} + {MS_PER_SAMPLE:g} * batch) ms a step, "
              "F_i = k^(i/(N-1)) at HLk", ""]
