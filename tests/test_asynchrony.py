@@ -43,6 +43,13 @@ def drive(core, arrivals=ARRIVALS, gs=None):
     return replies, stale
 
 
+def recipe_run(correction, nesterov):
+    """(core, replies, staleness) of ARRIVALS with grads(), SGD at LR, MU, WD under `correction`."""
+    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=LR, momentum=MU, weight_decay=WD,
+                     init=X0, async_correction=correction, nesterov=nesterov)
+    return (core, *drive(core, gs=grads(len(ARRIVALS))))
+
+
 def sgd(p, buf, g, lr, mu, wd=WD, nesterov=False):
     d = g + wd * p
     buf = d.copy() if buf is None else mu * buf + d
@@ -51,10 +58,7 @@ def sgd(p, buf, g, lr, mu, wd=WD, nesterov=False):
 
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_momentum_correction_lowers_momentum_by_the_implicit_momentum_and_keeps_bsps_step_per_sample(nesterov):
-    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=LR, momentum=MU, weight_decay=WD,
-                     init=X0, async_correction="momentum", nesterov=nesterov)
-    gs = grads(len(ARRIVALS))
-    replies, stale = drive(core, gs=gs)
+    gs, (core, replies, stale) = grads(len(ARRIVALS)), recipe_run("momentum", nesterov)
     assert stale == STALENESS
     p, buf = X0[:4].astype(np.float64), None
     for g, mean, reply in zip(gs, running_means(stale), replies):
@@ -107,10 +111,7 @@ def test_lookahead_replies_with_the_values_moved_along_the_momentum_and_keeps_th
 
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_dana_keeps_a_momentum_buffer_per_worker_and_replies_ahead_of_all_of_them(nesterov):
-    core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, lr=LR, momentum=MU, weight_decay=WD,
-                     init=X0, async_correction="dana", nesterov=nesterov)
-    gs = grads(len(ARRIVALS))
-    replies, stale = drive(core, gs=gs)
+    gs, (core, replies, stale) = grads(len(ARRIVALS)), recipe_run("dana", nesterov)
     p, u = X0[:4].astype(np.float64), {}
     for (rank, _, _), g, mean, reply in zip(ARRIVALS, gs, running_means(stale), replies):
         g = g[:4].astype(np.float64)
