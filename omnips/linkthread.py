@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 STOP = b""  # down the pipe after the last message: no encoded message is one empty frame
 JOIN_S = 5.0  # how long `stop` waits for the thread to send what is left and end
+WAKE_S = 0.1  # the longest the thread sleeps: a shorter interval set meanwhile is kept within it
 
 
 class LinkThread:
@@ -64,13 +65,14 @@ class LinkThread:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._far, zmq.POLLIN)
-        due = time.monotonic()
+        last = -float("inf")  # when our last heartbeat left
         try:
             while True:
-                if time.monotonic() >= due:
+                if time.monotonic() >= last + self._interval_s():  # read each turn: the welcome shortens it
                     self._send(self._heartbeat())
-                    due = time.monotonic() + self._interval_s()
-                events = dict(poller.poll(max(0, int(1000 * (due - time.monotonic())) + 1)))
+                    last = time.monotonic()
+                wait_s = min(WAKE_S, last + self._interval_s() - time.monotonic())
+                events = dict(poller.poll(max(0, int(1000 * wait_s)) + 1))
                 if self._sock in events:
                     while self._sock.poll(0):
                         self._far.send_multipart(transport.recv_frames(self._sock), copy=False)
