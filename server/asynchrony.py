@@ -218,18 +218,13 @@ class Dana(_Ahead):
         self._v: dict[int, tuple[np.ndarray, float]] = {}  # rank -> (its buffer, the eta it last moved by)
         self._sum = aligned_zeros(trained)  # sum of eta * buffer over the workers
         self._eta = 0.0
-        self._fallback = MomentumCorrection(trained)
 
     def _moves(self, opt):
         return isinstance(opt, SGD) and bool(opt.momentum)
 
-    def observe(self, staleness):
-        super().observe(staleness)
-        self._fallback.observe(staleness)
-
     def step(self, lr, share, opt):
         if not self._moves(opt):
-            return self._fallback.step(lr, share, opt)
+            return MomentumCorrection.step(self, lr, share, opt)  # (it reads only the staleness measured)
         self._eta = lr * share
         return super().step(lr, share, opt)
 
@@ -280,7 +275,6 @@ class Dana(_Ahead):
 
     def load_state(self, saved, arrays):
         super().load_state(saved, arrays)
-        self._fallback.load_state(saved, {})
         if saved is not None and saved.get("etas"):
             np.copyto(self._sum, arrays["sum"])
             for rank, eta in saved["etas"].items():
