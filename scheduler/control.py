@@ -7,18 +7,18 @@ step at a new batch size is not measured (it pays for warming up). Reports
 still at an older batch (ASP workers switch at their next reply) are ignored.
 
 On real, noisy machines three rules keep one bad measurement from locking a bad plan
-in: a step far off the worker's window is an outlier until CHANGE_STEPS in a row say
-its speed changed; a worker goes to the minimum batch (where it is measured at nothing
-larger again) only on repeated measurements: its last window agreed with what its model
-predicted, else it goes to half its batch; and measured step times outrank the models
-(scheduler/regret.py): the plan goes back to a plan measured faster.
+in: a step far off the worker's window (how far: its own noise, scheduler/windows.py) is an
+outlier until CHANGE_STEPS in a row say its speed changed; a worker goes to the minimum
+batch (where it is measured at nothing larger again) only on repeated measurements: its
+last window agreed with what its model predicted, else it goes to half its batch; and
+measured step times outrank the models (scheduler/regret.py): the plan goes back to a
+plan measured faster.
 
-A report costs O(1) (the scheduler asks `ready` after each), a decision a few
-numpy operations over all workers: the models' predictions at the plan's batches
-are kept from one decision to the next for the per-report change check.
+A report costs O(1) (the scheduler asks `ready` after each), a decision a few numpy
+operations over all workers: the models' predictions at the plan's batches are kept from
+one decision to the next for the per-report change check.
 """
 
-import statistics
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,8 +28,8 @@ from omnips.job import JobSpec
 from omnips.timemodel import CHANGE, TimeModels
 
 from .regret import REGRET, PlanMemory, Seen
+from .windows import CHANGE_STEPS, Windows
 
-CHANGE_STEPS = 3  # consecutive far-off steps that are a change of speed (fewer are outliers) and re-plan early
 # steps in the first window of a worker never measured in real steps: the median of three
 # outvotes one slow step (a probe plan moved to [63, 1] on one 6x step and held)
 FIRST_WINDOW = 3
@@ -64,10 +64,7 @@ class BatchControl:
         self.hard_max = [hi] * n  # the job's bound, --max-batch on the worker, an out-of-memory step: only falls
         self.memory_max: list[int | None] = [None] * n  # from the worker's free memory: follows it
         self._bounds = np.full(n, hi, dtype=np.int64)  # the lower of the two, kept current
-        self._window = [[] for _ in range(n)]
-        self._suspects = [[] for _ in range(n)]  # far-off steps in a row, to one side: outliers, or a change
-        self._median = np.zeros(n)  # of each window
-        self._measured_batch: list[int | None] = [None] * n
+        self._windows = Windows(n)
         self._stepped = np.zeros(n, dtype=bool)  # measured in a window of real steps (not only probed)
         self._confirmed = np.zeros(n, dtype=bool)  # its last window agreed with its model's prediction
         self._seen = Seen(n)
@@ -91,7 +88,7 @@ class BatchControl:
         batches = np.asarray(plan.batches)
         if self._plan is not None:
             for rank in np.flatnonzero(self._batches != batches).tolist():
-                self._window[rank].clear()
+                self._windows.clear(rank)
         self._plan, self._batches = plan, batches
         self._active = np.flatnonzero(batches)
         # (the plan held back last, decisions in a row proposing it, decisions in a row proposing any at WIDE_GAIN)
@@ -108,11 +105,8 @@ class BatchControl:
         self._predicted[trusted] = self.models.predict(trusted, batches[trusted])
         self._full: set[int] = set()
         self._changing: set[int] = set()
-        for rank in np.flatnonzero(self._lengths()).tolist():
+        for rank in np.flatnonzero(self._windows.lengths()).tolist():
             self._track(rank)  # (only a rank in the plan has a window)
-
-    def _lengths(self) -> np.ndarray:
-        return np.fromiter(map(len, self._window), dtype=np.int64, count=len(self._window))
 
     @property
     def active(self) -> list[int]:
@@ -122,37 +116,14 @@ class BatchControl:
     def on_step(self, rank: int, batch: int, compute_s: float) -> None:
         if batch != self.plan.batches[rank] or not batch or not compute_s > 0:
             return  # still on an older plan
-        window, suspects = self._window[rank], self._suspects[rank]
-        if self._measured_batch[rank] != batch:
-            self._measured_batch[rank] = batch  # first step at this size: warm-up, not measured
-            window.clear()
-            suspects.clear()
+        if self._windows.add(rank, batch, compute_s):
             self._track(rank)
-            return
-        # the worker's own recent history: its window (a window's first step is taken as it is:
-        # after a move the models' prediction is what the window is there to check)
-        typical = self._median[rank] if window else np.nan
-        if abs(compute_s - typical) > CHANGE * typical:  # (a nan misses nothing)
-            if suspects and (suspects[-1] > typical) != (compute_s > typical):
-                suspects.clear()
-            suspects.append(compute_s)
-            if len(suspects) < CHANGE_STEPS:
-                return  # an outlier, unless the next steps say the same
-            # the worker's speed changed inside the window: a median across the change would be
-            # a time it never had (and a fit through it a wrong slope): the window restarts
-            window[:] = suspects
-            suspects.clear()
-        else:
-            suspects.clear()
-            window.append(compute_s)
-        self._median[rank] = statistics.median(window)
-        self._track(rank)
 
     def _track(self, rank: int) -> None:
         """Whether `rank`'s window is full (one measured step for a worker never measured
         yet), and whether it shows a change of speed: its last CHANGE_STEPS measurements
-        all miss its model's trusted prediction by more than CHANGE."""
-        window = self._window[rank]
+        all miss its model's trusted prediction by more than its tolerance."""
+        window = self._windows[rank]
         # a worker never measured in real steps (the job's start, a joiner) is judged on its
         # first FIRST_WINDOW measured steps: the plan it is on is a guess (at best from probe
         # passes far smaller than its batch), and its first move is large
@@ -164,7 +135,8 @@ class BatchControl:
         else:
             self._full.discard(rank)
         predicted = self._predicted[rank]
-        if len(window) >= CHANGE_STEPS and all(abs(t - predicted) > CHANGE * predicted
+        tolerance = self._windows.noise.tolerance(rank)
+        if len(window) >= CHANGE_STEPS and all(abs(t - predicted) > tolerance * predicted
                                                 for t in window[-CHANGE_STEPS:]):
             self._changing.add(rank)  # (a nan prediction, untrusted, misses nothing)
         else:
@@ -181,16 +153,15 @@ class BatchControl:
         which a memory limit or a change of membership does not wait for."""
         batches = self.plan.batches
         n = len(batches)
-        measured = np.flatnonzero(self._lengths())
+        measured = np.flatnonzero(self._windows.lengths())
         times = np.zeros(n)
-        times[measured] = self._median[measured]
+        times[measured] = self._windows.median[measured]
         self._check_models(measured, times[measured])
         self._stepped[measured] = True
         step_s = float(times.max()) if len(measured) == len(self._active) else None
         if step_s is not None:
             self.ran.record(batches, step_s)
-        for window in self._window:
-            window.clear()  # in place: 4096 new lists cost more (the collector runs) than clearing
+        self._windows.clear()
         ranks = np.asarray(self._active if active is None else active, dtype=np.int64)
         # a worker above its bound (memory, membership, a bound set with the probes) moves whatever
         # the deadband says
@@ -335,7 +306,7 @@ class BatchControl:
         self._confirmed[joined] = False
         self._seen.forget(joined)
         for rank in joined:
-            self._measured_batch[rank] = None
+            self._windows.forget(rank)
         self.ran.clear()  # the plans measured were another set of workers'
         return self.replan("membership", active)
 

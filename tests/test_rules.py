@@ -14,7 +14,7 @@ PACKAGES = ("omnips",) + ROLES
 PURE = ("omnips.batching", "omnips.timemodel", "omnips.sharding", "omnips.data", "omnips.protocol",
         "omnips.job", "omnips.optim", "omnips.wire", "omnips.checkpoint", "omnips.server.shard", "omnips.server.asynchrony",
         "omnips.server.assembly", "omnips.server.barrier", "omnips.server.holds", "omnips.server.values", "omnips.server.members", "omnips.server.pulls",
-        "omnips.server.shard_state", "omnips.scheduler.control", "omnips.scheduler.regret", "omnips.scheduler.registry",
+        "omnips.server.shard_state", "omnips.scheduler.control", "omnips.scheduler.windows", "omnips.scheduler.regret", "omnips.scheduler.registry",
         "omnips.scheduler.disturbance", "omnips.scheduler.stopping", "omnips.scheduler.divergence", "omnips.scheduler.planning", "omnips.codec", "omnips.fieldchecks",
         "omnips.scheduler.core", "omnips.scheduler.instructions", "omnips.scheduler.evaluation", "omnips.scheduler.liveness", "omnips.scheduler.recovery",
         "omnips.scheduler.reports", "omnips.scheduler.options", "omnips.scheduler.progress", "omnips.scheduler.stalls", "omnips.scheduler.checkpoints")

@@ -1,0 +1,121 @@
+"""Each worker's window of measured step times at its batch in the plan, and what counts as
+far off it: an outlier, unless CHANGE_STEPS in a row to one side say the worker's speed
+changed (then the window restarts from them: a median across a change would be a time it
+never had, and a fit through it a wrong slope). A worker's first step at a new batch size
+is not measured (it pays for warming up).
+
+A fixed tolerance does not fit every machine. Under a CPU quota a step's time depends on
+how much of the period's quota is left when it starts: a worker's steps at one batch took
+23 to 70 ms, its neighbour's 111 to 171 ms, with no change of speed at all. At 20 % most of
+those steps were outliers or, three to one side, a "change" that restarted the window, so
+no window ever filled and the controller never decided again: a plan with one worker 3x
+slower than the others held for 55 steps. A worker's tolerance is therefore the larger of
+CHANGE and SPREAD_K robust standard deviations (1.4826 x the median absolute deviation,
+relative to the median) of its last RECENT reports, outliers included.
+
+Pure: no clock, no I/O.
+"""
+
+import statistics
+from collections import deque
+
+import numpy as np
+
+from omnips.timemodel import CHANGE
+
+CHANGE_STEPS = 3  # consecutive far-off steps that are a change of speed (fewer are outliers) and re-plan early
+
+RECENT = 16  # reports kept per worker
+MIN_REPORTS = 5  # fewer say nothing of the spread: the last estimate (or none) stands
+SPREAD_K = 3.0  # robust standard deviations off the window that make a step far off
+MAD_SIGMA = 1.4826  # the median absolute deviation of a normal distribution, in standard deviations
+
+
+def relative_spread(times) -> float:
+    """A robust standard deviation of `times`, relative to their median."""
+    med = statistics.median(times)
+    if med <= 0:
+        return 0.0
+    return MAD_SIGMA * statistics.median(abs(t - med) for t in times) / med
+
+
+class StepNoise:
+    def __init__(self, n: int):
+        self._recent = [deque(maxlen=RECENT) for _ in range(n)]
+        self._spread = [0.0] * n  # kept through a move: a noisy machine stays noisy at another batch
+
+    def add(self, rank: int, seconds: float) -> None:
+        recent = self._recent[rank]
+        recent.append(seconds)
+        if len(recent) >= MIN_REPORTS:
+            self._spread[rank] = relative_spread(recent)
+
+    def restart(self, rank: int, times=()) -> None:
+        """The worker moved to another batch, or changed speed: its reports from before no
+        longer measure its spread (a change would inflate it); `times` are its first since."""
+        self._recent[rank].clear()
+        self._recent[rank].extend(times)
+
+    def forget(self, rank: int) -> None:
+        """A worker new to its rank: nothing is known of its machine."""
+        self.restart(rank)
+        self._spread[rank] = 0.0
+
+    def tolerance(self, rank: int) -> float:
+        """How far, relative, a step may be off the worker's window and still belong to it."""
+        return max(CHANGE, SPREAD_K * self._spread[rank])
+
+
+class Windows:
+    """Every worker's window: its steps at its batch in the plan since the last decision."""
+
+    def __init__(self, n: int):
+        self._steps = [[] for _ in range(n)]
+        self._suspects = [[] for _ in range(n)]  # far-off steps in a row, to one side: outliers, or a change
+        self.noise = StepNoise(n)
+        self.median = np.zeros(n)  # of each window
+        self._batch: list[int | None] = [None] * n  # the batch each worker is measured at
+
+    def __getitem__(self, rank: int) -> list[float]:
+        return self._steps[rank]
+
+    def lengths(self) -> np.ndarray:
+        return np.fromiter(map(len, self._steps), dtype=np.int64, count=len(self._steps))
+
+    def clear(self, rank: int | None = None) -> None:
+        for steps in self._steps if rank is None else [self._steps[rank]]:
+            steps.clear()  # in place: 4096 new lists cost more (the collector runs) than clearing
+
+    def forget(self, rank: int) -> None:
+        """A worker new to its rank."""
+        self._batch[rank] = None
+        self.noise.forget(rank)
+
+    def add(self, rank: int, batch: int, seconds: float) -> bool:
+        """A step of `rank` at `batch` (its batch in the plan); False when it changed nothing
+        (an outlier, so far)."""
+        steps, suspects = self._steps[rank], self._suspects[rank]
+        if self._batch[rank] != batch:
+            self._batch[rank] = batch  # first step at this size: warm-up, not measured
+            steps.clear()
+            suspects.clear()
+            self.noise.restart(rank)
+            return True
+        # the worker's own recent history: its window (a window's first step is taken as it is:
+        # after a move the models' prediction is what the window is there to check)
+        typical = self.median[rank] if steps else np.nan
+        self.noise.add(rank, seconds)
+        if abs(seconds - typical) > self.noise.tolerance(rank) * typical:  # (a nan misses nothing)
+            if suspects and (suspects[-1] > typical) != (seconds > typical):
+                suspects.clear()
+            suspects.append(seconds)
+            if len(suspects) < CHANGE_STEPS:
+                return False  # an outlier, unless the next steps say the same
+            steps[:] = suspects
+            self.noise.restart(rank, suspects)
+            suspects.clear()
+        else:
+            suspects.clear()
+            steps.append(seconds)
+        self.median[rank] = statistics.median(steps)
+        return True
