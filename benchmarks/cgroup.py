@@ -4,7 +4,12 @@
 No emulation: every worker runs its real forward and backward (the cnn on digits, one
 torch thread), inside a cgroup of its own whose CPU quota makes it slower (benchmarks/
 quota.py; the paper made its heterogeneity levels with container CPU limits). BSP, 4
-workers, one server, --global-batch 128, a fixed --max-steps budget. The workers' quotas
+workers, one server, a fixed --max-steps budget. The cnn is widened (--channels, default
+64,128) and the global batch large (--global-batch, default 512) so that a step spans tens
+of the quota's 10 ms periods, as a real job's second-long steps span a container's 100 ms
+ones: a step of a few periods takes one period more or less by chance (the default cnn at
+128 samples: 23 to 70 ms for one worker at one batch), which is the quota's granularity,
+not the machine's speed. The workers' quotas
 share --cores (default: the machine's cores less half a core for the scheduler and the
 server) in the paper's heterogeneity levels, the speeds of benchmarks/heterogeneity.py
 (HL1 12/12/12/12, HL2 12/12/8/16, HL4 9/9/6/24, HL8 6/6/4/32). Besides the levels:
@@ -24,8 +29,8 @@ the slowest worker's compute summed over steps (communication left out); the fin
 adjustments, and the periods in which the slowest worker ran out of quota (that the
 quota is what made it slow).
 
-    python benchmarks/cgroup.py [--quick] [--cases HL2,HL8,neighbour] [--steps 150] [--repeats 1]
-        [--cores 1.5] [--keep-runs] [--out FILE]
+    python benchmarks/cgroup.py [--quick] [--cases HL2,HL8,neighbour] [--steps 60] [--repeats 1]
+        [--cores 1.5] [--channels 64,128] [--global-batch 512] [--keep-runs] [--out FILE]
 
 Writes benchmarks/results/cgroup.md. Needs root and a cgroup cpu controller.
 """
@@ -73,10 +78,20 @@ def case(name: str) -> Case:
     return Case(name, LEVELS["HL4"], name)
 
 
-def job_args(variant: str, steps: int, seed: int) -> list[str]:
+@dataclass(frozen=True)
+class Size:
+    channels: list[int]
+    global_batch: int
+
+    def __str__(self) -> str:
+        return f"cnn channels {','.join(map(str, self.channels))}, global batch {self.global_batch}"
+
+
+def job_args(variant: str, steps: int, seed: int, size: Size) -> list[str]:
     batching = ["--batching", "dynamic", "--controller", "affine"] if variant == "affine" else ["--batching", "uniform"]
-    return ["--mode", "bsp", "--model", "cnn", "--global-batch", "128", "--lr", "0.05", "--max-steps", str(steps),
-            "--seed", str(seed), *batching]
+    return ["--mode", "bsp", "--model", "cnn", "--model-args", json.dumps({"channels": size.channels}),
+            "--global-batch", str(size.global_batch), "--lr", "0.05", "--max-steps", str(steps), "--seed", str(seed),
+            *batching]
 
 
 def steps_done(run_dir: Path) -> int:
@@ -115,9 +130,9 @@ def middle_third(c: Case, quotas: list[CpuQuota], run_dir: Path, steps: int, sto
             quotas[3].set(quotas[3].cores * 2)
 
 
-def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int) -> dict:
+def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int, size: Size) -> dict:
     run_dir = root / f"{c.name}-{variant}-{seed}"
-    cluster = LocalCluster(run_dir, job_args(variant, steps, seed), 1, [WorkerSpec()] * 4)
+    cluster = LocalCluster(run_dir, job_args(variant, steps, seed, size), 1, [WorkerSpec()] * 4)
     shares = [cores * s / sum(c.speeds) for s in c.speeds]
     stop = threading.Event()
     with contextlib.ExitStack() as stack:
@@ -182,11 +197,13 @@ def verdicts(results: list[dict]) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=",".join(CASES))
-    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--steps", type=int, default=60)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--cores", type=float, default=max(0.5, len(os.sched_getaffinity(0)) - 0.5),
                    help="CPU the four workers' quotas share")
-    p.add_argument("--quick", action="store_true", help="HL4 and neighbour, 45 steps: a smoke run")
+    p.add_argument("--channels", default="64,128", help="the cnn's channels (default %(default)s)")
+    p.add_argument("--global-batch", type=int, default=512)
+    p.add_argument("--quick", action="store_true", help="HL4 and neighbour, 24 steps: a smoke run")
     p.add_argument("--keep-runs", action="store_true")
     p.add_argument("--out", type=Path, default=HERE / "results" / "cgroup.md")
     args = p.parse_args(argv)
@@ -198,14 +215,15 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in CASES]
     if unknown:
         p.error(f"unknown cases {unknown}; choose from {', '.join(CASES)}")
-    steps = 45 if args.quick else args.steps
+    steps = 24 if args.quick else args.steps
+    size = Size([int(c) for c in args.channels.split(",")], args.global_batch)
     results = []
     with runs_dir("omnips-cgroup-", args.keep_runs) as root:
         for name in names:
             for rep in range(args.repeats):
                 order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
                 for variant in order:
-                    r = run(root, case(name), variant, steps, args.cores, seed=rep)
+                    r = run(root, case(name), variant, steps, args.cores, rep, size)
                     print(f"{name} #{rep + 1} {variant}: {r['wall_s']:.2f} s, efficiency {r['efficiency']:.3f}, "
                           f"final {r['final']}", flush=True)
                     results.append(r)
@@ -213,8 +231,8 @@ def main(argv=None) -> int:
              "Produced by `benchmarks/cgroup.py`" + (" --quick" if args.quick else "") + "; see its docstring.", "",
              *machine_lines(),
              f"- load average (1 min) at the end: {os.getloadavg()[0]:.1f}",
-             f"- workers' quotas share {args.cores:g} cores (cgroup periods of 10 ms); cnn on digits, BSP, 4 workers, "
-             f"1 server, global batch 128, {steps} steps", "",
+             f"- workers' quotas share {args.cores:g} cores (cgroup periods of 10 ms); {size} on digits, BSP, "
+             f"4 workers, 1 server, {steps} steps", "",
              *table(results, args.repeats), "", *verdicts(results)]
     publish(lines, args.out)
     return 0
