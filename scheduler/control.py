@@ -134,11 +134,11 @@ class BatchControl:
             self._full.add(rank)
         else:
             self._full.discard(rank)
-        predicted = self._predicted[rank]
-        tolerance = self._windows.noise.tolerance(rank)
-        if len(window) >= CHANGE_STEPS and all(abs(t - predicted) > tolerance * predicted
-                                                for t in window[-CHANGE_STEPS:]):
-            self._changing.add(rank)  # (a nan prediction, untrusted, misses nothing)
+        predicted, last = self._predicted[rank], window[-CHANGE_STEPS:]
+        # (a nan prediction, untrusted, misses nothing; CHANGE first: the tolerance costs more)
+        if len(last) == CHANGE_STEPS and all(abs(t - predicted) > CHANGE * predicted for t in last) and all(
+                abs(t - predicted) > self._windows.noise.tolerance(rank) * predicted for t in last):
+            self._changing.add(rank)
         else:
             self._changing.discard(rank)
 

@@ -40,30 +40,36 @@ def relative_spread(times) -> float:
 
 
 class StepNoise:
+    """Kept cheap per report (a report costs O(1) at thousands of workers): the spread is
+    computed only when a step is further off than CHANGE, where the tolerance matters."""
+
     def __init__(self, n: int):
         self._recent = [deque(maxlen=RECENT) for _ in range(n)]
-        self._spread = [0.0] * n  # kept through a move: a noisy machine stays noisy at another batch
+        self._spread = [0.0] * n  # the last estimate, kept through a move: a noisy machine stays noisy
 
     def add(self, rank: int, seconds: float) -> None:
-        recent = self._recent[rank]
-        recent.append(seconds)
-        if len(recent) >= MIN_REPORTS:
-            self._spread[rank] = relative_spread(recent)
+        self._recent[rank].append(seconds)
 
     def restart(self, rank: int, times=()) -> None:
         """The worker moved to another batch, or changed speed: its reports from before no
         longer measure its spread (a change would inflate it); `times` are its first since."""
+        self._estimate(rank)
         self._recent[rank].clear()
         self._recent[rank].extend(times)
 
     def forget(self, rank: int) -> None:
         """A worker new to its rank: nothing is known of its machine."""
-        self.restart(rank)
+        self._recent[rank].clear()
         self._spread[rank] = 0.0
 
     def tolerance(self, rank: int) -> float:
         """How far, relative, a step may be off the worker's window and still belong to it."""
-        return max(CHANGE, SPREAD_K * self._spread[rank])
+        return max(CHANGE, SPREAD_K * self._estimate(rank))
+
+    def _estimate(self, rank: int) -> float:
+        if len(self._recent[rank]) >= MIN_REPORTS:
+            self._spread[rank] = relative_spread(self._recent[rank])
+        return self._spread[rank]
 
 
 class Windows:
@@ -105,7 +111,8 @@ class Windows:
         # after a move the models' prediction is what the window is there to check)
         typical = self.median[rank] if steps else np.nan
         self.noise.add(rank, seconds)
-        if abs(seconds - typical) > self.noise.tolerance(rank) * typical:  # (a nan misses nothing)
+        off = abs(seconds - typical)
+        if off > CHANGE * typical and off > self.noise.tolerance(rank) * typical:  # (a nan misses nothing)
             if suspects and (suspects[-1] > typical) != (seconds > typical):
                 suspects.clear()
             suspects.append(seconds)
