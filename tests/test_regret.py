@@ -236,3 +236,21 @@ def test_a_lasting_change_of_speed_forgets_the_plans_measured_before_it():
     assert not any("back to it" in rule for _, _, rule in after), after
     slower = [a[0], a[1] * 6], [c[0], c[1] * 6]
     assert plans[-1] == oracle(*slower, 64) and all(p == plans[-1] for p in plans[30 + 4 * ADJUST_EVERY:])
+
+
+def test_a_worker_s_tolerance_is_its_own_noise_and_twenty_percent_at_least():
+    from omnips.scheduler.windows import MIN_REPORTS, StepNoise
+    from omnips.timemodel import CHANGE
+    noise = StepNoise(2)
+    rng = np.random.default_rng(1)
+    for t in 0.050 * rng.uniform(0.98, 1.02, 16):
+        noise.add(0, float(t))  # steady: the fixed tolerance
+    for t in 0.050 * rng.uniform(0.6, 1.5, 16):
+        noise.add(1, float(t))  # a quota's noise: its own, wider
+    assert noise.tolerance(0) == CHANGE
+    wide = noise.tolerance(1)
+    assert wide > 2 * CHANGE
+    noise.restart(1, [0.1] * (MIN_REPORTS - 1))  # a move: too few reports since to say, the last estimate stands
+    assert noise.tolerance(1) == wide
+    noise.forget(1)  # a new worker at the rank
+    assert noise.tolerance(1) == CHANGE
