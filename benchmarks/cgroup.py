@@ -4,12 +4,13 @@
 No emulation: every worker runs its real forward and backward (the cnn on digits, one
 torch thread), inside a cgroup of its own whose CPU quota makes it slower (benchmarks/
 quota.py; the paper made its heterogeneity levels with container CPU limits). BSP, 4
-workers, one server, a fixed --max-steps budget. The cnn is widened (--channels, default
-64,128) and the global batch large (--global-batch, default 512) so that a step spans tens
-of the quota's 10 ms periods, as a real job's second-long steps span a container's 100 ms
-ones: a step of a few periods takes one period more or less by chance (the default cnn at
-128 samples: 23 to 70 ms for one worker at one batch), which is the quota's granularity,
-not the machine's speed. The workers' quotas
+workers, one server, --global-batch 128, a fixed --max-steps budget. The cnn is widened
+(--channels, default 64,128: 16x the default cnn's compute, the same data) so that a step
+spans tens of the quota's 10 ms periods, as a real job's second-long steps span a
+container's 100 ms ones: a step of a few periods takes one period more or less by chance
+(the default cnn: 23 to 70 ms for one worker at one batch), the quota's granularity, not
+the machine's speed. (A larger global batch would do the same, but digits' epochs would
+shrink to a few steps, and each epoch's evaluation disturbs the steps around it.) The workers' quotas
 share --cores (default: the machine's cores less half a core for the scheduler and the
 server) in the paper's heterogeneity levels, the speeds of benchmarks/heterogeneity.py
 (HL1 12/12/12/12, HL2 12/12/8/16, HL4 9/9/6/24, HL8 6/6/4/32). Besides the levels:
@@ -29,8 +30,8 @@ the slowest worker's compute summed over steps (communication left out); the fin
 adjustments, and the periods in which the slowest worker ran out of quota (that the
 quota is what made it slow).
 
-    python benchmarks/cgroup.py [--quick] [--cases HL2,HL8,neighbour] [--steps 60] [--repeats 1]
-        [--cores 1.5] [--channels 64,128] [--global-batch 512] [--keep-runs] [--out FILE]
+    python benchmarks/cgroup.py [--quick] [--cases HL2,HL8,neighbour] [--steps 150] [--repeats 1]
+        [--cores 1.5] [--channels 64,128] [--global-batch 128] [--keep-runs] [--out FILE]
 
 Writes benchmarks/results/cgroup.md. Needs root and a cgroup cpu controller.
 """
@@ -197,13 +198,13 @@ def verdicts(results: list[dict]) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=",".join(CASES))
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=150)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--cores", type=float, default=max(0.5, len(os.sched_getaffinity(0)) - 0.5),
                    help="CPU the four workers' quotas share")
     p.add_argument("--channels", default="64,128", help="the cnn's channels (default %(default)s)")
-    p.add_argument("--global-batch", type=int, default=512)
-    p.add_argument("--quick", action="store_true", help="HL4 and neighbour, 24 steps: a smoke run")
+    p.add_argument("--global-batch", type=int, default=128)
+    p.add_argument("--quick", action="store_true", help="HL4 and neighbour, 45 steps: a smoke run")
     p.add_argument("--keep-runs", action="store_true")
     p.add_argument("--out", type=Path, default=HERE / "results" / "cgroup.md")
     args = p.parse_args(argv)
@@ -215,7 +216,7 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in CASES]
     if unknown:
         p.error(f"unknown cases {unknown}; choose from {', '.join(CASES)}")
-    steps = 24 if args.quick else args.steps
+    steps = 45 if args.quick else args.steps
     size = Size([int(c) for c in args.channels.split(",")], args.global_batch)
     results = []
     with runs_dir("omnips-cgroup-", args.keep_runs) as root:
