@@ -15,7 +15,7 @@ from omnips.job import JobSpec
 from omnips.leaving import Leaving
 from omnips.link import LinkError, SchedulerLink
 from omnips.protocol import MAX_REASON, Failed, Leave, Plan, Probe, Register, Report, Rewind, Shutdown
-from omnips.servers import ServerGroup
+from omnips.servers import ServerError, ServerGroup
 from omnips.sharding import shard_ranges
 from omnips.wire import WireDtype
 
@@ -28,6 +28,15 @@ from .trainer import Trainer, resolve_device
 log = logging.getLogger("omnips.worker")
 
 HOLD_BEATS = 2  # heartbeat intervals of the scheduler's silence after which no step starts
+NOTICE_S = 5.0  # how often a long wait says again what it waits for
+REWIND_PHASE = "waiting for the scheduler's rewind"
+
+
+def rewind_explains(code: str) -> bool:
+    """Whether a server's refusal is explained by a rewind on its way: bad_version is the
+    answer of a shard behind the version it served us, one restored from a checkpoint
+    whose rewind the scheduler sends once every server is back (we may read it later)."""
+    return code == "bad_version"
 
 
 class JobEnded(Exception):
@@ -201,6 +210,10 @@ class _Session:
                 step += 1
             except Rewound as rw:
                 step, asp_pos = self._rewind(rw.msg)
+            except ServerError as exc:
+                if not rewind_explains(exc.code):
+                    raise
+                step, asp_pos = self._rewind(self._await_rewind(exc))
             if self.leaving.due():  # the scheduler re-plans the others at once, as for a lost worker
                 self.link.send(Leave(why=self.leaving.why))
                 log.warning("worker %d on %s: %s: leaving the job after step %d", self.rank,
@@ -252,6 +265,32 @@ class _Session:
         if self.start_plan.gen >= self.plan.gen:
             self.plan = self.start_plan
         log.info("worker %d starts with batch %d (plan %d)", self.rank, self.plan.batches[self.rank], self.plan.gen)
+
+    def _await_rewind(self, refusal: ServerError) -> Rewind:
+        """A shard behind our version refused us: a server was restored from a checkpoint and
+        the scheduler's rewind is on its way. Stop pushing and wait for it (heartbeats go on,
+        from the link's thread), as long as a server's answer may take: the scheduler, which
+        restored that shard, already knows of the loss."""
+        self.step = None
+        limit = self.opts.server_timeout_s
+        start = told = time.monotonic()
+        host = pysocket.gethostname()
+        log.info("worker %d on %s: %s: waiting for the scheduler's rewind", self.rank, host, refusal)
+        with self.link.in_phase(REWIND_PHASE):
+            while True:
+                now = time.monotonic()
+                if now - start > limit:
+                    raise ServerError(f"worker {self.rank} on {host}: {refusal}, but no rewind came from the "
+                                      f"scheduler within {limit:g} s", refusal.code)
+                if now - told >= NOTICE_S:
+                    told = now
+                    log.warning("worker %d on %s: still waiting for the scheduler's rewind (%.0f s)", self.rank,
+                                host, now - start)
+                self.link.sock.poll(1000 * min(1.0, self.link.heartbeat_s))
+                try:
+                    self.check_scheduler(REWIND_PHASE)
+                except Rewound as rw:
+                    return rw.msg
 
     def _rewind(self, msg: Rewind) -> tuple[int, int]:
         """Abandon the step in flight, connect to the servers as they are now, and pull the
@@ -334,7 +373,7 @@ class _Session:
             self.check_scheduler()
         log.info("worker %d: the scheduler is heard again: step %d goes on", self.rank, step)
 
-    def check_scheduler(self) -> None:
+    def check_scheduler(self, phase: str = "") -> None:
         """Handle what the scheduler sent; JobEnded when it closed the job, Rewound when
         it took the job back to a checkpoint, LinkError when it failed it or went silent.
         Our heartbeats (sent from here when due) say what we do: a step that waits for the
@@ -343,6 +382,8 @@ class _Session:
         if waiting is not None:
             self.link.state = {"phase": "waiting for servers", "step": self.step, "waited_s": waiting[0],
                                "servers": waiting[1]}
+        elif phase:
+            self.link.state = {"phase": phase}
         else:
             self.link.state = {"phase": "training"} if self.step is not None else {}
         while self.link.sock.poll(0):
