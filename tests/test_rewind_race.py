@@ -71,9 +71,3 @@ def test_any_other_refusal_ends_the_worker_at_once(stand_ins):
     assert str(worker.outcome).startswith(f"server 0 at {server.endpoint} refused: bad_rank:"), worker.outcome
     assert WAITING not in scheduler.phases
 
-
-@pytest.mark.parametrize("code, explained", [("bad_version", True), ("bad_rank", False), ("timeout", False),
-                                             ("not_ready", False), ("protocol", False)])
-def test_only_a_shard_behind_our_version_is_explained_by_a_rewind_on_its_way(code, explained):
-    from omnips.worker.service import rewind_explains
-    assert rewind_explains(code) is explained
