@@ -59,7 +59,7 @@ def test_a_probing_worker_waits_for_the_start_plan_and_takes_it():
     c.probed(1.0)
     assert c.next(2.0) == Listen()
     c.heard(Plan(gen=1, batches=[3, 13]), 3.0)
-    assert c.state is State.TRAINING and c.next(3.0) == Step(0, 13, 0)
+    assert c.next(3.0) == Step(0, 13, 0) and c.state is State.TRAINING
 
 
 def test_no_start_plan_within_the_welcome_timeout_ends_it_about_the_scheduler():
@@ -192,3 +192,13 @@ def test_a_worker_removed_from_the_plan_or_sent_a_bad_rewind_ends_about_the_sche
     c = training()
     c.heard(Rewind(steps=[1], positions=[0], plan=BatchPlan(3, [4, 12]).to_wire(), servers=["tcp://a:1"]), 1.0)
     assert c.next(1.0) == Fail("a rewind for 1 workers, the job has 2", "scheduler")
+
+
+def test_a_start_plan_that_comes_before_our_probe_left_is_kept_and_the_probe_still_sent():
+    c = core(probing=True)
+    c.next(0.0)
+    c.heard(Plan(gen=1, batches=[3, 13]), 0.5)  # during the first pull: the scheduler dropped us as late
+    c.joined(0, None, 1.0)
+    assert c.next(1.0) == SendProbe()
+    c.probed(2.0)
+    assert c.next(2.0) == Step(0, 13, 0) and c.state is State.TRAINING

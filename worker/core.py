@@ -105,7 +105,9 @@ class WorkerCore:
         self.state = State.REGISTERING
         self.rank, self.num_workers, self.bsp, self.total_steps = 0, 0, True, 0
         self.plan: BatchPlan | None = None
-        self.probing = False  # this worker plans the first step from a probe
+        self.probes = False  # this worker's first step is planned from its probe
+        self.probe_sent = False
+        self.start_plan: BatchPlan | None = None  # the scheduler's answer to the probes
         self.step, self.position = 0, 0  # the next step, and (ASP) its place in the sample stream
         self.rewind: Rewind | None = None  # REWINDING: the rewind to apply; None: awaited, or being applied
         self.applying: Rewind | None = None  # the rewind whose pull is under way
@@ -117,18 +119,18 @@ class WorkerCore:
     def welcomed(self, rank: int, num_workers: int, bsp: bool, total_steps: int, plan: BatchPlan,
                  start_step: int, start_position: int, probing: bool) -> None:
         self.rank, self.num_workers, self.bsp, self.total_steps = rank, num_workers, bsp, total_steps
-        self.plan, self.step, self.position, self.probing = plan, start_step, start_position, probing
+        self.plan, self.step, self.position, self.probes = plan, start_step, start_position, probing
 
     def joined(self, step: int, plan: BatchPlan | None, now: float) -> None:
         """The servers' values are in (a joiner's pull may bring the step it starts at, and its plan)."""
         if self.state is not State.REGISTERING:
             return
         self.step, self.plan = step, plan or self.plan
-        self.state, self.since = (State.PROBING if self.probing else State.TRAINING), now
+        self.state, self.since = (State.PROBING if self.probes else State.TRAINING), now
 
     def probed(self, now: float) -> None:
         """The probe is sent: the start plan is awaited from now."""
-        self.probing, self.since = False, now
+        self.probe_sent, self.since = True, now
 
     def heard(self, msg, now: float) -> None:
         """A message from the scheduler (heartbeats, errors and failed shutdowns are the link's)."""
@@ -138,7 +140,8 @@ class WorkerCore:
             self._end(Exit())
         elif isinstance(msg, Rewind):
             self._rewind_heard(msg, now)
-        elif isinstance(msg, Plan) and self.state is State.PROBING and not self.probing:
+        elif isinstance(msg, Plan) and self.probes and self.start_plan is None and self.state in (
+                State.REGISTERING, State.PROBING):  # (it may come before our probe left: we were late)
             self._start_plan(msg)
 
     def refused(self, refusal: str, code: str, now: float) -> bool:
@@ -175,7 +178,7 @@ class WorkerCore:
     def tick(self, now: float) -> None:
         """The passing of time: the waits that give up."""
         waited = now - self.since
-        if self.state is State.PROBING and not self.probing and waited > self.limits.start_plan_s:
+        if self.state is State.PROBING and self.probe_sent and waited > self.limits.start_plan_s:
             self._end(Fail(f"no start plan from the scheduler within {self.limits.start_plan_s:g} s (it waits for "
                            "every worker's probe)", "scheduler"))
         elif self.state is State.REWINDING and self.awaiting_rewind():
@@ -198,7 +201,11 @@ class WorkerCore:
         if self.state is State.REGISTERING:
             return Join()
         if self.state is State.PROBING:
-            return SendProbe() if self.probing else Listen()
+            if not self.probe_sent:
+                return SendProbe()
+            if self.start_plan is None:
+                return Listen()
+            self._take_start_plan()
         if self.state is State.REWINDING:
             if self.rewind is None:
                 return Listen(REWIND_PHASE)
@@ -236,12 +243,14 @@ class WorkerCore:
 
     def _start_plan(self, msg: Plan) -> None:
         try:
-            plan = BatchPlan.from_wire({"gen": msg.gen, "batches": msg.batches, "stop": msg.stop}, self.num_workers)
+            self.start_plan = BatchPlan.from_wire({"gen": msg.gen, "batches": msg.batches, "stop": msg.stop},
+                                                  self.num_workers)
         except ValueError as exc:
             self._end(Fail(f"the scheduler sent a bad start plan: {exc}", "scheduler"))
-            return
-        if plan.gen >= self.plan.gen:
-            self.plan = plan
+
+    def _take_start_plan(self) -> None:
+        if self.start_plan.gen >= self.plan.gen:
+            self.plan = self.start_plan
         self.state = State.TRAINING
         log.info("worker %d starts with batch %d (plan %d)", self.rank, self.plan.batches[self.rank], self.plan.gen)
 

@@ -195,16 +195,16 @@ class _Session:
         if self.join_gen < 0:
             if self.rank == 0 and not self.resumed and self.servers.init(self.flat.params) is None:
                 return
-            ex, step = self.servers.pull(self.flat.params), self.core.step
+            ex = self.servers.pull(self.flat.params)
         else:  # joining: BSP waits for the first step that runs the plan with this worker in it
             ex = self.servers.pull(self.flat.params, gen=self.join_gen)
-            step = ex and (ex.versions[0] if self.core.bsp else self.core.step)
         if ex is None:
             return  # interrupted: the core knows why
         self.flat.load_params()
+        step = ex.versions[0] if self.join_gen >= 0 and self.core.bsp else self.core.step
         if self.join_gen >= 0:
             log.info("worker %d joins at step %d", self.rank, step)
-        self.core.joined(step, ex.plan and BatchPlan.from_wire(ex.plan, self.job.num_workers), time.monotonic())
+        self.core.joined(step, self._plan(ex.plan), time.monotonic())
 
     def _send_probe(self) -> None:
         """Once the model is in place: the job's time counts from the probe."""
@@ -279,7 +279,7 @@ class _Session:
         if ex is None:
             return None
         self.flat.load_params()
-        self.core.stepped(batch, ex.plan and BatchPlan.from_wire(ex.plan, self.job.num_workers))
+        self.core.stepped(batch, self._plan(ex.plan))
         staleness = max(0, max(v - 1 - b for v, b in zip(ex.versions, before)))
         last = Report(rank=self.rank, step=step, batch=batch, compute_s=compute_s,
                       network_s=max(0.0, ex.elapsed_s - ex.held_s), wait_s=ex.held_s, loss=loss,
@@ -306,6 +306,10 @@ class _Session:
         if target > real_s:
             time.sleep(target - real_s)  # the emulated slower device: the delay is the feature
         return max(target, real_s)
+
+    def _plan(self, wire: dict | None) -> BatchPlan | None:
+        """The plan a server's reply carried, if any (ValueError: a bad one)."""
+        return None if wire is None else BatchPlan.from_wire(wire, self.job.num_workers)
 
     def _scheduler_quiet(self, step: int) -> bool:
         """A scheduler silent for HOLD_BEATS heartbeat intervals may be dead: a step taken now
