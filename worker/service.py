@@ -1,4 +1,5 @@
-"""The worker process: register, then compute, push and pull until the job ends."""
+"""The worker process, the driver of its core (worker/core.py): register, then compute, push and
+pull as the core says until the job ends."""
 
 import logging
 import os
