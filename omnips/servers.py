@@ -79,6 +79,8 @@ class ServerGroup:
     # -- blocking calls (workers) -------------------------------------------------
     def init(self, values: np.ndarray) -> Exchange | None:
         """Worker 0 hands every server its initial shard."""
+        if self.interrupted:
+            return None
         for sock, (lo, hi) in zip(self.socks, self.ranges):
             transport.send(sock, Init(rank=0, data=values[lo:hi]))
         return self._gather(Ack, None, None)
@@ -87,6 +89,8 @@ class ServerGroup:
         """Fetch every shard into `into` (waits while servers are not initialised; with
         `gen`, until the step being collected runs that plan: BSP joins; with `at`, at
         that version)."""
+        if self.interrupted:
+            return None
         self._req += 1
         for sock in self.socks:
             transport.send(sock, Pull(req=self._req, at=at, gen=gen))
