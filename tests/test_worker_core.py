@@ -12,9 +12,9 @@ LIMITS = Limits(start_plan_s=300.0, rewind_s=120.0, close_s=60.0)
 REFUSAL = "server 1 at tcp://h:1 refused: bad_version: push computed on version 15, shard is at 10"
 
 
-def core(bsp=True, probing=False, total_steps=20, start_step=0) -> WorkerCore:
+def core(bsp=True, probes=False, total_steps=20, start_step=0) -> WorkerCore:
     c = WorkerCore("h", LIMITS)
-    c.welcomed(1, 2, bsp, total_steps, BatchPlan(0, [8, 8]), start_step, 0, probing)
+    c.welcomed(1, 2, bsp, total_steps, BatchPlan(0, [8, 8]), start_step, 0, probes)
     return c
 
 
@@ -52,7 +52,7 @@ def test_asp_steps_walk_their_sample_stream_and_a_plan_that_stops_finishes():
 
 
 def test_a_probing_worker_waits_for_the_start_plan_and_takes_it():
-    c = core(probing=True)
+    c = core(probes=True)
     c.next(0.0)
     c.joined(0, None, 0.0)
     assert c.state is State.PROBING and c.next(0.0) == SendProbe()
@@ -63,7 +63,7 @@ def test_a_probing_worker_waits_for_the_start_plan_and_takes_it():
 
 
 def test_no_start_plan_within_the_welcome_timeout_ends_it_about_the_scheduler():
-    c = core(probing=True)
+    c = core(probes=True)
     c.next(0.0)
     c.joined(0, None, 0.0)
     c.next(0.0)
@@ -102,13 +102,13 @@ def test_a_second_rewind_during_the_first_ones_pull_is_the_one_applied():
 
 
 def test_a_rewind_during_the_join_or_while_waiting_for_the_start_plan_goes_to_training():
-    c = core(probing=True)
+    c = core(probes=True)
     assert c.next(0.0) == Join()
     c.heard(rewind(), 1.0)  # while the first pull waits
     assert c.interrupted() and c.next(1.0) == GoBack(rewind())
     c.rewound(2.0)
     assert c.next(2.0) == Step(10, 12, 96)
-    c = core(probing=True)
+    c = core(probes=True)
     c.next(0.0)
     c.joined(0, None, 0.0)
     c.next(0.0)
@@ -195,10 +195,11 @@ def test_a_worker_removed_from_the_plan_or_sent_a_bad_rewind_ends_about_the_sche
 
 
 def test_a_start_plan_that_comes_before_our_probe_left_is_kept_and_the_probe_still_sent():
-    c = core(probing=True)
+    c = core(probes=True)
     c.next(0.0)
     c.heard(Plan(gen=1, batches=[3, 13]), 0.5)  # during the first pull: the scheduler dropped us as late
     c.joined(0, None, 1.0)
     assert c.next(1.0) == SendProbe()
     c.probed(2.0)
-    assert c.next(2.0) == Step(0, 13, 0) and c.state is State.TRAINING
+    c.tick(400.0)  # the start plan is in: nothing waits for it
+    assert c.next(400.0) == Step(0, 13, 0) and c.state is State.TRAINING

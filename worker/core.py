@@ -117,9 +117,9 @@ class WorkerCore:
 
     # -- events -------------------------------------------------------------------
     def welcomed(self, rank: int, num_workers: int, bsp: bool, total_steps: int, plan: BatchPlan,
-                 start_step: int, start_position: int, probing: bool) -> None:
+                 start_step: int, start_position: int, probes: bool) -> None:
         self.rank, self.num_workers, self.bsp, self.total_steps = rank, num_workers, bsp, total_steps
-        self.plan, self.step, self.position, self.probes = plan, start_step, start_position, probing
+        self.plan, self.step, self.position, self.probes = plan, start_step, start_position, probes
 
     def joined(self, step: int, plan: BatchPlan | None, now: float) -> None:
         """The servers' values are in (a joiner's pull may bring the step it starts at, and its plan)."""
@@ -178,7 +178,8 @@ class WorkerCore:
     def tick(self, now: float) -> None:
         """The passing of time: the waits that give up."""
         waited = now - self.since
-        if self.state is State.PROBING and self.probe_sent and waited > self.limits.start_plan_s:
+        if self.state is State.PROBING and self.probe_sent and self.start_plan is None \
+                and waited > self.limits.start_plan_s:
             self._end(Fail(f"no start plan from the scheduler within {self.limits.start_plan_s:g} s (it waits for "
                            "every worker's probe)", "scheduler"))
         elif self.state is State.REWINDING and self.awaiting_rewind():

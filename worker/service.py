@@ -145,9 +145,9 @@ class _Session:
             self.sample_bytes = memory.sample_bytes(self.flat.module, batcher, range(len(train)), device)
         # dynamic batching plans the first step from every worker's timed passes (a joiner
         # and a resumed job go on with the plan they are given)
-        probing = job.batching == "dynamic" and job.probe and self.join_gen < 0 and not self.resumed
+        probes = job.batching == "dynamic" and job.probe and self.join_gen < 0 and not self.resumed
         core.welcomed(rank, job.num_workers, job.mode == "bsp", cluster["total_steps"], plan, cluster["start_step"],
-                      cluster["start_position"], probing)
+                      cluster["start_position"], probes)
         live = device.type == "cpu" and not opts.emulation.active
         self.pusher = Pusher(self.flat, cluster["ranges"], bucket_values(opts.bucket_bytes), live, self.wire)
         self.trainer.on_final_pass, self.trainer.on_retry = self.pusher.final_pass, self.pusher.settle
