@@ -41,10 +41,15 @@ class Exchange:
 
 class ServerGroup:
     def __init__(self, ctx: zmq.Context, endpoints: list[str], ranges: list, timeout_s: float,
-                 on_wait=None, tick_s: float = 1.0, keys: security.Keys | None = None, wire: WireDtype = FLOAT32):
+                 on_wait=None, tick_s: float = 1.0, keys: security.Keys | None = None, wire: WireDtype = FLOAT32,
+                 on_refusal=None):
         """`on_wait()` is called about every `tick_s` while a call waits for servers (a
-        worker checks on the scheduler there); it may raise to abandon the wait. `wire`:
-        the job's wire dtype, that of the gradients pushed and of the replies to them."""
+        worker checks on the scheduler there); `on_refusal(error)` with a server's refusal
+        (a ServerError), which is raised unless it returns True. Either returning True
+        interrupts the group: the wait returns at once, and so does every later one, with
+        nothing (None, False), and nothing more is sent (a worker abandons its step and
+        these connections). `wire`: the job's wire dtype, that of the gradients pushed and
+        of the replies to them."""
         if len(endpoints) != len(ranges):
             raise ValueError("one shard range per server endpoint is needed")
         self.endpoints = list(endpoints)
@@ -65,29 +70,34 @@ class ServerGroup:
         self._rest_req: int | None = None
         self._rest_into: np.ndarray | None = None
         self._rest_wire = FLOAT32
-        self._on_wait = on_wait
+        self._on_wait, self._on_refusal = on_wait, on_refusal
         self._tick_s = tick_s
+        self.interrupted = False
         self._gathering: tuple[float, dict] | None = None  # (since, shards answered) of the request being read
         self.wire = wire
 
     # -- blocking calls (workers) -------------------------------------------------
-    def init(self, values: np.ndarray) -> None:
+    def init(self, values: np.ndarray) -> Exchange | None:
         """Worker 0 hands every server its initial shard."""
+        if self.interrupted:
+            return None
         for sock, (lo, hi) in zip(self.socks, self.ranges):
             transport.send(sock, Init(rank=0, data=values[lo:hi]))
-        self._gather(Ack, None, None)
+        return self._gather(Ack, None, None)
 
-    def pull(self, into: np.ndarray, gen: int = -1, at: int | None = None) -> Exchange:
+    def pull(self, into: np.ndarray, gen: int = -1, at: int | None = None) -> Exchange | None:
         """Fetch every shard into `into` (waits while servers are not initialised; with
         `gen`, until the step being collected runs that plan: BSP joins; with `at`, at
         that version)."""
+        if self.interrupted:
+            return None
         self._req += 1
         for sock in self.socks:
             transport.send(sock, Pull(req=self._req, at=at, gen=gen))
         return self._gather(Params, self._req, into)
 
     def push_pull(self, rank: int, step: int, grads: np.ndarray, batch: int, gen: int,
-                  into: np.ndarray) -> Exchange:
+                  into: np.ndarray) -> Exchange | None:
         """Push each shard's gradient slice (none with batch 0: a dropped gradient); each
         reply carries the updated shard. `grads` is in the wire dtype (WireDtype.narrow)."""
         for s, (lo, hi) in enumerate(self.ranges):
@@ -101,7 +111,8 @@ class ServerGroup:
         arriving in parts is read whole first: a server takes a push only from a worker that
         has read its last reply (parts that no layer's forward pass waits for, such as an
         unused parameter's, may still be on their way)."""
-        self.complete()
+        if not self.complete():
+            return None
         slo, shi = self.ranges[s]
         whole = (lo, hi) == (slo, shi) or not head.batch
         msg = Push(rank=head.rank, step=head.step, ver=self.versions[s], batch=head.batch, gen=head.gen,
@@ -109,38 +120,37 @@ class ServerGroup:
                    offset=0 if whole else lo - slo, whole=0 if whole else shi - slo, reply_part=head.reply_part)
         return transport.send(self.socks[s], msg, track=track)
 
-    def collect(self, step: int, into: np.ndarray, early: bool = False) -> Exchange:
+    def collect(self, step: int, into: np.ndarray, early: bool = False) -> Exchange | None:
         """Every shard's reply to this step's push, written into `into`. With `early`, it
         returns once every shard has begun its answer: the parts still to come are read by
         `wait_for` (the next forward pass, layer by layer) or `complete`."""
         ex = self._gather(Params, step, into, self.wire)
-        if not early:
-            self.complete()
-        return ex
+        return ex if early or ex is None or self.complete() else None
 
-    def wait_for(self, lo: int, hi: int) -> None:
-        """Until flat values [lo, hi) of the reply being read have arrived."""
+    def wait_for(self, lo: int, hi: int) -> bool:
+        """Until flat values [lo, hi) of the reply being read have arrived (False: interrupted)."""
         def arrived():
             return all(slo + self._upto.get(s, shi - slo) >= min(hi, shi) for s, (slo, shi) in enumerate(self.ranges)
                        if slo < hi and lo < shi)
-        if self._upto and not arrived():
-            self._pump(arrived)
+        return not self.interrupted and (not self._upto or arrived() or self._pump(arrived))
 
-    def complete(self) -> None:
-        """Until the reply being read has arrived whole."""
-        if self._upto:
-            self._pump(lambda: not self._upto)
+    def complete(self) -> bool:
+        """Until the reply being read has arrived whole (False: interrupted)."""
+        return not self.interrupted and (not self._upto or self._pump(lambda: not self._upto))
 
     def _gather(self, want: type, req: int | None, into: np.ndarray | None,
-                wire: WireDtype = FLOAT32) -> Exchange:
-        """The first answer of every shard to `req`; Params values, expected in `wire`, into `into`."""
-        self.complete()  # a reply still arriving in parts comes before the next one
+                wire: WireDtype = FLOAT32) -> Exchange | None:
+        """The first answer of every shard to `req`; Params values, expected in `wire`, into
+        `into`; None when interrupted."""
+        if not self.complete():  # a reply still arriving in parts comes before the next one
+            return None
         start = time.perf_counter()
         self._rest_req, self._rest_into, self._rest_wire = req, into, wire
         got = {}
         self._gathering = (time.monotonic(), got)
         try:
-            self._pump(lambda: len(got) == len(self.socks), want, got)
+            if not self._pump(lambda: len(got) == len(self.socks), want, got):
+                return None
         finally:
             self._gathering = None
         params = [msg for msg in got.values() if isinstance(msg, Params)]
@@ -158,28 +168,33 @@ class ServerGroup:
         since, got = self._gathering
         return time.monotonic() - since, [s for s in range(len(self.socks)) if s not in got]
 
-    def _pump(self, done, want: type | None = None, got: dict | None = None):
+    def _pump(self, done, want: type | None = None, got: dict | None = None) -> bool:
         """Read replies until done(): the later parts of replies in parts and, given `got`,
-        each shard's first answer (of type `want`) to the request being read, into `got`."""
+        each shard's first answer (of type `want`) to the request being read, into `got`.
+        False when the group is interrupted (by on_wait or on_refusal) instead."""
         req, into = self._rest_req, self._rest_into
         deadline = time.monotonic() + self.timeout_s
         tick = time.monotonic() + self._tick_s
         while not done():
+            if self.interrupted:
+                return False
             now = time.monotonic()
             if now >= deadline:
                 names = ", ".join(self.name(s) for s in range(len(self.socks))
                                   if got is not None and s not in got or s in self._upto)
                 raise ServerError(f"no answer from {names} within {self.timeout_s:g} s", "timeout")
             if now >= tick:  # every tick, also while stray messages keep the poll busy
-                if self._on_wait is not None:
-                    self._on_wait()
+                self.interrupted = self._on_wait is not None and bool(self._on_wait())
                 tick = time.monotonic() + self._tick_s
                 continue
             events = dict(self._poller.poll(max(1, math.ceil(1000 * (min(deadline, tick) - now)))))
             for s, sock in enumerate(self.socks):
                 if sock not in events:
                     continue
-                msg = self.decode_reply(s, transport.recv_frames(sock))
+                msg = self._decode(s, transport.recv_frames(sock))
+                if isinstance(msg, Error):
+                    self._refused(self._refusal(s, msg))
+                    break
                 if s in self._upto:  # a reply in parts: nothing else can come before its end
                     if not isinstance(msg, Params) or msg.req != req or not msg.whole:
                         raise ServerError(f"{self.name(s)} broke off a reply in parts", "protocol")
@@ -191,14 +206,22 @@ class ServerGroup:
                 if got is None or s in got or not isinstance(msg, want) or (req is not None and msg.req != req):
                     continue  # a late answer to an earlier, abandoned request: read and dropped
                 if isinstance(msg, Params):
-                    if msg.version < self.versions[s]:  # a shard's versions only grow while we are connected
-                        raise ServerError(f"{self.name(s)} answered at version {msg.version} after "
-                                          f"{self.versions[s]}", "bad_version")
+                    if msg.version < self.versions[s]:  # a shard's versions only grow, unless restored
+                        self._refused(ServerError(f"{self.name(s)} answered at version {msg.version} after "
+                                                  f"{self.versions[s]}", "bad_version"))
+                        break
                     if msg.whole:
                         self._accept_part(s, msg, 0)
                     else:
                         self.accept(s, msg, into, self._rest_wire)
                 got[s] = msg
+        return True
+
+    def _refused(self, error: ServerError) -> None:
+        """A server's refusal, or a shard gone back: raised, unless on_refusal takes it."""
+        if self._on_refusal is None or not self._on_refusal(error):
+            raise error
+        self.interrupted = True
 
     def _accept_part(self, s: int, msg: Params, upto: int) -> None:
         """A part of a reply, due at `upto`: the first (0) opens the reply, once it is taken."""
@@ -232,13 +255,20 @@ class ServerGroup:
             transport.send(sock, msg)
 
     def decode_reply(self, s: int, frames: list) -> protocol.Message:
+        """Server s's message; a refusal (an Error) raised as a ServerError."""
+        msg = self._decode(s, frames)
+        if isinstance(msg, Error):
+            raise self._refusal(s, msg)
+        return msg
+
+    def _decode(self, s: int, frames: list) -> protocol.Message:
         try:
-            msg = codec.decode(frames)
+            return codec.decode(frames)
         except ProtocolError as exc:
             raise ServerError(f"{self.name(s)} sent a bad message: {exc}", "protocol") from None
-        if isinstance(msg, Error):
-            raise ServerError(f"{self.name(s)} refused: {msg.code}: {msg.text}", msg.code)
-        return msg
+
+    def _refusal(self, s: int, msg: Error) -> ServerError:
+        return ServerError(f"{self.name(s)} refused: {msg.code}: {msg.text}", msg.code)
 
     def accept(self, s: int, msg: Params, into: np.ndarray | None, wire: WireDtype = FLOAT32) -> None:
         """Take a shard's values into `into` (float32), expecting them in `wire`."""

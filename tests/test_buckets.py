@@ -539,3 +539,42 @@ def test_a_stream_of_stray_replies_does_not_keep_the_wait_from_checking_on_the_s
         sender.join(10)
         ctx.destroy(linger=0)
     assert not sender.is_alive() and len(checks) >= 3  # about every 0.05 s of the 0.5 s
+
+
+
+def _watched(g, **callbacks) -> ServerGroup:
+    """A group on the same stand-in servers as `g`, with a worker's callbacks."""
+    return ServerGroup(g.socks[0].context, g.endpoints, g.ranges, timeout_s=0.5, tick_s=0.01, **callbacks)
+
+
+def test_an_interrupted_wait_returns_nothing_and_so_does_every_later_call_sending_nothing(group):
+    """A worker's on_wait says the scheduler interrupted it (a rewind, the end of the job):
+    the wait returns None, not an exception, and the group sends no more."""
+    g, routers = group
+    told = []
+    g = _watched(g, on_wait=lambda: told.append(1) or True)
+    _push_both(g)
+    _answer(routers[1], [_params([9, 10, 11, 12])])  # shard 0 never answers
+    into = np.zeros(12, dtype=np.float32)
+    assert g.collect(5, into) is None and g.interrupted and told == [1]
+    assert g.pull(into) is None and g.complete() is False and told == [1]
+    routers[0].recv_multipart()  # the push sent before
+    _push_both(g)
+    assert not routers[0].poll(100) and not routers[1].poll(0)
+
+
+@pytest.mark.parametrize("code, taken", [("bad_version", True), ("bad_rank", False)])
+def test_a_refusal_interrupts_the_wait_if_on_refusal_takes_it_and_is_raised_if_not(group, code, taken):
+    g, routers = group
+    heard = []
+    g = _watched(g, on_refusal=lambda error: heard.append((error.code, str(error))) or error.code == "bad_version")
+    _push_both(g)
+    _answer(routers[0], [protocol.Error(code=code, text="push computed on version 15, shard is at 10")])
+    said = f"{g.name(0)} refused: {code}: push computed on version 15, shard is at 10"
+    if taken:
+        assert g.collect(5, np.zeros(12, dtype=np.float32)) is None and g.interrupted
+    else:
+        with pytest.raises(ServerError) as refusal:
+            g.collect(5, np.zeros(12, dtype=np.float32))
+        assert str(refusal.value) == said and refusal.value.code == code and not g.interrupted
+    assert heard == [(code, said)]

@@ -17,7 +17,8 @@ PURE = ("omnips.batching", "omnips.timemodel", "omnips.sharding", "omnips.data",
         "omnips.server.shard_state", "omnips.scheduler.control", "omnips.scheduler.windows", "omnips.scheduler.regret", "omnips.scheduler.registry",
         "omnips.scheduler.disturbance", "omnips.scheduler.stopping", "omnips.scheduler.divergence", "omnips.scheduler.planning", "omnips.codec", "omnips.fieldchecks",
         "omnips.scheduler.core", "omnips.scheduler.instructions", "omnips.scheduler.evaluation", "omnips.scheduler.liveness", "omnips.scheduler.recovery",
-        "omnips.scheduler.reports", "omnips.scheduler.options", "omnips.scheduler.progress", "omnips.scheduler.stalls", "omnips.scheduler.checkpoints")
+        "omnips.scheduler.reports", "omnips.scheduler.options", "omnips.scheduler.progress", "omnips.scheduler.stalls", "omnips.scheduler.checkpoints",
+        "omnips.worker.core")
 MAX_LINES = 400
 # The command-line front door checks a job's flags with each role's parser (for a local
 # launch, or a cluster manager's job): the one place in omnips/ that may import them

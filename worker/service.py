@@ -1,4 +1,5 @@
-"""The worker process: register, then compute, push and pull until the job ends."""
+"""The worker process, the driver of its core (worker/core.py): register, then compute, push and
+pull as the core says until the job ends."""
 
 import logging
 import os
@@ -14,13 +15,14 @@ from omnips.flat import FlatModel
 from omnips.job import JobSpec
 from omnips.leaving import Leaving
 from omnips.link import LinkError, SchedulerLink
-from omnips.protocol import MAX_REASON, Failed, Leave, Plan, Probe, Register, Report, Rewind, Shutdown
-from omnips.servers import ServerGroup
+from omnips.protocol import MAX_REASON, Failed, Leave, Probe, Register, Report, Rewind
+from omnips.servers import ServerError, ServerGroup
 from omnips.sharding import shard_ranges
 from omnips.wire import WireDtype
 
 from . import memory, threads
 from .buckets import bucket_values
+from .core import REWIND_PHASE, Exit, Finish, GoBack, Join, Limits, Listen, SendProbe, Step, WorkerCore
 from .options import WorkerOptions
 from .pushing import Pusher
 from .trainer import Trainer, resolve_device
@@ -30,28 +32,18 @@ log = logging.getLogger("omnips.worker")
 HOLD_BEATS = 2  # heartbeat intervals of the scheduler's silence after which no step starts
 
 
-class JobEnded(Exception):
-    """The scheduler closed the job (successfully) while this worker was busy or waiting."""
-
-
-class Rewound(Exception):
-    """A server died and the job went back to a checkpoint: continue from `msg.steps[rank]`."""
-
-    def __init__(self, msg: Rewind):
-        super().__init__(f"rewind to steps {msg.steps}")
-        self.msg = msg
-
-
 def run(opts: WorkerOptions, leaving: Leaving | None = None) -> int:
     device = resolve_device(opts.device)
     if opts.threads:
         torch.set_num_threads(opts.threads)
     ctx = zmq.Context()
     link = None
+    core = WorkerCore(pysocket.gethostname(), Limits(start_plan_s=opts.welcome_timeout_s,
+                                                     rewind_s=opts.server_timeout_s, close_s=opts.server_timeout_s))
     try:
         link = SchedulerLink(ctx, opts.scheduler, keys=opts.keys)
         welcome = link.register(
-            Register(role="worker", host=pysocket.gethostname(), capacity=opts.capacity, device=str(device),
+            Register(role="worker", host=core.host, capacity=opts.capacity, device=str(device),
                      threads=opts.threads, pid=os.getpid(), rank=opts.rank,  # 0: chosen at the welcome
                      memory_limit=opts.memory_limit, token=opts.token),
             opts.ack_timeout_s, opts.welcome_timeout_s)
@@ -64,25 +56,23 @@ def run(opts: WorkerOptions, leaving: Leaving | None = None) -> int:
             _choose_threads(welcome.rank, cluster)
         link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
         try:
-            session = _Session(job, welcome.rank, cluster, device, opts, link)
+            session = _Session(job, welcome.rank, cluster, device, opts, link, core)
             session.leaving = leaving or Leaving()
             # on_wait twice per heartbeat interval: what a waiting worker's heartbeats say is that fresh
             session.connect = lambda servers, local: ServerGroup(
                 ctx, routes.endpoints(servers, local, opts.transport), cluster["ranges"], opts.server_timeout_s,
-                on_wait=session.check_scheduler, tick_s=min(1.0, link.heartbeat_s / 2), keys=opts.keys,
-                wire=session.wire)
+                on_wait=session.on_wait, on_refusal=session.on_refusal, tick_s=min(1.0, link.heartbeat_s / 2),
+                keys=opts.keys, wire=session.wire)
             # a scheduler that sends no "ipc" knows no unix sockets: tcp only
             session.servers = session.connect(cluster["servers"], cluster.get("ipc", []))
             return session.train()
-        except JobEnded:
-            log.info("worker %d: the scheduler closed the job", welcome.rank)
-            return 0
         except LinkError:  # about the scheduler (silent, or it ended us): nothing to tell it
             raise
         except Exception as exc:
             # our last word: the scheduler re-plans at once instead of waiting out --dead-after
             # (the linger below gives it time to leave)
-            reason = " ".join(f"worker {welcome.rank} on {pysocket.gethostname()}: {exc}".split())
+            said, who = " ".join(str(exc).split()), f"worker {welcome.rank} on {core.host}: "
+            reason = said if said.startswith(who) else who + said
             link.send(Failed(reason=reason[:MAX_REASON]))
             raise
     finally:
@@ -125,16 +115,16 @@ def _check_seat(rank: int, job: JobSpec, cluster: dict) -> None:
 
 
 class _Session:
-    def __init__(self, job, rank, cluster, device, opts, link):
-        self.job, self.rank, self.opts, self.link = job, rank, opts, link
+    """The driver of a WorkerCore: it does what the core says next and tells it what happened."""
+
+    def __init__(self, job, rank, cluster, device, opts, link, core: WorkerCore):
+        self.job, self.rank, self.opts, self.link, self.core = job, rank, opts, link, core
         self.servers: ServerGroup | None = None
         self.connect = None  # (tcp endpoints, [host, ipc endpoint] pairs) -> a ServerGroup on them
-        self.total_steps = cluster["total_steps"]
         # join_gen -1: there from the start; resumed: servers restored a checkpoint, go on from its
         # step and sample position
         self.join_gen, self.resumed = cluster["join_gen"], cluster["resumed"]
-        self.start_step, self.start_position = cluster["start_step"], cluster["start_position"]
-        self.plan = BatchPlan.from_wire(cluster["plan"], job.num_workers)
+        plan = BatchPlan.from_wire(cluster["plan"], job.num_workers)
         self.step: int | None = None  # the step in flight, for our heartbeats
         # our heartbeats name each phase, however long it takes on a loaded host
         with link.in_phase("loading the data set"):
@@ -155,61 +145,76 @@ class _Session:
             self.sample_bytes = memory.sample_bytes(self.flat.module, batcher, range(len(train)), device)
         # dynamic batching plans the first step from every worker's timed passes (a joiner
         # and a resumed job go on with the plan they are given)
-        self.probing = job.batching == "dynamic" and job.probe and self.join_gen < 0 and not self.resumed
-        self.start_plan: BatchPlan | None = None  # the scheduler's answer to the probe
+        probes = job.batching == "dynamic" and job.probe and self.join_gen < 0 and not self.resumed
+        core.welcomed(rank, job.num_workers, job.mode == "bsp", cluster["total_steps"], plan, cluster["start_step"],
+                      cluster["start_position"], probes)
         live = device.type == "cpu" and not opts.emulation.active
         self.pusher = Pusher(self.flat, cluster["ranges"], bucket_values(opts.bucket_bytes), live, self.wire)
         self.trainer.on_final_pass, self.trainer.on_retry = self.pusher.final_pass, self.pusher.settle
-        bsp = job.mode == "bsp"
         # ASP: a stream per worker; one that joins later draws a stream of its own, not its rank's old one
         incarnation = 0 if self.join_gen < 0 else 1 + self.join_gen
         self.stream = data.SampleStream(len(train), job.seed,
-                                        stream=0 if bsp else 1 + rank + job.num_workers * incarnation)
+                                        stream=0 if core.bsp else 1 + rank + job.num_workers * incarnation)
         log.info("worker %d on %s: %s, %d values, batch %d", rank, device, job.mode, self.flat.size,
-                 self.plan.batches[rank])
+                 plan.batches[rank])
 
     def train(self) -> int:
-        """Train until the scheduler closes the job (JobEnded), this worker leaves it (a
-        SIGTERM: 0, after the step in flight) or something fails."""
-        bsp = self.job.mode == "bsp"
-        asp_pos, last = self.start_position, None
+        """Do what the core says until the scheduler closes the job (0), this worker leaves it
+        (a SIGTERM: 0, after the step in flight) or something fails (an exception)."""
+        last: Report | None = None
+        while True:
+            self.hear()
+            act = self.core.next(time.monotonic())
+            if isinstance(act, Step):
+                if self._scheduler_quiet(act.step):
+                    continue  # held until it was heard: what it said may change the step
+                last = self._step(act) or last
+                if self.leaving.due():  # the scheduler re-plans the others at once, as for a lost worker
+                    self.link.send(Leave(why=self.leaving.why))
+                    log.warning("worker %d on %s: %s: leaving the job after step %d", self.rank, self.core.host,
+                                self.leaving.why, act.step)
+                    return 0
+            elif isinstance(act, Listen):
+                self.link.sock.poll(1000 * min(1.0, self.link.heartbeat_s))
+            elif isinstance(act, Join):
+                self._join()
+            elif isinstance(act, SendProbe):
+                self._send_probe()
+            elif isinstance(act, GoBack):
+                self._rewind(act.rewind)
+            elif isinstance(act, Finish):
+                self.link.send(Report(rank=self.rank, step=act.step, batch=0, compute_s=0.0, network_s=0.0,
+                                      wait_s=0.0, loss=last.loss if last else 0.0, done=True))
+            elif isinstance(act, Exit):
+                log.info("worker %d: the scheduler closed the job", self.rank)
+                return 0
+            else:
+                raise (LinkError if act.cause == "scheduler" else ServerError)(act.reason)
+
+    def _join(self) -> None:
+        """The servers' values, to start from (worker 0 of a new job gives them theirs first)."""
         if self.join_gen < 0:
-            if self.rank == 0 and not self.resumed:
-                self.servers.init(self.flat.params)
-            step = self.start_step
-            self.servers.pull(self.flat.params)
+            if self.rank == 0 and not self.resumed and self.servers.init(self.flat.params) is None:
+                return
+            ex = self.servers.pull(self.flat.params)
         else:  # joining: BSP waits for the first step that runs the plan with this worker in it
             ex = self.servers.pull(self.flat.params, gen=self.join_gen)
-            step = ex.versions[0] if bsp else self.start_step
-            if ex.plan is not None:
-                self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)
-            log.info("worker %d joins at step %d", self.rank, step)
+        if ex is None:
+            return  # interrupted: the core knows why
         self.flat.load_params()
-        if self.probing:  # once the model is in place: the job's time counts from the probe
-            sizes = list(PROBE_BATCHES)
-            with self.link.in_phase("probing its speed"):
-                seconds = self._probe(sizes)
-            self.link.send(Probe(rank=self.rank, batches=sizes, seconds=seconds,
-                                 mem_free=memory.free_bytes(self.flat.device), sample_bytes=self.sample_bytes))
-            try:
-                self._await_start_plan()
-            except Rewound as rw:
-                step, asp_pos = self._rewind(rw.msg)
-        while not self.plan.stop and not (bsp and step >= self.total_steps):
-            try:
-                asp_pos, last = self._step(step, asp_pos, bsp)
-                step += 1
-            except Rewound as rw:
-                step, asp_pos = self._rewind(rw.msg)
-            if self.leaving.due():  # the scheduler re-plans the others at once, as for a lost worker
-                self.link.send(Leave(why=self.leaving.why))
-                log.warning("worker %d on %s: %s: leaving the job after step %d", self.rank,
-                            pysocket.gethostname(), self.leaving.why, step - 1)
-                return 0
-        self.link.send(Report(rank=self.rank, step=step, batch=0, compute_s=0.0, network_s=0.0, wait_s=0.0,
-                              loss=last.loss if last else 0.0, done=True))
-        self._await_shutdown()
+        step = ex.versions[0] if self.join_gen >= 0 and self.core.bsp else self.core.step
+        if self.join_gen >= 0:
+            log.info("worker %d joins at step %d", self.rank, step)
+        self.core.joined(step, self._plan(ex.plan), time.monotonic())
 
+    def _send_probe(self) -> None:
+        """Once the model is in place: the job's time counts from the probe."""
+        sizes = list(PROBE_BATCHES)
+        with self.link.in_phase("probing its speed"):
+            seconds = self._probe(sizes)
+        self.link.send(Probe(rank=self.rank, batches=sizes, seconds=seconds,
+                             mem_free=memory.free_bytes(self.flat.device), sample_bytes=self.sample_bytes))
+        self.core.probed(time.monotonic())
     def _probe(self, sizes: list[int]) -> list[float]:
         """Seconds of one forward and backward pass over the first `size` samples, for each
         of `sizes`, as this worker's (emulated) device takes them: the fastest of
@@ -237,51 +242,34 @@ class _Session:
             self.flat.params[self.flat.num_trained:] = buffers
             self.flat.load_params()
 
-    def _await_start_plan(self) -> None:
-        """Until the scheduler answers the probe with the first step's plan. It waits for
-        every starting worker's probe (or for a silent one to be dropped): as long as the
-        cluster may take to form, while the scheduler is heard from."""
-        limit = self.opts.welcome_timeout_s
-        deadline = time.monotonic() + limit
-        while self.start_plan is None:
-            if time.monotonic() > deadline:
-                raise LinkError(f"no start plan from the scheduler within {limit:g} s (it waits for every "
-                                "worker's probe)")
-            self.link.sock.poll(1000 * min(1.0, self.link.heartbeat_s))
-            self.check_scheduler()
-        if self.start_plan.gen >= self.plan.gen:
-            self.plan = self.start_plan
-        log.info("worker %d starts with batch %d (plan %d)", self.rank, self.plan.batches[self.rank], self.plan.gen)
-
-    def _rewind(self, msg: Rewind) -> tuple[int, int]:
+    def _rewind(self, msg: Rewind) -> None:
         """Abandon the step in flight, connect to the servers as they are now, and pull the
-        model of the checkpoint; the step and sample position to go on from."""
-        if len(msg.steps) != self.job.num_workers:
-            raise LinkError(f"a rewind for {len(msg.steps)} workers, the job has {self.job.num_workers}")
-        step = msg.steps[self.rank]
-        log.info("worker %d: a server was lost, the job goes back to step %d", self.rank, step)
+        model of the checkpoint."""
+        log.info("worker %d: a server was lost, the job goes back to step %d", self.rank, msg.steps[self.rank])
+        self.step = None
         self.servers.close()
         self.servers = self.connect(msg.servers, msg.ipc)
-        self.plan = BatchPlan.from_wire(msg.plan, self.job.num_workers)
-        self.servers.pull(self.flat.params)  # BSP: the version stays the checkpoint's until all have pushed
+        if self.servers.pull(self.flat.params) is None:  # BSP: the version stays the checkpoint's until all push
+            return  # interrupted: the core knows why
         self.flat.load_params()
-        return step, msg.positions[self.rank]
+        self.core.rewound(time.monotonic())
 
-    def _step(self, step: int, asp_pos: int, bsp: bool) -> tuple[int, Report]:
-        """One step: compute, push and pull, report; returns the ASP stream position and the report."""
-        self._hold_for_scheduler(step)
-        batch = self.plan.batches[self.rank]
-        if not batch:
-            raise LinkError(f"worker {self.rank} is no longer in the batch plan: the scheduler removed it")
+    def _step(self, act: Step) -> Report | None:
+        """One step: compute, push and pull, report; None when a scheduler's message or a
+        server's refusal interrupted it (the core knows which)."""
+        step, batch = act.step, act.batch
         self.step = step
         self.link.state = {"phase": "computing", "step": step}
-        if bsp:
-            start = data.bsp_slice_start(step * self.job.global_batch, self.plan.batches, self.rank)
+        if self.core.bsp:
+            start = data.bsp_slice_start(step * self.job.global_batch, self.core.plan.batches, self.rank)
         else:
-            start, asp_pos = asp_pos, asp_pos + batch
+            start = act.position
         before = list(self.servers.versions)
-        self.pusher.begin(self.servers, self.rank, step, batch, self.plan.gen)
+        self.pusher.begin(self.servers, self.rank, step, batch, self.core.plan.gen)
         loss, real_s = self.trainer.compute(self.stream.take(start, batch), poison=step in self.opts.fault_nan_at)
+        if self.servers.interrupted:  # (waits for the servers in the forward pass ended early)
+            self.step = None
+            return None
         compute_s = self._pad(step, batch, real_s)
         finite = self.pusher.finish()
         if not finite:
@@ -289,9 +277,10 @@ class _Session:
             self.pusher.drop()
         ex = self.servers.collect(step, self.flat.params, early=self.pusher.live)
         self.step = None
+        if ex is None:
+            return None
         self.flat.load_params()
-        if ex.plan is not None:
-            self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)
+        self.core.stepped(batch, self._plan(ex.plan))
         staleness = max(0, max(v - 1 - b for v, b in zip(ex.versions, before)))
         last = Report(rank=self.rank, step=step, batch=batch, compute_s=compute_s,
                       network_s=max(0.0, ex.elapsed_s - ex.held_s), wait_s=ex.held_s, loss=loss,
@@ -299,8 +288,7 @@ class _Session:
                       mem_free=memory.free_bytes(self.flat.device),
                       sample_bytes=self.sample_bytes, nonfinite=not finite)
         self.link.send(last)
-        self.check_scheduler()
-        return asp_pos, last
+        return last
 
     def _nonfinite(self, step: int, batch: int, loss: float) -> None:
         """--nan-policy skip: log it (the push then carries no gradient); fail: tell the
@@ -320,48 +308,49 @@ class _Session:
             time.sleep(target - real_s)  # the emulated slower device: the delay is the feature
         return max(target, real_s)
 
-    def _hold_for_scheduler(self, step: int) -> None:
+    def _plan(self, wire: dict | None) -> BatchPlan | None:
+        """The plan a server's reply carried, if any (ValueError: a bad one)."""
+        return None if wire is None else BatchPlan.from_wire(wire, self.job.num_workers)
+
+    def _scheduler_quiet(self, step: int) -> bool:
         """A scheduler silent for HOLD_BEATS heartbeat intervals may be dead: a step taken now
         is work nobody records (its report, a checkpoint no manifest completes). Wait until it
-        is heard again (a pause: the step goes on) or --dead-after passes (check_alive gives up)."""
-        self.check_scheduler()
+        is heard again (a pause: True, and the step goes on) or --dead-after passes (check_alive
+        gives up); False when it is heard."""
         if self.link.quiet_s() <= HOLD_BEATS * self.link.heartbeat_s:
-            return
+            return False
         log.info("worker %d: no word from the scheduler for %.1f s: step %d waits until it is heard", self.rank,
                  self.link.quiet_s(), step)
         while self.link.quiet_s() > HOLD_BEATS * self.link.heartbeat_s:
             self.link.sock.poll(int(1000 * self.link.heartbeat_s) + 1)
-            self.check_scheduler()
+            self.hear()
         log.info("worker %d: the scheduler is heard again: step %d goes on", self.rank, step)
+        return True
 
-    def check_scheduler(self) -> None:
-        """Handle what the scheduler sent; JobEnded when it closed the job, Rewound when
-        it took the job back to a checkpoint, LinkError when it failed it or went silent.
-        Our heartbeats (sent from here when due) say what we do: a step that waits for the
-        servers, for how long and for which of them."""
+    def hear(self) -> None:
+        """Hand the core what the scheduler sent, and the time; LinkError when the scheduler
+        failed the job or went silent. Our heartbeats (sent from the link's thread) say what
+        we do: a step that waits for the servers, for how long and for which of them."""
         waiting = self.servers.waiting() if self.servers is not None and self.step is not None else None
         if waiting is not None:
             self.link.state = {"phase": "waiting for servers", "step": self.step, "waited_s": waiting[0],
                                "servers": waiting[1]}
+        elif self.core.awaiting_rewind():
+            self.link.state = {"phase": REWIND_PHASE}
         else:
             self.link.state = {"phase": "training"} if self.step is not None else {}
         while self.link.sock.poll(0):
             msg = self.link.receive()
-            if isinstance(msg, Shutdown):
-                raise JobEnded()
-            if isinstance(msg, Rewind):
-                raise Rewound(msg)
-            if isinstance(msg, Plan) and self.probing and self.start_plan is None:
-                try:
-                    self.start_plan = BatchPlan.from_wire({"gen": msg.gen, "batches": msg.batches,
-                                                           "stop": msg.stop}, self.job.num_workers)
-                except ValueError as exc:
-                    raise LinkError(f"the scheduler sent a bad start plan: {exc}") from None
+            if msg is not None:
+                self.core.heard(msg, time.monotonic())
+        self.core.tick(time.monotonic())
         self.link.check_alive()
 
-    def _await_shutdown(self) -> None:
-        deadline = time.monotonic() + self.opts.server_timeout_s
-        while time.monotonic() < deadline:
-            self.link.sock.poll(1000)
-            self.check_scheduler()
-        raise LinkError(f"finished, but the scheduler did not close the job within {self.opts.server_timeout_s:g} s")
+    def on_wait(self) -> bool:
+        """While a call waits for the servers: whether the wait is to end (ServerGroup's on_wait)."""
+        self.hear()
+        return self.core.interrupted()
+
+    def on_refusal(self, refusal: ServerError) -> bool:
+        """A server refused us: whether a rewind on its way explains it (ServerGroup's on_refusal)."""
+        return self.core.refused(str(refusal), refusal.code, time.monotonic())
