@@ -61,7 +61,7 @@ def phase(job: SoloWorker, group, puller: zmq.Socket, read: bool, first_step: in
     come, or all at the end."""
     for step in range(first_step, first_step + args.steps):
         for req in range(args.pulls):
-            puller.send_multipart(codec.encode(Pull(req=req)))
+            puller.send_multipart(codec.encode(Pull(request=req)))
         if read:
             read_replies(puller, args.pulls)
         job.report(exchange(group, step, grads, params, 0))

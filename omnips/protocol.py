@@ -13,7 +13,7 @@ import numpy as np
 from .fieldchecks import (MAX_BATCH, MAX_SECONDS, MIN_SECONDS, at_most, brief, check_place, count, local_endpoints_ok,
                           measured, non_negative, short_line)
 
-VERSION = 2
+VERSION = 3
 MAX_HEADER_BYTES = 1 << 20
 MAX_PARTS = 256  # a push in parts, and the answer to one, is at most this many messages: a part of a few
 # values would make one push (or one message asking for its answer in parts) into millions; and one burst
@@ -213,14 +213,15 @@ class Init(Message):
 class Pull(Message):
     """Ask for a shard now (`at` None) or at the moment its version reaches `at`; with
     `gen`, once the step being collected uses batch plan `gen` or newer (a worker joining
-    a BSP job starts at that step)."""
+    a BSP job starts at that step). The reply names `request`."""
 
     OP = "pull"
-    req: int
+    request: int
     at: int | None = None
     gen: int = -1
 
     def check(self):
+        non_negative(self, "request")
         if self.at is not None and self.at < 0:
             raise ValueError(f"at must be >= 0, not {self.at}")
         if self.gen < -1:
@@ -229,7 +230,7 @@ class Pull(Message):
 
 @dataclass(frozen=True)
 class Push(Message):
-    """A gradient for one shard at `step`, computed on parameters of version `ver`;
+    """A gradient for one shard at `step`, computed on parameters of version `version`;
     batch 0 and no values: the worker dropped this step's gradient (not finite), and
     any parts of it already sent are void.
 
@@ -241,7 +242,7 @@ class Push(Message):
     HAS_DATA = True
     rank: int
     step: int
-    ver: int
+    version: int
     batch: int
     gen: int  # the newest batch-plan generation this worker has seen
     data: np.ndarray = field(repr=False)
@@ -251,7 +252,7 @@ class Push(Message):
     # make more than MAX_PARTS); 0: whole
 
     def check(self):
-        non_negative(self, "rank", "step", "ver", "gen", "batch", "offset", "whole", "reply_part")
+        non_negative(self, "rank", "step", "version", "gen", "batch", "offset", "whole", "reply_part")
         if self.batch == 0 and self.data.size:
             raise ValueError("a dropped gradient (batch 0) carries no values")
         if self.whole and not self.batch:
@@ -261,22 +262,26 @@ class Push(Message):
 
 @dataclass(frozen=True)
 class Params(Message):
-    """A shard's values at `version`: the reply to a pull, and to a push (req = step);
-    or, with `whole` > 0, the values from `offset` on of a shard of `whole` values (a
-    reply in parts comes in order, each part with the same header)."""
+    """A shard's values at `version`: the reply to the pull `request`, or to the push of
+    `step` (the other -1); or, with `whole` > 0, the values from `offset` on of a shard of
+    `whole` values (a reply in parts comes in order, each part with the same header)."""
 
     OP = "params"
     HAS_DATA = True
-    req: int
     version: int
     held_s: float  # how long the server held the request (barrier or `at` wait)
     plan: dict | None
     data: np.ndarray = field(repr=False)
+    request: int = -1
+    step: int = -1
     offset: int = 0
     whole: int = 0
 
     def check(self):
         non_negative(self, "version", "offset", "whole")
+        if (self.request >= 0) == (self.step >= 0) or min(self.request, self.step) < -1:
+            raise ValueError(f"a reply answers one pull request or one push's step (the other -1), not request "
+                             f"{self.request} and step {self.step}")
         at_most(self, MAX_SECONDS, "held_s")  # it becomes the worker's reported wait
         check_place(self)
 
@@ -308,12 +313,12 @@ class Checkpoint(Message):
     its version reaches `at` (None: at once); it answers with `saved`."""
 
     OP = "checkpoint"
-    req: int
+    request: int
     step: int
     at: int | None = None
 
     def check(self):
-        non_negative(self, "step")
+        non_negative(self, "request", "step")
         if self.at is not None and self.at < 0:
             raise ValueError(f"at must be >= 0, not {self.at}")
 
@@ -324,7 +329,7 @@ class Saved(Message):
     SHA-256 as omnips.checkpoint records them), or `error` says why it is not."""
 
     OP = "saved"
-    req: int
+    request: int
     step: int
     version: int = 0
     size: int = 0
@@ -333,7 +338,7 @@ class Saved(Message):
     write_s: float = 0.0  # how long writing the file took (steps then are not measured)
 
     def check(self):
-        non_negative(self, "step", "version", "size")
+        non_negative(self, "request", "step", "version", "size")
         at_most(self, MAX_SECONDS, "write_s")
 
 

@@ -59,10 +59,10 @@ class ServerGroup:
         self._poller = zmq.Poller()
         for sock in self.socks:
             self._poller.register(sock, zmq.POLLIN)
-        self._req = 0
+        self._request = 0
         self._upto: dict[int, int] = {}  # shard -> values of its reply in parts that have arrived
         # the request whose replies are being read: its id, where its values go, in what dtype they come
-        self._rest_req: int | None = None
+        self._rest_answers: tuple[int, int] | None = None
         self._rest_into: np.ndarray | None = None
         self._rest_wire = FLOAT32
         self._on_wait = on_wait
@@ -81,17 +81,17 @@ class ServerGroup:
         """Fetch every shard into `into` (waits while servers are not initialised; with
         `gen`, until the step being collected runs that plan: BSP joins; with `at`, at
         that version)."""
-        self._req += 1
+        self._request += 1
         for sock in self.socks:
-            transport.send(sock, Pull(req=self._req, at=at, gen=gen))
-        return self._gather(Params, self._req, into)
+            transport.send(sock, Pull(request=self._request, at=at, gen=gen))
+        return self._gather(Params, (self._request, -1), into)
 
     def push_pull(self, rank: int, step: int, grads: np.ndarray, batch: int, gen: int,
                   into: np.ndarray) -> Exchange:
         """Push each shard's gradient slice (none with batch 0: a dropped gradient); each
         reply carries the updated shard. `grads` is in the wire dtype (WireDtype.narrow)."""
         for s, (lo, hi) in enumerate(self.ranges):
-            self.push(s, lo, hi, Push(rank=rank, step=step, ver=0, batch=batch, gen=gen, data=grads))
+            self.push(s, lo, hi, Push(rank=rank, step=step, version=0, batch=batch, gen=gen, data=grads))
         return self.collect(step, into)
 
     def push(self, s: int, lo: int, hi: int, head: Push, track: bool = False) -> zmq.MessageTracker | None:
@@ -104,7 +104,7 @@ class ServerGroup:
         self.complete()
         slo, shi = self.ranges[s]
         whole = (lo, hi) == (slo, shi) or not head.batch
-        msg = Push(rank=head.rank, step=head.step, ver=self.versions[s], batch=head.batch, gen=head.gen,
+        msg = Push(rank=head.rank, step=head.step, version=self.versions[s], batch=head.batch, gen=head.gen,
                    data=head.data[lo:hi] if head.batch else _NOTHING,
                    offset=0 if whole else lo - slo, whole=0 if whole else shi - slo, reply_part=head.reply_part)
         return transport.send(self.socks[s], msg, track=track)
@@ -113,7 +113,7 @@ class ServerGroup:
         """Every shard's reply to this step's push, written into `into`. With `early`, it
         returns once every shard has begun its answer: the parts still to come are read by
         `wait_for` (the next forward pass, layer by layer) or `complete`."""
-        ex = self._gather(Params, step, into, self.wire)
+        ex = self._gather(Params, (-1, step), into, self.wire)
         if not early:
             self.complete()
         return ex
@@ -131,12 +131,13 @@ class ServerGroup:
         if self._upto:
             self._pump(lambda: not self._upto)
 
-    def _gather(self, want: type, req: int | None, into: np.ndarray | None,
+    def _gather(self, want: type, answers: tuple[int, int] | None, into: np.ndarray | None,
                 wire: WireDtype = FLOAT32) -> Exchange:
-        """The first answer of every shard to `req`; Params values, expected in `wire`, into `into`."""
+        """The first answer of every shard to the pull request or push step `answers` (a Params'
+        (request, step)); Params values, expected in `wire`, into `into`."""
         self.complete()  # a reply still arriving in parts comes before the next one
         start = time.perf_counter()
-        self._rest_req, self._rest_into, self._rest_wire = req, into, wire
+        self._rest_answers, self._rest_into, self._rest_wire = answers, into, wire
         got = {}
         self._gathering = (time.monotonic(), got)
         try:
@@ -161,7 +162,7 @@ class ServerGroup:
     def _pump(self, done, want: type | None = None, got: dict | None = None):
         """Read replies until done(): the later parts of replies in parts and, given `got`,
         each shard's first answer (of type `want`) to the request being read, into `got`."""
-        req, into = self._rest_req, self._rest_into
+        answers, into = self._rest_answers, self._rest_into
         deadline = time.monotonic() + self.timeout_s
         tick = time.monotonic() + self._tick_s
         while not done():
@@ -181,14 +182,14 @@ class ServerGroup:
                     continue
                 msg = self.decode_reply(s, transport.recv_frames(sock))
                 if s in self._upto:  # a reply in parts: nothing else can come before its end
-                    if not isinstance(msg, Params) or msg.req != req or not msg.whole:
+                    if not isinstance(msg, Params) or _answers(msg) != answers or not msg.whole:
                         raise ServerError(f"{self.name(s)} broke off a reply in parts", "protocol")
                     if msg.version != self.versions[s]:
                         raise ServerError(f"{self.name(s)} sent a part at version {msg.version} in a reply "
                                           f"at {self.versions[s]}", "bad_version")
                     self._accept_part(s, msg, self._upto[s])
                     continue
-                if got is None or s in got or not isinstance(msg, want) or (req is not None and msg.req != req):
+                if got is None or s in got or not isinstance(msg, want) or (answers is not None and _answers(msg) != answers):
                     continue  # a late answer to an earlier, abandoned request: read and dropped
                 if isinstance(msg, Params):
                     if msg.version < self.versions[s]:  # a shard's versions only grow while we are connected
@@ -224,8 +225,8 @@ class ServerGroup:
             sock.close(linger=0)
 
     # -- pieces the scheduler's poll loop uses too --------------------------------
-    def send_pull(self, req: int, at: int | None) -> None:
-        self.broadcast(Pull(req=req, at=at))
+    def send_pull(self, request: int, at: int | None) -> None:
+        self.broadcast(Pull(request=request, at=at))
 
     def broadcast(self, msg: protocol.Message) -> None:
         for sock in self.socks:
@@ -257,6 +258,10 @@ class ServerGroup:
             lo = self.ranges[s][0] + at
             wire.widen(msg.data, into[lo:lo + msg.data.size])
         self.versions[s] = msg.version
+
+
+def _answers(msg: Params) -> tuple[int, int]:
+    return msg.request, msg.step
 
 
 def _newer(plan: dict | None, than: dict | None) -> bool:

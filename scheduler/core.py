@@ -86,13 +86,13 @@ class SchedulerCore:
             self.reports.diverged(self.losses.on_eval())
         return self._run(now, done)
 
-    def checkpoint_unsent(self, req: int, step: int, error: str, now: float) -> list:
+    def checkpoint_unsent(self, request: int, step: int, error: str, now: float) -> list:
         """AskCheckpoint could not reach the servers."""
         def unsent():
-            del self.checkpoints.pending[req]
+            del self.checkpoints.pending[request]
             log.warning("checkpoint %d not taken: cannot ask the servers: %s", step, error)
-            if self.stop is not None and self.stop.checkpoint_req == req:
-                self.stop.checkpoint_req = None
+            if self.stop is not None and self.stop.checkpoint_request == request:
+                self.stop.checkpoint_request = None
         return self._run(now, unsent)
 
     def tick(self, now: float, unread: bool = False) -> list:

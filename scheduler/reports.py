@@ -112,9 +112,9 @@ class Reports:
     def ask_checkpoint(self, step: int, at: int | None) -> int:
         """The request's number (checkpoint_unsent says if it did not reach the servers)."""
         core = self.core
-        req = core.checkpoints.open(step, *core.progress.restart_point(at))
-        core.out.append(AskCheckpoint(Checkpoint(req=req, step=step, at=at)))
-        return req
+        request = core.checkpoints.open(step, *core.progress.restart_point(at))
+        core.out.append(AskCheckpoint(Checkpoint(request=request, step=step, at=at)))
+        return request
 
     def on_saved(self, s: int, msg: Saved) -> None:
         core = self.core
@@ -125,7 +125,7 @@ class Reports:
         step, failure = outcome
         core.out.event("checkpoint", step=step, complete=failure is None, error=failure)
         if core.stop is not None:
-            core.stop.on_checkpoint(msg.req, step, failure)
+            core.stop.on_checkpoint(msg.request, step, failure)
         if failure is None:
             log.info("checkpoint %d complete", step)
         else:

@@ -204,14 +204,14 @@ class Scheduler:
             self.run.flush()
         elif isinstance(i, AskEval):
             try:
-                self.servers.send_pull(i.req, i.at)
+                self.servers.send_pull(i.request, i.at)
             except zmq.ZMQError as exc:
                 raise Ended(Finish(f"failed: cannot ask the servers for an evaluation: {exc}")) from None
         elif isinstance(i, AskCheckpoint):
             try:
                 self.servers.broadcast(i.msg)
             except zmq.ZMQError as exc:
-                self.execute(self.core.checkpoint_unsent(i.msg.req, i.msg.step, str(exc), time.monotonic()))
+                self.execute(self.core.checkpoint_unsent(i.msg.request, i.msg.step, str(exc), time.monotonic()))
         elif isinstance(i, Evaluate):
             self._evaluate(i.pending)
         elif isinstance(i, ConnectServers):

@@ -35,7 +35,7 @@ def drive(core, arrivals=ARRIVALS, gs=None):
     replies, stale = [], []
     for (rank, step, ver), g in zip(arrivals, gs):
         before = core.version
-        out = core.handle(PEERS[rank], push(rank, step, g, batch=BATCH, ver=ver), 5.0)
+        out = core.handle(PEERS[rank], push(rank, step, g, batch=BATCH, version=ver), 5.0)
         assert len(out) == 1 and isinstance(out[0].msg, Params) and out[0].to == PEERS[rank]
         round_trip(out)
         replies.append(np.array(out[0].msg.data, dtype=np.float64))
@@ -251,11 +251,11 @@ def test_after_a_restore_look_ahead_replies_derive_from_the_restored_values_neve
     c = make_core(mode="asp", n=6, num_trained=4, global_batch=24, async_correction=correction,
                   optimizer=optimizer)  # a fresh server taking a's shard over: no step taken yet
     saved = a.state()
-    dropped = a.handle(PEERS[0], push(0, 3, np.zeros(0), batch=0, ver=a.version), 5.0)  # a's own reply to it
+    dropped = a.handle(PEERS[0], push(0, 3, np.zeros(0), batch=0, version=a.version), 5.0)  # a's own reply to it
     for core in (b, c):
         core.rewind()
         core.restore(saved)
-        out = core.handle(PEERS[0], push(0, 3, np.zeros(0), batch=0, ver=core.version), 5.0)  # a dropped push
+        out = core.handle(PEERS[0], push(0, 3, np.zeros(0), batch=0, version=core.version), 5.0)  # a dropped push
         if correction == "dana" and optimizer == "sgd":  # the buffers are saved: a's own look-ahead
             expected = dropped[0].msg.data
             assert not np.array_equal(expected, a.values)

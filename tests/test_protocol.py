@@ -80,7 +80,7 @@ def test_decode_accepts_zmq_like_frames_with_a_buffer_attribute():
         def __init__(self, b):
             self.buffer = memoryview(b)
 
-    msg = Push(rank=1, step=2, ver=3, batch=4, gen=5, data=np.arange(3, dtype="<f4"))
+    msg = Push(rank=1, step=2, version=3, batch=4, gen=5, data=np.arange(3, dtype="<f4"))
     got = decode([Frame(bytes(f)) for f in encode(msg)])
     assert_same_message(got, msg)
 
@@ -91,8 +91,8 @@ def test_decode_accepts_zmq_like_frames_with_a_buffer_attribute():
 def test_every_wire_dtype_round_trips_bit_exact(tag, bits):
     dtype = protocol.DTYPES[tag]
     data = np.array(bits, dtype="<u4").astype(f"<u{dtype.itemsize}").view(dtype)
-    for msg in (Push(rank=1, step=2, ver=2, batch=3, gen=0, data=data),
-                Params(req=1, version=2, held_s=0.0, plan=None, data=data)):
+    for msg in (Push(rank=1, step=2, version=2, batch=3, gen=0, data=data),
+                Params(request=1, version=2, held_s=0.0, plan=None, data=data)):
         head, body = encode(msg)
         header = msgpack.unpackb(head, raw=False)
         assert header["dt"] == tag and header["len"] == data.size and len(bytes(body)) == data.size * dtype.itemsize
@@ -113,7 +113,7 @@ def test_optional_fields_take_their_defaults():
                               "network_s": 0.25, "wait_s": 0, "loss": 1.5}))
     assert got == Report(rank=1, step=2, batch=3, compute_s=0.5, network_s=0.25, wait_s=0, loss=1.5,
                          staleness=0, done=False)
-    assert decode(frames_with({"v": protocol.VERSION, "op": "pull", "req": 7})) == Pull(req=7, at=None)
+    assert decode(frames_with({"v": protocol.VERSION, "op": "pull", "request": 7})) == Pull(request=7, at=None)
     # a field whose default is made fresh for each message is optional too
     plan = decode(frames_with({"v": protocol.VERSION, "op": "plan", "gen": 2, "batches": [3, 4]}))
     assert plan == Plan(gen=2, batches=[3, 4], stop=False, departed=[])
@@ -182,11 +182,11 @@ def test_unhashable_op_is_refused(op):
 
 
 @pytest.mark.parametrize("msg, frame_count", [
-    (Ack(), 2), (Heartbeat(), 3), (Pull(req=1), 2),
-    (Push(rank=0, step=0, ver=0, batch=1, gen=0, data=np.zeros(2, np.float32)), 1),
-    (Push(rank=0, step=0, ver=0, batch=1, gen=0, data=np.zeros(2, np.float32)), 3),
+    (Ack(), 2), (Heartbeat(), 3), (Pull(request=1), 2),
+    (Push(rank=0, step=0, version=0, batch=1, gen=0, data=np.zeros(2, np.float32)), 1),
+    (Push(rank=0, step=0, version=0, batch=1, gen=0, data=np.zeros(2, np.float32)), 3),
     (Init(rank=0, data=np.zeros(2, np.float32)), 1),
-    (Params(req=0, version=0, held_s=0.0, plan=None, data=np.zeros(2, np.float32)), 1),
+    (Params(request=0, version=0, held_s=0.0, plan=None, data=np.zeros(2, np.float32)), 1),
 ])
 def test_wrong_frame_count(msg, frame_count):
     frames = [bytes(f) for f in encode(msg)]
@@ -242,7 +242,7 @@ def test_wrong_field_type(op, name, bad):
 
 
 def test_ints_are_accepted_for_float_fields():
-    msg = decode(frames_with({"v": protocol.VERSION, "op": "params", "req": 1, "version": 2, "held_s": 3, "plan": None,
+    msg = decode(frames_with({"v": protocol.VERSION, "op": "params", "request": 1, "version": 2, "held_s": 3, "plan": None,
                               "dt": "f4", "len": 0}, b""))
     assert msg.held_s == 3
 
@@ -301,7 +301,7 @@ def test_missing_data_length():
 
 
 @pytest.mark.parametrize("op, name, value", [
-    ("push", "rank", -1), ("push", "step", -1), ("push", "ver", -1), ("push", "gen", -1),
+    ("push", "rank", -1), ("push", "step", -1), ("push", "version", -1), ("push", "gen", -1),
     ("push", "batch", 0), ("push", "batch", -5),
     ("report", "rank", -1), ("report", "step", -1), ("report", "batch", -1), ("report", "compute_s", -0.5), ("report", "wait_s", math.nan),
     ("report", "network_s", -1e-9), ("report", "wait_s", -1), ("report", "staleness", -1),
@@ -385,7 +385,7 @@ MUTATION = st.one_of(
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(msg=ANY_MESSAGE, mutations=st.lists(MUTATION, min_size=1, max_size=3))
 @example(msg=Ack(), mutations=[("truncate", 3, 0)])
-@example(msg=Pull(req=1), mutations=[("set", 1, 0x02)])
+@example(msg=Pull(request=1), mutations=[("set", 1, 0x02)])
 def test_mutated_header_is_refused_or_valid(msg, mutations):
     frames = [bytes(f) for f in encode(msg)]
     frames[0] = mutate(frames[0], mutations)

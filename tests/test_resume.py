@@ -29,12 +29,12 @@ from helpers import CHECKPOINT_JOB, WAIT_FACTOR, finish, make_checkpoint, start_
 
 # -- the scheduler's side ---------------------------------------------------------------------
 
-def _saved(root, step, s, req=1, error=""):
+def _saved(root, step, s, request=1, error=""):
     if error:
-        return Saved(req=req, step=step, version=step, error=error)
+        return Saved(request=request, step=step, version=step, error=error)
     info = checkpoint.write_shard(checkpoint.step_dir(root, step) / checkpoint.shard_name(s), {"rank": s},
                                   {"values": np.zeros(3, np.float32)})
-    return Saved(req=req, step=step, version=step, size=info.size, sha256=info.sha256)
+    return Saved(request=request, step=step, version=step, size=info.size, sha256=info.sha256)
 
 
 def test_the_book_writes_the_manifest_when_every_server_answered(tmp_path):
@@ -43,7 +43,7 @@ def test_the_book_writes_the_manifest_when_every_server_answered(tmp_path):
     assert len(book.bsp_steps(10**15)) == 10**15 // 5 - 1  # counted, not listed
     req = book.open(5, [5, 5], [320, 320])
     assert book.add(0, _saved(tmp_path, 5, 0, req)) is None
-    assert book.add(1, Saved(req=req + 1, step=5)) is None  # not a request of this book
+    assert book.add(1, Saved(request=req + 1, step=5)) is None  # not a request of this book
     assert book.add(1, _saved(tmp_path, 5, 1, req)) == (5, None)
     ckpt, _ = checkpoint.newest_complete(tmp_path)
     assert (ckpt.step, ckpt.worker_steps, ckpt.positions, book.complete) == (5, [5, 5], [320, 320], 1)
@@ -63,7 +63,7 @@ def test_the_book_reports_an_incomplete_checkpoint(tmp_path):
     assert book.add(1, _saved(tmp_path, 5, 1, req, error="disk full")) == (5, "server 1: disk full")
     req = book.open(10, [10, 10], [0, 0])
     book.add(0, _saved(tmp_path, 10, 0, req))
-    lost = Saved(req=req, step=10, version=10, size=99, sha256="0" * 64)  # a file the scheduler cannot see
+    lost = Saved(request=req, step=10, version=10, size=99, sha256="0" * 64)  # a file the scheduler cannot see
     step, why = book.add(1, lost)
     assert step == 10 and "share the run directory's file system" in why
     assert checkpoint.newest_complete(tmp_path)[0] is None and book.complete == 0 and not book.pending

@@ -216,8 +216,8 @@ def test_a_silent_worker_is_named_with_the_phase_its_last_heartbeat_told(make):
     assert lost["rank"] == 1 and lost["reason"] == "silent for 31 s, last heard building the model", lost
 
 
-def shard(req: int, version: int) -> Params:
-    return Params(req=req, version=version, held_s=0.0, plan=None, data=np.zeros(PARAMS // 2, np.float32))
+def shard(request: int, version: int) -> Params:
+    return Params(request=request, version=version, held_s=0.0, plan=None, data=np.zeros(PARAMS // 2, np.float32))
 
 
 def test_bsp_asks_its_evaluations_in_advance_and_the_job_ends_once_the_final_one_is_evaluated(make):
