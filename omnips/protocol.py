@@ -10,8 +10,11 @@ from typing import ClassVar
 
 import numpy as np
 
+from .batching import BatchPlan
+from .cluster import ClusterMap, ServerStart, WorkerStart
 from .fieldchecks import (MAX_BATCH, MAX_SECONDS, MIN_SECONDS, at_most, brief, check_place, count, local_endpoints_ok,
                           measured, non_negative, short_line)
+from .job import JobSpec
 
 VERSION = 3
 MAX_HEADER_BYTES = 1 << 20
@@ -75,10 +78,30 @@ class Register(Message):
 
 @dataclass(frozen=True)
 class Welcome(Message):
+    """The scheduler's answer to a registration once the process has its rank: the job,
+    the cluster and, for the role registered, what it starts from."""
+
     OP = "welcome"
     rank: int
-    job: dict
-    cluster: dict
+    job: JobSpec
+    cluster: ClusterMap
+    server: ServerStart | None = None
+    worker: WorkerStart | None = None
+
+    def check(self):
+        job, start = self.job, self.server or self.worker
+        if (self.server is None) == (self.worker is None):
+            raise ValueError("a welcome starts either a server or a worker")
+        ranks = job.num_servers if self.server else job.num_workers
+        if not 0 <= self.rank < ranks:
+            raise ValueError(f"rank {self.rank} in a job of {ranks} {'servers' if self.server else 'workers'}")
+        if len(self.cluster.ranges) != job.num_servers:
+            raise ValueError(f"cluster.ranges: {len(self.cluster.ranges)} shards in a job of {job.num_servers} servers")
+        if self.server and start.num_trained > self.cluster.num_params:
+            raise ValueError(f"server.num_trained {start.num_trained} exceeds cluster.num_params "
+                             f"{self.cluster.num_params}")
+        if self.worker and len(start.plan.batches) != job.num_workers:
+            raise ValueError(f"worker.plan: {len(start.plan.batches)} batches in a job of {job.num_workers} workers")
 
 
 @dataclass(frozen=True)
@@ -270,7 +293,7 @@ class Params(Message):
     HAS_DATA = True
     version: int
     held_s: float  # how long the server held the request (barrier or `at` wait)
-    plan: dict | None
+    plan: BatchPlan | None  # the newest plan, to a worker whose push says it has not seen it
     data: np.ndarray = field(repr=False)
     request: int = -1
     step: int = -1
@@ -289,22 +312,17 @@ class Params(Message):
 @dataclass(frozen=True)
 class Plan(Message):
     """The scheduler's newest batch plan, sent to every server, which hand it on with their
-    replies. A batch of 0 marks a vacant rank; `departed` lists [rank, last step] for
-    workers gone since the previous plan: nobody waits for their later steps."""
+    replies (and to the workers, the first step's after their probes). A batch of 0 marks
+    a vacant rank; `departed` lists (rank, last step) for workers gone since the previous
+    plan: nobody waits for their later steps."""
 
     OP = "plan"
-    gen: int
-    batches: list
-    stop: bool = False
-    departed: list = field(default_factory=list)
+    plan: BatchPlan
+    departed: tuple[tuple[int, int], ...] = ()
 
     def check(self):
-        non_negative(self, "gen")
-        if not self.batches or not all(count(b) for b in self.batches) or not any(self.batches):
-            raise ValueError(f"batches must be counts >= 0, not all 0: {self.batches!r}")
-        if not all(isinstance(d, list) and len(d) == 2 and count(d[0]) and d[0] < len(self.batches)
-                   and count(d[1] + 1 if isinstance(d[1], int) else None) for d in self.departed):
-            raise ValueError(f"departed must be [rank, last step or -1] pairs: {self.departed!r}")
+        if not all(0 <= rank < len(self.plan.batches) and last >= -1 for rank, last in self.departed):
+            raise ValueError(f"departed must be (rank, last step or -1) pairs: {brief(self.departed)}")
 
 
 @dataclass(frozen=True)
@@ -361,16 +379,17 @@ class Rewind(Message):
     OP = "rewind"
     steps: list
     positions: list
-    plan: dict
-    servers: list
-    ipc: list = field(default_factory=list)
+    plan: BatchPlan
+    servers: tuple[str, ...]
+    ipc: tuple[tuple[str, str], ...] = ()
 
     def check(self):
         if not self.steps or len(self.positions) != len(self.steps) \
                 or not all(count(x) for x in [*self.steps, *self.positions]):
             raise ValueError("steps and positions must be one count per worker")
-        if not self.servers or not all(isinstance(e, str) for e in self.servers):
-            raise ValueError("servers must be a list of endpoints")
+        self.plan.sized(len(self.steps))
+        if not self.servers:
+            raise ValueError("servers must name every server's endpoint")
         if not local_endpoints_ok(self.ipc, self.servers):
             raise ValueError("ipc must hold one [host, ipc:// endpoint or \"\"] pair per server, or none")
 

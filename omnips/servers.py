@@ -13,6 +13,7 @@ import numpy as np
 import zmq
 
 from . import codec, protocol, security, transport
+from .batching import BatchPlan
 from .protocol import Ack, Error, Init, Params, ProtocolError, Pull, Push
 from .wire import WireDtype, name_of
 
@@ -34,7 +35,7 @@ class Exchange:
     """What one round with every server brought back."""
 
     versions: list[int]
-    plan: dict | None  # the newest batch plan, if a server attached one
+    plan: BatchPlan | None  # the newest batch plan, if a server attached one
     held_s: float  # the longest a server held our request (barrier wait)
     elapsed_s: float  # first send to last reply
 
@@ -145,9 +146,7 @@ class ServerGroup:
         finally:
             self._gathering = None
         params = [msg for msg in got.values() if isinstance(msg, Params)]
-        plan = None
-        for msg in params:
-            plan = msg.plan if _newer(msg.plan, plan) else plan
+        plan = max((msg.plan for msg in params if msg.plan is not None), key=lambda p: p.gen, default=None)
         held = max((msg.held_s for msg in params), default=0.0)
         return Exchange(list(self.versions), plan, held, time.perf_counter() - start)
 
@@ -263,13 +262,3 @@ class ServerGroup:
 def _answers(msg: Params) -> tuple[int, int]:
     return msg.request, msg.step
 
-
-def _newer(plan: dict | None, than: dict | None) -> bool:
-    return plan is not None and (than is None or _gen(plan) > _gen(than))
-
-
-def _gen(plan: dict) -> float:
-    """A plan's generation; a malformed one ranks above all, so that the worker's check
-    of the plan it keeps (BatchPlan.from_wire) refuses it rather than it being passed over."""
-    gen = plan.get("gen")
-    return gen if type(gen) is int else math.inf

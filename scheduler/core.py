@@ -318,7 +318,7 @@ class SchedulerCore:
         plan = self.registry.plan
         if not plan.stop:
             plan = self._membership_plan(sorted(self.registry.workers), "lost")
-        self.send_plan(plan, departed=[[rank, last]])
+        self.send_plan(plan, departed=[(rank, last)])
         self.evals.final_if_done()
         self.start_plan(self.planned(self.planner.departed, rank))
 
@@ -338,15 +338,14 @@ class SchedulerCore:
             return
         self.send_plan(plan)
         for m in self.registry.workers.values():
-            self.out.send(m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop))
+            self.out.send(m.peer, Plan(plan=plan))
 
     def send_plan(self, plan: BatchPlan, departed=()) -> None:
         """Every server hands the plan on with its replies; a worker takes the newest it
         gets in a step's replies, which every BSP worker gets alike: all switch at one step."""
         self.planner.set(plan)
         for m in self.registry.servers:
-            self.out.send(m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop,
-                                       departed=list(departed)))
+            self.out.send(m.peer, Plan(plan=plan, departed=tuple(departed)))
 
     def _on_leave(self, m: Member, why: str) -> None:
         """A process's SIGTERM (stopping.on_leave): a worker has left after its step in flight;

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from omnips.batching import BatchPlan, initial_batches, spread
 from omnips.checkpoint import Manifest
+from omnips.cluster import ClusterMap, ServerStart, WorkerStart
 from omnips.job import JobSpec
 from omnips.protocol import Ack, Error, Message, Register, Welcome
 from omnips.access import token_matches
@@ -185,32 +186,34 @@ class Registry:
         me = self.workers[rank].info
         return sum(1 for m in self.workers.values() if (m.info.host, m.info.device) == (me.host, me.device))
 
-    def local_endpoints(self) -> list[list[str]]:
-        """[hostname, ipc endpoint or ""] per server: clients on a server's host connect there."""
-        return [[s.info.host, s.info.ipc] for s in self.servers]
+    def endpoints(self) -> tuple[str, ...]:
+        return tuple(s.info.endpoint for s in self.servers)
+
+    def local_endpoints(self) -> tuple[tuple[str, str], ...]:
+        """(hostname, ipc endpoint or "") per server: clients on a server's host connect there."""
+        return tuple((s.info.host, s.info.ipc) for s in self.servers)
+
+    def cluster_map(self) -> ClusterMap:
+        return ClusterMap(num_params=self.num_params, ranges=tuple(self.ranges), servers=self.endpoints(),
+                          ipc=self.local_endpoints(), dead_after_s=self.dead_after_s, heartbeat_s=self.heartbeat_s)
 
     def server_welcome(self, m: Member, restore: str = "") -> Welcome:
         """`restore`: the checkpoint a server taking a lost one's shard starts from."""
-        lo, hi = self.ranges[m.rank]
-        return Welcome(rank=m.rank, job=self.job.to_dict(), cluster={
-            "range": [lo, hi], "num_params": self.num_params, "num_trained": self.num_trained,
-            "dead_after_s": self.dead_after_s, "heartbeat_s": self.heartbeat_s,
-            "checkpoint_dir": self.checkpoint_dir,
-            "restore": restore or (str(self.resume.path) if self.resume else "")})
+        start = ServerStart(num_trained=self.num_trained, checkpoint_dir=self.checkpoint_dir,
+                            restore=restore or (str(self.resume.path) if self.resume else ""))
+        return Welcome(rank=m.rank, job=self.job, cluster=self.cluster_map(), server=start)
 
     def worker_welcome(self, m: Member, join_gen: int = -1, start_step: int = 0) -> Welcome:
         """`join_gen` >= 0 for a worker joining a running job: it starts at the first step of
         that plan (BSP) or at `start_step` (ASP, SSP), and does not initialise the shards."""
-        return Welcome(rank=m.rank, job=self.job.to_dict(), cluster={
-            "servers": [s.info.endpoint for s in self.servers], "ipc": self.local_endpoints(),
-            "ranges": [list(r) for r in self.ranges],
-            "num_params": self.num_params, "total_steps": self.total_steps, "plan": self.plan.to_wire(),
-            "dead_after_s": self.dead_after_s, "heartbeat_s": self.heartbeat_s, "join_gen": join_gen,
-            "resumed": self.resume is not None, "fingerprints": self.fingerprints,
-            # the job's workers on its host (itself included): it shares the cores among them
-            "host_workers": max(1, sum(w.info.host == m.info.host for w in self.workers.values())),
-            "start_step": self.resume.worker_steps[m.rank] if self.resume and join_gen < 0 else start_step,
-            "start_position": self.resume.positions[m.rank] if self.resume and join_gen < 0 else 0})
+        resumed = self.resume is not None and join_gen < 0
+        start = WorkerStart(
+            plan=self.plan, total_steps=self.total_steps, join_gen=join_gen, resumed=self.resume is not None,
+            step=self.resume.worker_steps[m.rank] if resumed else start_step,
+            position=self.resume.positions[m.rank] if resumed else 0,
+            host_workers=max(1, sum(w.info.host == m.info.host for w in self.workers.values())),
+            fingerprints=self.fingerprints)
+        return Welcome(rank=m.rank, job=self.job, cluster=self.cluster_map(), worker=start)
 
 
 def _ranked(members: list[Member], ranks: int) -> list[Member]:

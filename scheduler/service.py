@@ -230,8 +230,7 @@ class Scheduler:
                 self.poller.unregister(sock)
             self.servers.close()
         registry = self.core.registry
-        endpoints = routes.endpoints([m.info.endpoint for m in registry.servers], registry.local_endpoints(),
-                                     self.opts.transport)
+        endpoints = routes.endpoints(registry.endpoints(), registry.local_endpoints(), self.opts.transport)
         self.servers = ServerGroup(self.ctx, endpoints, registry.ranges, self.opts.server_timeout_s,
                                    keys=self.opts.keys)
         for sock in self.servers.socks:

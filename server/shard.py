@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from omnips.batching import BatchPlan
 from omnips.flat import all_finite
 from omnips.job import JobSpec
 from omnips.protocol import MAX_PARTS, Ack, Checkpoint, Error, Init, Message, Params, Plan, Pull, Push, Saved
@@ -64,7 +65,7 @@ class ShardCore:
         self._b_ref = job.global_batch / job.num_workers
         self.version = 0
         self.initialized = False
-        self.plan: Plan | None = None  # the newest, handed on with replies
+        self.plan: BatchPlan | None = None  # the newest, handed on with replies
         self.barrier = Barrier(job.num_workers)  # BSP
         self.holds = Holds(job.staleness)  # ASP/SSP (its last steps are part of every mode's state)
         self.members = Members()
@@ -136,22 +137,23 @@ class ShardCore:
         """Pushes that came in parts (sent while the worker's backward ran) and were joined."""
         return self._parts.joined
 
-    def set_plan(self, plan: Plan, now: float, lazy: bool = False) -> list[Outgoing]:
+    def set_plan(self, msg: Plan, now: float, lazy: bool = False) -> list[Outgoing]:
         """A new batch plan: membership changes take effect (a departed worker's later steps
         are waited for by nobody; a re-filled rank binds to its new connection), and
         whatever waited on them is released (`lazy` as for handle). ValueError, and nothing
         changed, for a plan of another number of workers than the job's."""
-        if len(plan.batches) != self.job.num_workers:  # (Plan.check keeps departed ranks within it)
-            raise ValueError(f"the scheduler sent a plan for {len(plan.batches)} workers, the job has "
-                             f"{self.job.num_workers}")
-        return self._settled(lazy, self._set_plan, plan, now)
+        try:  # (Plan.check keeps departed ranks within it)
+            msg.plan.sized(self.job.num_workers)
+        except ValueError as exc:
+            raise ValueError(f"the scheduler sent {exc}") from None
+        return self._settled(lazy, self._set_plan, msg.plan, msg.departed, now)
 
-    def _set_plan(self, plan: Plan, now: float) -> list[Outgoing]:
+    def _set_plan(self, plan: BatchPlan, departed: tuple, now: float) -> list[Outgoing]:
         before = self.plan.batches if self.plan is not None else [1] * len(plan.batches)
         self.barrier.plans[plan.gen] = tuple(plan.batches)
         if self.plan is None or plan.gen > self.plan.gen:
             self.plan = plan
-        for rank, last in plan.departed:
+        for rank, last in departed:
             self.members.departed(rank, last)
             self._parts.forget(rank)
             self.store.correction.forget(rank)
@@ -258,7 +260,7 @@ class ShardCore:
         """The values a joining worker starts from, with the plan the step runs (the joiner's
         welcome may hold an older one)."""
         gen = self.barrier.gen
-        plan = {"gen": gen, "batches": list(self.barrier.plans[gen]), "stop": False}
+        plan = BatchPlan(gen, self.barrier.plans[gen])
         return Outgoing(peer, Params(request=pull.request, version=self.version, held_s=held_s, plan=plan,
                                      data=self.frozen()), snapshot=True)
 
@@ -376,9 +378,7 @@ class ShardCore:
         if isinstance(answered, Pull):
             return Outgoing(peer, Params(request=answered.request, version=self.version, held_s=held_s, plan=None,
                                          data=self.frozen()), snapshot=True)
-        plan = None
-        if self.plan is not None and answered.gen < self.plan.gen:
-            plan = {"gen": self.plan.gen, "batches": self.plan.batches, "stop": self.plan.stop}
+        plan = self.plan if self.plan is not None and answered.gen < self.plan.gen else None
         return Outgoing(peer, Params(step=answered.step, version=self.version, held_s=held_s, plan=plan,
                                      data=self.store.narrowed(self.version)))
 

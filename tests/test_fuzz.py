@@ -6,6 +6,7 @@ nothing else; a refused message changes no state; the legitimate traffic around
 hostile messages has exactly the outcome it has without them.
 """
 
+import dataclasses
 import math
 import random
 import struct
@@ -22,11 +23,12 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 from omnips import codec, protocol
+from omnips.batching import BatchPlan
 from omnips.job import JobSpec
 from omnips.launch import WorkerSpec
 from omnips.metrics import read_events
 from omnips.protocol import (Ack, Checkpoint, Error, Failed, Heartbeat, Init, Params, Plan, ProtocolError, Pull, Push,
-                             Register, Report, Shutdown, Welcome)
+                             Register, Report, Shutdown)
 from omnips.sharding import shard_ranges
 from omnips.scheduler.registry import Registry
 from omnips.server.shard import ShardCore
@@ -256,12 +258,14 @@ def decode_or_refuse(frames) -> protocol.Message | ProtocolError:
         assert len(exc.text) < 1000, exc.code  # it is logged and sent back
         return exc
     assert type(got) is protocol.OPS[got.OP]
+    header = msgpack.unpackb(codec.encode(got)[0], raw=False)  # each field as it travels passes its type test
     for f in fields(got):
         value = getattr(got, f.name)
         if f.name == "data":
             assert value.dtype == np.dtype("<f4") and value.ndim == 1
         else:
-            assert codec.type_ok(value, f.type), (f.name, value)
+            assert codec.type_ok(header[f.name], f.type), (f.name, value)
+            assert not dataclasses.is_dataclass(f.type) or isinstance(value, f.type), (f.name, value)  # typed
     got.check()
     assert_same_message(codec.decode([bytes(f) for f in codec.encode(got)]), got)
     return got
@@ -612,9 +616,9 @@ def _bases(rng, data: np.ndarray) -> list[protocol.Message]:
                done=rng.random() < 0.5),
         Heartbeat(), Ack(), Shutdown(ok=rng.random() < 0.5, reason="evil"), Error(code="x", text="y"),
         Heartbeat(phase="evil", step=step, waited_s=9.0, servers=[0]), Failed(reason="evil"),
-        Plan(gen=rng.randrange(1, 9), batches=[1, 31], stop=rng.random() < 0.5),
-        Welcome(rank=0, job={"mode": "asp"}, cluster={}),
-        Params(step=step, version=step + 1, held_s=0.0, plan={"gen": 5, "batches": [1, 31], "stop": True}, data=data),
+        Plan(plan=BatchPlan(rng.randrange(1, 9), (1, 31), stop=rng.random() < 0.5)),
+        SAMPLE["welcome"],
+        Params(step=step, version=step + 1, held_s=0.0, plan=BatchPlan(5, (1, 31), stop=True), data=data),
     ]
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from shard_helpers import PEERS, SCHED, make_core, parts_of, push
 
 from omnips import codec
+from omnips.batching import BatchPlan
 from omnips.job import ASYNC_CORRECTIONS
 from omnips.protocol import MAX_PARTS, Checkpoint, Params, Plan, Pull, Push
 from omnips.server import service
@@ -157,7 +158,7 @@ def test_a_plan_that_completes_a_bsp_step_writes_it_lazily_too():
     x0 = np.linspace(-1, 1, 2 * ALIGN, dtype=np.float32)
     eager, lazy = (make_core(n=x0.size, init=x0) for _ in range(2))
     g = [np.full(x0.size, r + 1.0, dtype=np.float32) for r in range(3)]
-    plan = Plan(gen=1, batches=[4, 4, 0], departed=[[2, -1]])
+    plan = Plan(plan=BatchPlan(1, (4, 4, 0)), departed=((2, -1),))
     for core in (eager, lazy):
         for r in (0, 1):
             assert core.handle(PEERS[r], push(r, 0, g[r]), 0.0, lazy=core is lazy) == []

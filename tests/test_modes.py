@@ -1,6 +1,7 @@
 """ASP staleness damping, SSP holding and releasing replies, ASP buffer slots: ShardCore directly."""
 
 import numpy as np
+from omnips.batching import BatchPlan
 from omnips.job import JobSpec
 from omnips.protocol import Init, Params, Plan, Push
 from omnips.server.shard import ShardCore
@@ -42,15 +43,15 @@ def test_ssp_holds_a_worker_that_runs_ahead_and_releases_it():
     out = core.handle(PEERS[2], push(2, 0, version=core.version), 2.0)
     released = {o.to: o.msg for o in out}
     assert set(released) == {PEERS[0], PEERS[2]}
-    assert isinstance(released[PEERS[0]], Params) and released[PEERS[0]].request == 1
+    assert isinstance(released[PEERS[0]], Params) and released[PEERS[0]].step == 1
     assert released[PEERS[0]].held_s == 2.0
 
 
 def test_ssp_stop_releases_everything_held():
     core = core_for("ssp", staleness=0)
     assert core.handle(PEERS[0], push(0, 0, version=0), 0.0) == []  # 0 - (-1) = 1 > 0: held
-    out = core.set_plan(Plan(gen=1, batches=[4, 4, 4], stop=True), 5.0)
-    assert [o.to for o in out] == [PEERS[0]] and out[0].msg.plan["stop"] is True
+    out = core.set_plan(Plan(plan=BatchPlan(1, (4, 4, 4), stop=True)), 5.0)
+    assert [o.to for o in out] == [PEERS[0]] and out[0].msg.plan.stop is True
 
 
 def test_asp_buffer_slots_take_the_latest_pushed_values():

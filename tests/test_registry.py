@@ -35,10 +35,10 @@ def test_min_workers_starts_early_with_the_other_ranks_vacant():
     worker(reg, b"b")
     assert not reg.complete  # no server yet
     out = server(reg)
-    welcomes = [(to, m) for to, m in out if isinstance(m, Welcome) and m.cluster.get("servers")]
+    welcomes = [(to, m) for to, m in out if isinstance(m, Welcome) and m.worker]
     assert sorted(m.rank for _, m in welcomes) == [0, 2]
     assert reg.plan.batches == (6, 0, 6) and reg.vacant == [1]
-    assert all(m.cluster["join_gen"] == -1 for _, m in welcomes)
+    assert all(m.worker.join_gen == -1 for _, m in welcomes)
 
 
 def test_a_late_worker_takes_a_vacant_rank_and_waits_for_its_plan():
@@ -83,7 +83,7 @@ def test_a_joiners_welcome_says_where_it_starts():
     worker(reg, b"b")
     worker(reg, b"c")
     w = reg.worker_welcome(reg.joined[0], join_gen=3, start_step=17)
-    assert w.rank == 2 and (w.cluster["join_gen"], w.cluster["start_step"]) == (3, 17)
+    assert w.rank == 2 and (w.worker.join_gen, w.worker.step) == (3, 17)
 
 
 def test_workers_share_the_memory_of_their_host_and_device():
@@ -114,5 +114,5 @@ def test_a_workers_welcome_counts_the_jobs_workers_on_its_host():
     reg.register(b"a", Register(role="worker", host="h"))
     reg.register(b"b", Register(role="worker", host="g"))
     out = reg.register(b"c", Register(role="worker", host="h"))
-    counts = {to: m.cluster["host_workers"] for to, m in out if isinstance(m, Welcome)}
+    counts = {to: m.worker.host_workers for to, m in out if isinstance(m, Welcome)}
     assert counts == {b"a": 2, b"b": 1, b"c": 2}

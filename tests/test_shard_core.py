@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omnips import codec, protocol
+from omnips.batching import BatchPlan
 from omnips.protocol import Ack, Checkpoint, Heartbeat, Init, Params, Plan, Pull, Push
 from omnips.server.pulls import MAX_AHEAD
 from omnips.server.shard import Outgoing
@@ -402,23 +403,22 @@ def test_a_pull_or_checkpoint_at_a_version_the_job_never_reaches_is_refused(mode
 
 def test_plan_attached_only_for_older_generations_bsp():
     core = make_core(n=2, init=[0, 0])
-    core.set_plan(Plan(gen=2, batches=[10, 10, 12]), 0.0)
-    core.set_plan(Plan(gen=1, batches=[1, 1, 30]), 0.0)  # older: ignored
+    core.set_plan(Plan(plan=BatchPlan(2, (10, 10, 12))), 0.0)
+    core.set_plan(Plan(plan=BatchPlan(1, (1, 1, 30))), 0.0)  # older: ignored
     out = []
     for r in range(3):  # a BSP step runs one plan on every worker
         out += core.handle(PEERS[r], push(r, 0, [1, 1], gen=0), 0.0)
-    plan = {"gen": 2, "batches": [10, 10, 12], "stop": False}
-    assert [o.msg.plan for o in out] == [plan] * 3
+    assert [o.msg.plan for o in out] == [BatchPlan(2, (10, 10, 12))] * 3
     round_trip(out)
     out = []
     for r in range(3):
         out += core.handle(PEERS[r], push(r, 1, [1, 1], gen=2), 0.0)
     assert [o.msg.plan for o in out] == [None] * 3  # they have it
-    core.set_plan(Plan(gen=3, batches=[8, 12, 12], stop=True), 0.0)
+    core.set_plan(Plan(plan=BatchPlan(3, (8, 12, 12), stop=True)), 0.0)
     out = []
     for r in range(3):
         out += core.handle(PEERS[r], push(r, 2, [1, 1], gen=2), 0.0)
-    assert [o.msg.plan for o in out] == [{"gen": 3, "batches": [8, 12, 12], "stop": True}] * 3
+    assert [o.msg.plan for o in out] == [BatchPlan(3, (8, 12, 12), stop=True)] * 3
     # pulls never carry a plan
     assert core.handle(SCHED, Pull(request=1), 0.0)[0].msg.plan is None
 
@@ -426,9 +426,8 @@ def test_plan_attached_only_for_older_generations_bsp():
 def test_plan_attached_only_for_older_generations_asp():
     core = make_core(mode="asp", n=2, init=[0, 0], global_batch=6)
     assert core.handle(PEERS[0], push(0, 0, [1, 1], gen=0), 0.0)[0].msg.plan is None  # no plan yet
-    core.set_plan(Plan(gen=1, batches=[1, 2, 3]), 0.0)
-    assert core.handle(PEERS[0], push(0, 1, [1, 1], version=1, gen=0), 0.0)[0].msg.plan == \
-        {"gen": 1, "batches": [1, 2, 3], "stop": False}
+    core.set_plan(Plan(plan=BatchPlan(1, (1, 2, 3))), 0.0)
+    assert core.handle(PEERS[0], push(0, 1, [1, 1], version=1, gen=0), 0.0)[0].msg.plan == BatchPlan(1, (1, 2, 3))
     assert core.handle(PEERS[1], push(1, 0, [1, 1], version=2, gen=1), 0.0)[0].msg.plan is None
 
 
@@ -439,19 +438,19 @@ def test_bsp_step_completes_without_a_departed_worker_and_drops_its_partial_push
     core = make_core(n=2, init=[0, 0], momentum=0.0, weight_decay=0.0)
     core.handle(PEERS[0], push(0, 0, [1, 1]), 0.0)
     assert core.handle(PEERS[2], push(2, 0, [9, 9]), 0.0) == []  # reached this shard, then it died
-    out = core.set_plan(Plan(gen=1, batches=[6, 6, 0], departed=[[2, -1]]), 0.0)
+    out = core.set_plan(Plan(plan=BatchPlan(1, (6, 6, 0)), departed=((2, -1),)), 0.0)
     assert out == [] and 2 not in core.barrier.pending  # its step-0 push reached not every shard: no shard uses it
     out = core.handle(PEERS[1], push(1, 0, [3, 3]), 0.0)
     assert sorted(o.to for o in out) == [PEERS[0], PEERS[1]] and core.version == 1
     np.testing.assert_allclose(core.values, [-0.2, -0.2], rtol=1e-6)  # mean of 1 and 3, lr 0.1
-    assert out[0].msg.plan["batches"] == [6, 6, 0]
+    assert out[0].msg.plan.batches == (6, 6, 0)
     assert_refused(core, PEERS[2], push(2, 1, [1, 1], gen=0), "removed")  # not dead after all: refused
 
 
 def test_bsp_barrier_waiting_only_for_the_departed_completes_when_told():
     core = make_core(n=1, init=[0], num_workers=2)
     core.handle(PEERS[0], push(0, 0, [1]), 0.0)
-    out = core.set_plan(Plan(gen=1, batches=[8, 0], departed=[[1, -1]]), 0.0)
+    out = core.set_plan(Plan(plan=BatchPlan(1, (8, 0)), departed=((1, -1),)), 0.0)
     assert [o.to for o in out] == [PEERS[0]] and core.version == 1
 
 
@@ -459,27 +458,27 @@ def test_a_plan_for_another_number_of_workers_is_refused_and_changes_nothing():
     core = make_core(n=2, init=[0, 0], num_workers=2)
     before = snapshot(core)
     for batches in ([8], [4, 4, 4]):
-        with pytest.raises(ValueError, match=f"a plan for {len(batches)} workers, the job has 2"):
-            core.set_plan(Plan(gen=1, batches=batches), 0.0)
+        with pytest.raises(ValueError, match=f"the scheduler sent a plan's batches for {len(batches)} workers, the job has 2"):
+            core.set_plan(Plan(plan=BatchPlan(1, tuple(batches))), 0.0)
     assert_same_state(before, snapshot(core))
     assert core.plan is None
 
 
 def test_a_joiner_pulls_at_the_first_step_of_its_plan_and_the_step_waits_for_it():
     core = make_core(n=2, init=[0, 0], num_workers=3)
-    core.set_plan(Plan(gen=0, batches=[8, 8, 0]), 0.0)
+    core.set_plan(Plan(plan=BatchPlan(0, (8, 8, 0))), 0.0)
     for r in (0, 1):
         core.handle(PEERS[r], push(r, 0, [1, 1]), 0.0)
     assert core.version == 1  # the vacant rank is not waited for
-    core.set_plan(Plan(gen=1, batches=[6, 5, 5]), 0.0)
+    core.set_plan(Plan(plan=BatchPlan(1, (6, 5, 5))), 0.0)
     assert core.handle(PEERS[2], Pull(request=7, gen=1), 0.0) == []  # step 1 still runs plan 0
     for r in (0, 1):
         out = core.handle(PEERS[r], push(r, 1, [1, 1]), 0.0)
-    assert core.version == 2 and out[0].msg.plan["gen"] == 1  # the others learn the plan with this reply
+    assert core.version == 2 and out[0].msg.plan.gen == 1  # the others learn the plan with this reply
     out = core.handle(PEERS[0], push(0, 2, [1, 1], gen=1), 0.0)
     assert [o.to for o in out] == [PEERS[2]]  # the first push under plan 1 releases the joiner's pull
     reply = out[0].msg
-    assert reply.version == 2 and reply.plan == {"gen": 1, "batches": [6, 5, 5], "stop": False}
+    assert reply.version == 2 and reply.plan == BatchPlan(1, (6, 5, 5))
     assert core.handle(PEERS[1], push(1, 2, [1, 1], gen=1), 0.0) == []  # and step 2 waits for it
     out = core.handle(PEERS[2], push(2, 2, [1, 1], gen=1), 0.0)
     assert len(out) == 3 and core.version == 3
@@ -489,7 +488,7 @@ def test_a_joiner_pulls_at_the_first_step_of_its_plan_and_the_step_waits_for_it(
 
 def test_bsp_refuses_a_push_under_a_plan_no_step_runs_any_more():
     core = make_core(n=2, init=[0, 0], num_workers=2)
-    core.set_plan(Plan(gen=1, batches=[16, 16]), 0.0)
+    core.set_plan(Plan(plan=BatchPlan(1, (16, 16))), 0.0)
     for r in (0, 1):
         core.handle(PEERS[r], push(r, 0, [1, 1], gen=1), 0.0)
     assert core.version == 1  # step 0 ran plan 1: plan 0 is done
@@ -498,16 +497,16 @@ def test_bsp_refuses_a_push_under_a_plan_no_step_runs_any_more():
     # a newer plan may reach a worker (in another shard's reply) first: its step waits for it
     assert core.handle(PEERS[0], push(0, 1, [1, 1], gen=2), 0.0) == []
     assert core.handle(PEERS[1], push(1, 1, [1, 1], gen=2), 0.0) == []
-    out = core.set_plan(Plan(gen=2, batches=[8, 24]), 0.0)
+    out = core.set_plan(Plan(plan=BatchPlan(2, (8, 24))), 0.0)
     assert core.version == 2 and sorted(o.to for o in out) == PEERS[:2]
 
 
 def test_a_refilled_rank_binds_to_the_new_connection_and_refuses_the_old():
     core = make_core(mode="asp", n=2, init=[0, 0], global_batch=6, num_workers=2)
     core.handle(PEERS[1], push(1, 0, [1, 1]), 0.0)
-    core.set_plan(Plan(gen=1, batches=[6, 0], departed=[[1, 0]]), 0.0)
+    core.set_plan(Plan(plan=BatchPlan(1, (6, 0)), departed=((1, 0),)), 0.0)
     assert_refused(core, PEERS[1], push(1, 1, [1, 1], version=1), "removed")
-    core.set_plan(Plan(gen=2, batches=[3, 3]), 0.0)
+    core.set_plan(Plan(plan=BatchPlan(2, (3, 3))), 0.0)
     assert_refused(core, PEERS[1], push(1, 1, [1, 1], version=1, gen=1), "removed")  # the old one, on an old plan
     out = core.handle(b"new", push(1, 5, [1, 1], version=1, gen=2), 0.0)  # the new one: its own step count
     assert isinstance(out[0].msg, Params)
@@ -521,7 +520,7 @@ def test_ssp_does_not_wait_for_a_departed_worker():
     assert core.handle(PEERS[0], push(0, 2, [1], version=core.version), 0.0) != []  # 2 - 1 <= 1
     assert core.handle(PEERS[0], push(0, 3, [1], version=core.version), 0.0) == []  # held: worker 2 is at 1
     core.handle(PEERS[1], push(1, 2, [1], version=core.version), 0.0)
-    out = core.set_plan(Plan(gen=1, batches=[3, 3, 0], departed=[[2, 1]]), 0.0)
+    out = core.set_plan(Plan(plan=BatchPlan(1, (3, 3, 0)), departed=((2, 1),)), 0.0)
     assert [o.to for o in out] == [PEERS[0]]  # the slowest present worker is at 2 now
 
 

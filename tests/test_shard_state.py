@@ -167,7 +167,7 @@ def test_a_checkpoint_asked_before_init_waits_for_it():
 # -- the server's writer and restore ----------------------------------------------------------
 
 def _snap(core, step, request=1) -> Snapshot:
-    return Snapshot(SCHED, req, step, core.state())
+    return Snapshot(SCHED, request, step, core.state())
 
 
 def test_writer_writes_in_the_background_and_the_server_restores_from_it(tmp_path):

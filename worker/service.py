@@ -11,12 +11,10 @@ import zmq
 from omnips import data, fingerprint, models, routes
 from omnips.batching import PROBE_BATCHES, PROBE_ROUNDS, BatchPlan, probe_agrees, probe_times
 from omnips.flat import FlatModel
-from omnips.job import JobSpec
 from omnips.leaving import Leaving
 from omnips.link import LinkError, SchedulerLink
 from omnips.protocol import MAX_REASON, Failed, Leave, Plan, Probe, Register, Report, Rewind, Shutdown
 from omnips.servers import ServerGroup
-from omnips.sharding import shard_ranges
 from omnips.wire import WireDtype
 
 from . import memory, threads
@@ -55,24 +53,19 @@ def run(opts: WorkerOptions, leaving: Leaving | None = None) -> int:
                      threads=opts.threads, pid=os.getpid(), rank=opts.rank,  # 0: chosen at the welcome
                      memory_limit=opts.memory_limit, token=opts.token),
             opts.ack_timeout_s, opts.welcome_timeout_s)
-        cluster = link.cluster_fields(welcome, servers=list, ranges=list, num_params=int, total_steps=int,
-                                      plan=dict, dead_after_s=float, heartbeat_s=float, join_gen=int, resumed=bool,
-                                      start_step=int, start_position=int)
-        job = JobSpec.from_dict(welcome.job)
-        _check_seat(welcome.rank, job, cluster)
+        job, cluster = welcome.job, welcome.cluster
         if not opts.threads:
-            _choose_threads(welcome.rank, cluster)
-        link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
+            _choose_threads(welcome.rank, welcome.worker.host_workers)
+        link.dead_after_s, link.heartbeat_s = cluster.dead_after_s, cluster.heartbeat_s
         try:
-            session = _Session(job, welcome.rank, cluster, device, opts, link)
+            session = _Session(job, welcome.rank, cluster, welcome.worker, device, opts, link)
             session.leaving = leaving or Leaving()
             # on_wait twice per heartbeat interval: what a waiting worker's heartbeats say is that fresh
             session.connect = lambda servers, local: ServerGroup(
-                ctx, routes.endpoints(servers, local, opts.transport), cluster["ranges"], opts.server_timeout_s,
+                ctx, routes.endpoints(servers, local, opts.transport), cluster.ranges, opts.server_timeout_s,
                 on_wait=session.check_scheduler, tick_s=min(1.0, link.heartbeat_s / 2), keys=opts.keys,
                 wire=session.wire)
-            # a scheduler that sends no "ipc" knows no unix sockets: tcp only
-            session.servers = session.connect(cluster["servers"], cluster.get("ipc", []))
+            session.servers = session.connect(cluster.servers, cluster.ipc)
             return session.train()
         except JobEnded:
             log.info("worker %d: the scheduler closed the job", welcome.rank)
@@ -91,20 +84,18 @@ def run(opts: WorkerOptions, leaving: Leaving | None = None) -> int:
         ctx.destroy(linger=1000)
 
 
-def _choose_threads(rank: int, cluster: dict) -> None:
-    """An equal share of this host's cores among the job's workers on it (worker/threads.py)."""
-    here = cluster.get("host_workers")
-    here = here if isinstance(here, int) and here >= 1 else 1  # a scheduler that sends none: alone
+def _choose_threads(rank: int, here: int) -> None:
+    """An equal share of this host's cores among the job's `here` workers on it (worker/threads.py)."""
     cores = threads.usable_cores()
     torch.set_num_threads(threads.share(cores, here))
     log.info("worker %d: %d torch thread(s): %d core(s) shared by %d worker(s) of this job on this host "
              "(--threads N to choose)", rank, torch.get_num_threads(), cores, here)
 
 
-def _check_fingerprints(theirs, model: str, dataset: str) -> None:
+def _check_fingerprints(theirs: dict, model: str, dataset: str) -> None:
     """The scheduler's digests of the model and data set (omnips.fingerprint) against ours: the
     same code must run everywhere; a scheduler that sends none is not checked against."""
-    if not isinstance(theirs, dict):
+    if not theirs:
         return
     for what, ours in (("data set", dataset), ("model", model)):
         key = "data" if what == "data set" else "model"
@@ -114,37 +105,27 @@ def _check_fingerprints(theirs, model: str, dataset: str) -> None:
                              "(module types, parameter names, shapes and dtypes, or samples)")
 
 
-def _check_seat(rank: int, job: JobSpec, cluster: dict) -> None:
-    """The rank and shard ranges of a welcome: the scheduler's word, but read from the network."""
-    if not 0 <= rank < job.num_workers:
-        raise LinkError(f"malformed welcome from the scheduler: rank {rank} in a job of {job.num_workers} workers")
-    expected = [list(r) for r in shard_ranges(cluster["num_params"], job.num_servers)]
-    if cluster["ranges"] != expected:
-        raise LinkError(f"malformed welcome from the scheduler: shard ranges {cluster['ranges']!r:.80} are not "
-                        f"{cluster['num_params']} values over {job.num_servers} servers")
-
-
 class _Session:
-    def __init__(self, job, rank, cluster, device, opts, link):
+    def __init__(self, job, rank, cluster, start, device, opts, link):
         self.job, self.rank, self.opts, self.link = job, rank, opts, link
         self.servers: ServerGroup | None = None
         self.connect = None  # (tcp endpoints, [host, ipc endpoint] pairs) -> a ServerGroup on them
-        self.total_steps = cluster["total_steps"]
+        self.total_steps = start.total_steps
         # join_gen -1: there from the start; resumed: servers restored a checkpoint, go on from its
         # step and sample position
-        self.join_gen, self.resumed = cluster["join_gen"], cluster["resumed"]
-        self.start_step, self.start_position = cluster["start_step"], cluster["start_position"]
-        self.plan = BatchPlan.from_wire(cluster["plan"], job.num_workers)
+        self.join_gen, self.resumed = start.join_gen, start.resumed
+        self.start_step, self.start_position = start.step, start.position
+        self.plan = start.plan
         self.step: int | None = None  # the step in flight, for our heartbeats
         # our heartbeats name each phase, however long it takes on a loaded host
         with link.in_phase("loading the data set"):
             train, test = data.load(job.dataset, job.dataset_args)
         with link.in_phase("building the model"):
             self.flat = FlatModel(models.build(job.model, job.model_args, train, job.seed), device)
-        if self.flat.size != cluster["num_params"]:
+        if self.flat.size != cluster.num_params:
             raise ValueError(f"this worker's model has {self.flat.size} values, the scheduler's "
-                             f"{cluster['num_params']}: the model or its code differs between machines")
-        _check_fingerprints(cluster.get("fingerprints"), fingerprint.model(self.flat.module),
+                             f"{cluster.num_params}: the model or its code differs between machines")
+        _check_fingerprints(start.fingerprints, fingerprint.model(self.flat.module),
                             fingerprint.data(train, test))
         self.wire = WireDtype(job.wire_dtype)
         batcher = data.Batcher(train)
@@ -158,7 +139,7 @@ class _Session:
         self.probing = job.batching == "dynamic" and job.probe and self.join_gen < 0 and not self.resumed
         self.start_plan: BatchPlan | None = None  # the scheduler's answer to the probe
         live = device.type == "cpu" and not opts.emulation.active
-        self.pusher = Pusher(self.flat, cluster["ranges"], bucket_values(opts.bucket_bytes), live, self.wire)
+        self.pusher = Pusher(self.flat, cluster.ranges, bucket_values(opts.bucket_bytes), live, self.wire)
         self.trainer.on_final_pass, self.trainer.on_retry = self.pusher.final_pass, self.pusher.settle
         bsp = job.mode == "bsp"
         # ASP: a stream per worker; one that joins later draws a stream of its own, not its rank's old one
@@ -182,7 +163,7 @@ class _Session:
             ex = self.servers.pull(self.flat.params, gen=self.join_gen)
             step = ex.versions[0] if bsp else self.start_step
             if ex.plan is not None:
-                self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)
+                self.plan = ex.plan.sized(self.job.num_workers)
             log.info("worker %d joins at step %d", self.rank, step)
         self.flat.load_params()
         if self.probing:  # once the model is in place: the job's time counts from the probe
@@ -262,7 +243,7 @@ class _Session:
         log.info("worker %d: a server was lost, the job goes back to step %d", self.rank, step)
         self.servers.close()
         self.servers = self.connect(msg.servers, msg.ipc)
-        self.plan = BatchPlan.from_wire(msg.plan, self.job.num_workers)
+        self.plan = msg.plan
         self.servers.pull(self.flat.params)  # BSP: the version stays the checkpoint's until all have pushed
         self.flat.load_params()
         return step, msg.positions[self.rank]
@@ -291,7 +272,7 @@ class _Session:
         self.step = None
         self.flat.load_params()
         if ex.plan is not None:
-            self.plan = BatchPlan.from_wire(ex.plan, self.job.num_workers)
+            self.plan = ex.plan.sized(self.job.num_workers)
         staleness = max(0, max(v - 1 - b for v, b in zip(ex.versions, before)))
         last = Report(rank=self.rank, step=step, batch=batch, compute_s=compute_s,
                       network_s=max(0.0, ex.elapsed_s - ex.held_s), wait_s=ex.held_s, loss=loss,
@@ -353,8 +334,7 @@ class _Session:
                 raise Rewound(msg)
             if isinstance(msg, Plan) and self.probing and self.start_plan is None:
                 try:
-                    self.start_plan = BatchPlan.from_wire({"gen": msg.gen, "batches": msg.batches,
-                                                           "stop": msg.stop}, self.job.num_workers)
+                    self.start_plan = msg.plan.sized(self.job.num_workers)
                 except ValueError as exc:
                     raise LinkError(f"the scheduler sent a bad start plan: {exc}") from None
         self.link.check_alive()
