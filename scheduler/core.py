@@ -260,6 +260,8 @@ class SchedulerCore:
                 self.stalls.seat(worker.rank, worker.info.host, worker.info.device, self.now)
                 self.membership(worker)
             plan = self.planner.start(probe=self.job.probe and self.resume is None)  # a resumed job's workers go on
+            for worker in self.registry.workers.values():
+                self.out.send(worker.peer, self.registry.worker_welcome(worker, plan))
             log.info("cluster complete; batches %s", list(plan.batches))
             self.send_plan(plan)  # every server learns whom a step waits for
         for member in self.registry.joined:
@@ -291,7 +293,7 @@ class SchedulerCore:
         plan = self._membership_plan(sorted(self.registry.workers), "joined")
         self.send_plan(plan)
         self.out.send(member.peer,
-                      self.registry.worker_welcome(member, join_gen=plan.gen, start_step=min(steps, default=0)))
+                      self.registry.worker_welcome(member, plan, join_gen=plan.gen, start_step=min(steps, default=0)))
         self.joined += 1
         self.membership(member, "joined", late=True)
         log.info("worker %d joined from %s: batches %s", member.rank, member.info.host, list(plan.batches))
@@ -315,7 +317,7 @@ class SchedulerCore:
         if not self.registry.workers:
             self.recovery.no_workers(rank, why)  # they gave up on a lost server, not the reverse
             raise JobFailed(f"every worker is gone (the last, worker {rank}: {why})")
-        plan = self.registry.plan
+        plan = self.planner.plan
         if not plan.stop:
             plan = self._membership_plan(sorted(self.registry.workers), "lost")
         self.send_plan(plan, departed=[(rank, last)])

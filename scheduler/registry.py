@@ -6,7 +6,8 @@ for its command-line order, which names its log); the others fill the free ranks
 in registration order once all servers (all workers) are in.
 Servers are welcomed as soon as all of them are in (they need only their shard
 range); workers once every server and --min-workers workers are in (they need
-every server's address). Later a worker takes a vacant rank: one never filled, or
+every server's address): the registry then says the cluster is complete, and the
+scheduler welcomes them with the first plan (the plan is scheduler/planning.py's). Later a worker takes a vacant rank: one never filled, or
 one whose worker was lost. A resumed job's welcomes name the checkpoint servers
 restore their shard from and the step and sample position workers continue at.
 A registration whose job token differs from the scheduler's is refused before
@@ -57,12 +58,8 @@ class Registry:
         self.joined: list[Member] = []  # workers seated after the start: the scheduler welcomes them
         self.by_peer: dict[bytes, Member] = {}
         self._gone: dict[bytes, Member] = {}  # members lost: a word still sent to one is named
-        self.plan: BatchPlan | None = None
+        self.complete = False  # every server and --min-workers workers are in: the job has started
         self.fingerprints: dict = {}  # digests of the scheduler's model and data set: workers compare theirs
-
-    @property
-    def complete(self) -> bool:
-        return self.plan is not None
 
     @property
     def vacant(self) -> list[int]:
@@ -137,8 +134,8 @@ class Registry:
         self.workers = dict(sorted(self.workers.items()))
         self.waiting = []
         self.by_peer.update({m.peer: m for m in self.workers.values()})
-        self.plan = BatchPlan(0, self.static_batches(list(self.workers)))
-        return [(m.peer, self.worker_welcome(m)) for m in self.workers.values()]
+        self.complete = True
+        return []
 
     def _seat(self, peer: bytes, reg: Register) -> list[tuple[bytes, Message]]:
         """A worker registering after the start takes a vacant rank (the one it asks for, or
@@ -203,12 +200,13 @@ class Registry:
                             restore=restore or (str(self.resume.path) if self.resume else ""))
         return Welcome(rank=m.rank, job=self.job, cluster=self.cluster_map(), server=start)
 
-    def worker_welcome(self, m: Member, join_gen: int = -1, start_step: int = 0) -> Welcome:
-        """`join_gen` >= 0 for a worker joining a running job: it starts at the first step of
-        that plan (BSP) or at `start_step` (ASP, SSP), and does not initialise the shards."""
+    def worker_welcome(self, m: Member, plan: BatchPlan, join_gen: int = -1, start_step: int = 0) -> Welcome:
+        """A worker's welcome with the `plan` in force. `join_gen` >= 0 for a worker joining a
+        running job: it starts at the first step of that plan (BSP) or at `start_step` (ASP,
+        SSP), and does not initialise the shards."""
         resumed = self.resume is not None and join_gen < 0
         start = WorkerStart(
-            plan=self.plan, total_steps=self.total_steps, join_gen=join_gen, resumed=self.resume is not None,
+            plan=plan, total_steps=self.total_steps, join_gen=join_gen, resumed=self.resume is not None,
             step=self.resume.worker_steps[m.rank] if resumed else start_step,
             position=self.resume.positions[m.rank] if resumed else 0,
             host_workers=max(1, sum(w.info.host == m.info.host for w in self.workers.values())),

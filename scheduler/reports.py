@@ -57,15 +57,15 @@ class Reports:
             return
         disturbed = core.disturbances.touches(core.now, r.compute_s + r.network_s + r.wait_s)
         core.out.append(WriteStep(r, core.progress.epochs, disturbed))
-        if core.job.mode != "bsp" and not core.registry.plan.stop:
+        if core.job.mode != "bsp" and not core.planner.plan.stop:
             updates = sum(w.steps for w in core.progress.workers)
             if core.checkpoints.due(updates):
                 self.ask_checkpoint(updates, None)
-        if core.job.mode != "bsp" and core.progress.budget_reached and not core.registry.plan.stop:
-            plan = core.registry.plan
+        if core.job.mode != "bsp" and core.progress.budget_reached and not core.planner.plan.stop:
+            plan = core.planner.plan
             core.send_plan(BatchPlan(plan.gen + 1, plan.batches, stop=True))
             log.info("sample budget reached: asking workers to stop")
-        elif core.planner.control is not None and not core.registry.plan.stop:
+        elif core.planner.control is not None and not core.planner.plan.stop:
             plan = core.planned(core.planner.on_report, r, disturbed)
             if plan is not None:
                 core.send_plan(plan)

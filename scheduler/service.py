@@ -259,7 +259,7 @@ class Scheduler:
     # -- outputs ------------------------------------------------------------------
     def _summary(self, status: str) -> dict:
         core = self.core
-        plan = core.registry.plan
+        plan = core.planner.plan
         acc, loss = core.evals.final or (None, None)
         verdict = core.losses.verdict
         return {

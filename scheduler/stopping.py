@@ -76,7 +76,7 @@ def begin_or_save(core) -> None:
         if trained:
             log.warning("%s: preempted: the workers stop after their step in flight, then model.pt and a "
                         "checkpoint are written (within %g s)", core.stop.why, STOP_WAIT_S)
-            plan = core.registry.plan
+            plan = core.planner.plan
             if not plan.stop:
                 core.send_plan(BatchPlan(plan.gen + 1, plan.batches, stop=True))
     if core.stop.save_now(core.progress.all_done, core.now):

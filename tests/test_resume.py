@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from omnips import checkpoint, cli
+from omnips.batching import BatchPlan
 from omnips.job import JobSpec
 from omnips.launch import WorkerSpec
 from omnips.metrics import RunDir, RunDirInUse, read_events
@@ -158,23 +159,25 @@ def test_resume_sets_aside_the_checkpoints_it_passes_over_and_deletes_none(tmp_p
     checkpoint.read_manifest(kept).verify()
 
 
-def welcomes(registry: Registry) -> list[dict]:
-    """The welcomes' cluster fields, servers' first, once two servers and two workers registered."""
+def welcomes(registry: Registry) -> list:
+    """The servers' and the workers' starts, once two servers and two workers registered."""
     out = []
     for peer, role, endpoint in [(b"s0", "server", "tcp://a:1"), (b"s1", "server", "tcp://a:2"),
                                  (b"w0", "worker", ""), (b"w1", "worker", "")]:
         out += registry.register(peer, Register(role=role, host="h", endpoint=endpoint))
-    return [m.cluster for _, m in out if isinstance(m, Welcome)]
+    plan = BatchPlan(0, registry.static_batches(sorted(registry.workers)))
+    workers = [registry.worker_welcome(m, plan) for m in registry.workers.values()]
+    return [m.server for _, m in out if isinstance(m, Welcome)] + [m.worker for m in workers]
 
 
 def test_a_resumed_jobs_welcomes_say_where_to_continue(tmp_path):
     ckpt = resume_point(resumable(tmp_path / "run"))[1]
     resumed = welcomes(Registry(CHECKPOINT_JOB, 8, 8, 100, 30.0, checkpoint_dir="/ckpt", resume=ckpt))
-    assert [(c["checkpoint_dir"], c["restore"]) for c in resumed[:2]] == [("/ckpt", str(ckpt.path))] * 2
-    assert [(c["resumed"], c["start_step"], c["start_position"]) for c in resumed[2:]] == [(True, 10, 640)] * 2
+    assert [(s.checkpoint_dir, s.restore) for s in resumed[:2]] == [("/ckpt", str(ckpt.path))] * 2
+    assert [(w.resumed, w.step, w.position) for w in resumed[2:]] == [(True, 10, 640)] * 2
     fresh = welcomes(Registry(CHECKPOINT_JOB, 8, 8, 100, 30.0, checkpoint_dir="/ckpt"))
-    assert [c["restore"] for c in fresh[:2]] == ["", ""]
-    assert [(c["resumed"], c["start_step"], c["start_position"]) for c in fresh[2:]] == [(False, 0, 0)] * 2
+    assert [s.restore for s in fresh[:2]] == ["", ""]
+    assert [(w.resumed, w.step, w.position) for w in fresh[2:]] == [(False, 0, 0)] * 2
 
 
 @pytest.mark.parametrize("spoil, text", [

@@ -57,7 +57,7 @@ def test_the_start_plan_waits_for_every_probe_and_refuses_the_others(make):
     c = make(num_workers=2, global_batch=60)
     for r in range(2):
         register(c, b"W%d" % r, "worker", r)
-    assert c.planner.probing == {0, 1} and c.registry.plan.gen == 0
+    assert c.planner.probing == {0, 1} and c.planner.plan.gen == 0
     assert refusal(probe(c, b"X", 0, 0.1, 0.1)) == "bad_rank"  # not a registered peer
     assert refusal(probe(c, b"W1", 0, 0.1, 0.1)) == "bad_rank"  # another worker's rank
     assert sent(probe(c, b"W0", 0, 0.005, 0.001)) == [] and c.planner.probing == {1}
@@ -191,9 +191,9 @@ def test_a_worker_that_fails_says_why_and_the_scheduler_replans_at_once(make):
     c = make(num_workers=2, global_batch=60, batching="uniform")
     for r in range(2):
         register(c, b"W%d" % r, "worker", r)
-    before = c.registry.plan
+    before = c.planner.plan
     assert c.handle(b"X", Failed(reason="not in the job"), 1.0) == []  # a stranger's word changes nothing
-    assert c.registry.plan == before and set(c.registry.workers) == {0, 1}
+    assert c.planner.plan == before and set(c.registry.workers) == {0, 1}
     out = c.handle(b"W1", Failed(reason="worker 1 on h: this worker's model differs from the scheduler's"), 1.0)
     assert set(c.registry.workers) == {0} and c.lost == 1
     [lost] = [e for e in events(out, "membership") if e["change"] == "lost"]
