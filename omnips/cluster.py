@@ -3,7 +3,7 @@ map every process gets, and what a server or a worker starts from. Records insid
 `Welcome` (omnips/protocol.py), checked once where the codec decodes them; past it a
 process reads their fields as they are."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .batching import BatchPlan
 from .fieldchecks import MAX_SECONDS, brief, count, local_endpoints_ok, non_negative
@@ -65,7 +65,7 @@ class WorkerStart:
     step: int = 0
     position: int = 0
     host_workers: int = 1  # the job's workers on its host, itself included: they share its cores
-    fingerprints: dict = field(default_factory=dict)  # the scheduler's digests of the model and data set
+    fingerprints: dict | None = None  # the scheduler's digests of the model and data set; None: unsaid
 
     def check(self):
         non_negative(self, "total_steps", "step", "position")

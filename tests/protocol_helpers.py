@@ -63,7 +63,7 @@ def welcomes(draw):
         return Welcome(rank=draw(st.integers(0, k - 1)), job=job, cluster=cluster, server=start)
     start = WorkerStart(plan=draw(plans(n)), total_steps=draw(U64), join_gen=draw(st.integers(-1, 2**63 - 1)),
                         resumed=draw(st.booleans()), step=draw(U64), position=draw(U64),
-                        host_workers=draw(st.integers(1, 2**63 - 1)), fingerprints=draw(DICTS))
+                        host_workers=draw(st.integers(1, 2**63 - 1)), fingerprints=draw(st.none() | DICTS))
     return Welcome(rank=draw(st.integers(0, n - 1)), job=job, cluster=cluster, worker=start)
 
 

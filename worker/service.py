@@ -92,10 +92,10 @@ def _choose_threads(rank: int, here: int) -> None:
              "(--threads N to choose)", rank, torch.get_num_threads(), cores, here)
 
 
-def _check_fingerprints(theirs: dict, model: str, dataset: str) -> None:
+def _check_fingerprints(theirs: dict | None, model: str, dataset: str) -> None:
     """The scheduler's digests of the model and data set (omnips.fingerprint) against ours: the
     same code must run everywhere; a scheduler that sends none is not checked against."""
-    if not theirs:
+    if theirs is None:
         return
     for what, ours in (("data set", dataset), ("model", model)):
         key = "data" if what == "data set" else "model"
