@@ -2,7 +2,8 @@
 version, the op and the message's fields); an array travels in a frame of its own,
 zero-copy, named in the header by dtype and length. `decode` validates every frame from
 the network (version, op, field types, frame count, byte length, then the message's own
-checks) and raises ProtocolError, never anything else, for a message it refuses."""
+checks; a record inside a message, such as a plan, alike, field by field) and raises
+ProtocolError, never anything else, for a message it refuses."""
 
 import dataclasses
 import functools
@@ -72,7 +73,7 @@ def _convert(tp):
             v if convert is None else convert(v, f"{where}[{i}]")
             for i, (convert, v) in enumerate(zip(itertools.repeat(converts[0]) if variadic else converts, value)))
     if _record(tp):
-        return lambda value, where: build(tp, value, where)
+        return lambda value, where: _build(tp, value, where)
     return None
 
 
@@ -85,7 +86,7 @@ def _header_fields(cls) -> tuple:
                  for f in fields(cls))
 
 
-def build(cls, header: dict, where: str, data=None):
+def _build(cls, header: dict, where: str, data=None):
     """An instance of `cls` (a message or a record inside one) from its header map, each
     field checked against its type, then the instance's own check(); ProtocolError names
     the field by its path from the op (`where`), e.g. welcome.cluster.ranges."""
@@ -159,7 +160,7 @@ def decode(frames: list) -> Message:
     want = 2 if cls.HAS_DATA else 1
     if len(frames) != want:
         raise ProtocolError("bad_frames", f"{cls.OP} takes {want} frame(s), got {len(frames)}")
-    return build(cls, header, cls.OP, _decode_data(header, _frame_bytes(frames[1])) if cls.HAS_DATA else None)
+    return _build(cls, header, cls.OP, _decode_data(header, _frame_bytes(frames[1])) if cls.HAS_DATA else None)
 
 
 def _decode_data(header: dict, buf: memoryview) -> np.ndarray:

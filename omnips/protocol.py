@@ -1,7 +1,8 @@
 """The wire protocol's vocabulary: every op a frozen dataclass with the checks its fields
 must pass. omnips/codec.py turns received frames into one of them or raises
-`ProtocolError`, so past it nothing handles raw dicts: one msgpack header frame (the
-protocol version `v`, the op, the message's fields and, when a data frame follows, its
+`ProtocolError`, so past it nothing handles raw dicts (records inside a message, a
+BatchPlan or a welcome's JobSpec, are built and checked there too): one msgpack header
+frame (the protocol version `v`, the op, the fields and, when a data frame follows, its
 dtype tag and element count), then at most one raw data frame. No pickle: msgpack only.
 """
 
