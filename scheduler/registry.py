@@ -204,11 +204,11 @@ class Registry:
         """A worker's welcome with the `plan` in force. `join_gen` >= 0 for a worker joining a
         running job: it starts at the first step of that plan (BSP) or at `start_step` (ASP,
         SSP), and does not initialise the shards."""
-        resumed = self.resume is not None and join_gen < 0
+        at_checkpoint = self.resume is not None and join_gen < 0  # a resumed job's starting worker
         start = WorkerStart(
             plan=plan, total_steps=self.total_steps, join_gen=join_gen, resumed=self.resume is not None,
-            step=self.resume.worker_steps[m.rank] if resumed else start_step,
-            position=self.resume.positions[m.rank] if resumed else 0,
+            step=self.resume.worker_steps[m.rank] if at_checkpoint else start_step,
+            position=self.resume.positions[m.rank] if at_checkpoint else 0,
             host_workers=max(1, sum(w.info.host == m.info.host for w in self.workers.values())),
             fingerprints=self.fingerprints)
         return Welcome(rank=m.rank, job=self.job, cluster=self.cluster_map(), worker=start)
