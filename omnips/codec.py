@@ -160,7 +160,10 @@ def decode(frames: list) -> Message:
     want = 2 if cls.HAS_DATA else 1
     if len(frames) != want:
         raise ProtocolError("bad_frames", f"{cls.OP} takes {want} frame(s), got {len(frames)}")
-    return _build(cls, header, cls.OP, _decode_data(header, _frame_bytes(frames[1])) if cls.HAS_DATA else None)
+    try:
+        return _build(cls, header, cls.OP, _decode_data(header, _frame_bytes(frames[1])) if cls.HAS_DATA else None)
+    except ProtocolError as exc:
+        raise ProtocolError(exc.code, exc.text, cls.OP) from None
 
 
 def _decode_data(header: dict, buf: memoryview) -> np.ndarray:

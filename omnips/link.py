@@ -120,6 +120,8 @@ class SchedulerLink:
         try:
             msg = codec.decode(frames)
         except ProtocolError as exc:
+            if exc.op == "welcome":  # the process cannot start without one: say why at once
+                raise LinkError(f"malformed welcome from the scheduler: {exc.text}") from None
             log.warning("dropped a bad message from the scheduler: %s", exc)
             return None
         self.last_heard = self.clock()

@@ -31,12 +31,12 @@ DTYPES = {"f4": np.dtype("<f4"), "bf16": np.dtype("<u2"), "f2": np.dtype("<f2")}
 
 
 class ProtocolError(Exception):
-    """A message that must be refused: `code` is stable, `text` says why."""
+    """A message that must be refused: `code` is stable, `text` says why; `op` is its op
+    when the header named a known one."""
 
-    def __init__(self, code: str, text: str):
+    def __init__(self, code: str, text: str, op: str = ""):
         super().__init__(f"{code}: {text}")
-        self.code = code
-        self.text = text
+        self.code, self.text, self.op = code, text, op
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from omnips.batching import BatchPlan
 from omnips.cluster import ClusterMap, ServerStart, WorkerStart
 from omnips.codec import decode, encode
 from omnips.job import JobSpec
+from omnips.link import LinkError
 from omnips.protocol import ProtocolError, Welcome
 
 JOB = JobSpec(num_workers=2, num_servers=2)
@@ -63,3 +64,13 @@ def test_a_welcome_starts_one_role():
     assert refused(h).text == "welcome: a welcome starts either a server or a worker"
     h = header(0, server=ServerStart(num_trained=11, checkpoint_dir=""))
     assert refused(h).text == "welcome: server.num_trained 11 exceeds cluster.num_params 10"
+
+
+def test_a_malformed_welcome_ends_the_wait_for_it_at_once(linked):
+    """Without a welcome the process cannot start: one that does not fit its job is not
+    dropped and waited past, as other bad messages from the scheduler are."""
+    link, send, _, _ = linked
+    send(Welcome(rank=2, job=JOB, cluster=CLUSTER, worker=WORKER))
+    assert link.sock.poll(10_000)
+    with pytest.raises(LinkError, match=r"^malformed welcome from the scheduler: welcome: rank 2 in a job of 2 workers$"):
+        link.receive()
