@@ -228,7 +228,7 @@ def update_cost(n: int, rounds: int) -> list[str]:
     def push(name):
         core, k = cores[name], pushes[name]
         rank = k % 3
-        core.handle(b"w%d" % rank, Push(rank=rank, step=k // 3, ver=max(0, core.version - 2), batch=32, gen=0,
+        core.handle(b"w%d" % rank, Push(rank=rank, step=k // 3, version=max(0, core.version - 2), batch=32, gen=0,
                                          data=grads), 0.0)
         pushes[name] += 1
 

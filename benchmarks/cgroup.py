@@ -33,7 +33,7 @@ quota is what made it slow).
     python benchmarks/cgroup.py [--quick] [--cases HL2,HL8,neighbour] [--steps 150] [--repeats 1]
         [--cores 1.5] [--channels 64,128] [--global-batch 128] [--keep-runs] [--out FILE]
 
-Writes benchmarks/results/cgroup.md. Needs root and a cgroup cpu controller.
+Writes benchmarks/results/cgroup.md. Needs root and cgroup cpu quotas (benchmarks/quota.py).
 """
 
 import argparse

@@ -433,7 +433,7 @@ def exchange(group, step: int, grads: np.ndarray, params: np.ndarray, part_value
 
     if not part_values:
         return group.push_pull(0, step, grads, 1, 0, params)
-    head = Push(rank=0, step=step, ver=0, batch=1, gen=0, data=grads, reply_part=part_values)
+    head = Push(rank=0, step=step, version=0, batch=1, gen=0, data=grads, reply_part=part_values)
     for s in reversed(range(len(group.ranges))):
         lo, hi = group.ranges[s]
         for top in range(hi, lo, -part_values):
@@ -546,7 +546,7 @@ def pieces(params: np.ndarray, grads: np.ndarray, repeats: int, server_threads: 
     out["worker: np.copyto of the reply into params"] = median_time(lambda: np.copyto(dst, params), repeats)
     out["server: finiteness check (np.dot)"] = median_time(lambda: all_finite(grads), repeats)
     out["protocol: encode + decode of a Push"] = median_time(
-        lambda: codec.decode(codec.encode(Push(rank=0, step=0, ver=0, batch=1, gen=0, data=grads))), repeats)
+        lambda: codec.decode(codec.encode(Push(rank=0, step=0, version=0, batch=1, gen=0, data=grads))), repeats)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(server_threads)
@@ -558,7 +558,7 @@ def pieces(params: np.ndarray, grads: np.ndarray, repeats: int, server_threads: 
         step = [0]
 
         def push():
-            core.handle(b"w", Push(rank=0, step=step[0], ver=core.version, batch=1, gen=0, data=grads), 0.0)
+            core.handle(b"w", Push(rank=0, step=step[0], version=core.version, batch=1, gen=0, data=grads), 0.0)
             step[0] += 1
 
         push()  # starts the momentum buffer

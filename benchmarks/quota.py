@@ -1,6 +1,6 @@
 """CPU quotas for benchmark processes: a cgroup per worker, its CPU time capped at a share of
 one core (cgroup v1 `cpu.cfs_quota_us` under /sys/fs/cgroup/cpu, or v2 `cpu.max` where
-the unified hierarchy holds the cpu controller). Needs root. The paper made its
+the unified hierarchy offers cpu quotas: "cpu" in its cgroup.controllers). Needs root. The paper made its
 heterogeneity levels the same way, with container CPU limits.
 
     with CpuQuota("omnips-w0", 0.25) as q:   # a quarter of a core
@@ -22,8 +22,8 @@ class QuotaError(RuntimeError):
 
 
 def _v2() -> bool:
-    controllers = V2 / "cgroup.controllers"
-    return controllers.exists() and "cpu" in controllers.read_text().split()
+    offered = V2 / "cgroup.controllers"  # (the kernel's name for what a cgroup can limit)
+    return offered.exists() and "cpu" in offered.read_text().split()
 
 
 def available() -> str | None:
@@ -31,7 +31,7 @@ def available() -> str | None:
     if os.geteuid() != 0:
         return "CPU quotas need root"
     if not (V1 / "cpu.cfs_quota_us").exists() and not _v2():
-        return f"no cgroup cpu controller at {V1} (v1) or {V2} (v2)"
+        return f"no cgroup cpu quotas at {V1} (v1) or {V2} (v2)"
     try:
         with CpuQuota(f"omnips-probe-{os.getpid()}", 0.5):
             pass

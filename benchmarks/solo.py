@@ -39,11 +39,11 @@ class SoloWorker:
         welcome = self.link.register(Register(role="worker", host=pysocket.gethostname(), threads=1,
                                               pid=os.getpid()), ack_timeout_s=10.0, welcome_timeout_s=120.0)
         info = welcome.cluster
-        self.link.dead_after_s = info["dead_after_s"]
-        if info["num_params"] != num_params:
-            raise RuntimeError(f"the job has {info['num_params']} values, expected {num_params}")
-        endpoints = routes.endpoints(info["servers"], info["ipc"], self.transport)
-        self.group = ServerGroup(self.ctx, endpoints, info["ranges"], REPLY_TIMEOUT_S, on_wait=self._check_children,
+        self.link.dead_after_s = info.dead_after_s
+        if info.num_params != num_params:
+            raise RuntimeError(f"the job has {info.num_params} values, expected {num_params}")
+        endpoints = routes.endpoints(info.servers, info.ipc, self.transport)
+        self.group = ServerGroup(self.ctx, endpoints, info.ranges, REPLY_TIMEOUT_S, on_wait=self._check_children,
                                  keys=self.keys, wire=self.wire)
         return self.group
 
@@ -55,7 +55,7 @@ class SoloWorker:
 
     def report(self, ex: Exchange) -> None:
         """Report the step just done, as a worker does, and read what the scheduler sent."""
-        if ex.plan is not None and ex.plan.get("stop"):
+        if ex.plan is not None and ex.plan.stop:
             raise RuntimeError("the scheduler stopped the job early")
         self.link.send(Report(rank=0, step=self.steps, batch=1, compute_s=0.0, wait_s=ex.held_s, loss=0.0,
                               network_s=max(0.0, ex.elapsed_s - ex.held_s)))

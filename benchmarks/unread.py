@@ -60,8 +60,8 @@ def phase(job: SoloWorker, group, puller: zmq.Socket, read: bool, first_step: in
     """--steps steps of the worker, --pulls pulls before each; the replies read as they
     come, or all at the end."""
     for step in range(first_step, first_step + args.steps):
-        for req in range(args.pulls):
-            puller.send_multipart(codec.encode(Pull(req=req)))
+        for request in range(args.pulls):
+            puller.send_multipart(codec.encode(Pull(request=request)))
         if read:
             read_replies(puller, args.pulls)
         job.report(exchange(group, step, grads, params, 0))

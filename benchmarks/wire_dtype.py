@@ -129,8 +129,8 @@ def wire_bytes(n: int) -> dict:
     for name in WIRE_DTYPES:
         w = WireDtype(name)
         data = w.narrow(values, w.buffer(n))
-        frames = codec.encode(Push(rank=0, step=0, ver=0, batch=1, gen=0, data=data))
-        frames += codec.encode(Params(req=0, version=1, held_s=0.0, plan=None, data=data))
+        frames = codec.encode(Push(rank=0, step=0, version=0, batch=1, gen=0, data=data))
+        frames += codec.encode(Params(step=0, version=1, held_s=0.0, plan=None, data=data))
         out[name] = sum(memoryview(f).nbytes for f in frames)
     return out
 

@@ -36,29 +36,25 @@ def probe_times(timed, sizes) -> tuple[list[float], int]:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """Generation `gen` of the per-worker batch sizes (0: a vacant rank); `stop` ends the job (ASP)."""
+    """Generation `gen` of the per-worker batch sizes (0: a vacant rank); `stop` ends the job
+    (ASP). In memory and on the wire alike (inside Plan, Params, Rewind and a worker's welcome)."""
 
     gen: int
     batches: tuple[int, ...]
     stop: bool = False
 
-    def to_wire(self) -> dict:
-        return {"gen": self.gen, "batches": list(self.batches), "stop": self.stop}
+    def check(self) -> None:
+        """What the codec checks of a plan from the network, besides its fields' types."""
+        if self.gen < 0:
+            raise ValueError(f"plan generation must be >= 0, not {self.gen}")
+        if not self.batches or min(self.batches) < 0 or not any(self.batches):
+            raise ValueError(f"a plan's batches must be counts >= 0, not all 0, not {list(self.batches)[:8]!r}")
 
-    @classmethod
-    def from_wire(cls, d, num_workers: int) -> "BatchPlan":
-        """Validate a plan that came over the network; ValueError says what is wrong."""
-        if not isinstance(d, dict):
-            raise ValueError(f"a batch plan is a map, not {type(d).__name__}")
-        gen, batches, stop = d.get("gen"), d.get("batches"), d.get("stop", False)
-        if not isinstance(gen, int) or isinstance(gen, bool) or gen < 0:
-            raise ValueError(f"plan generation {gen!r} is not a count")
-        if (not isinstance(batches, list) or len(batches) != num_workers or not any(batches)
-                or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in batches)):
-            raise ValueError(f"plan needs {num_workers} batch sizes >= 0, not all 0, got {batches!r}")
-        if not isinstance(stop, bool):
-            raise ValueError(f"plan stop flag {stop!r} is not a bool")
-        return cls(gen, tuple(batches), stop)
+    def sized(self, num_workers: int) -> "BatchPlan":
+        """This plan, for a job of `num_workers` ranks; ValueError for a plan of another size."""
+        if len(self.batches) != num_workers:
+            raise ValueError(f"a plan's batches for {len(self.batches)} workers, the job has {num_workers}")
+        return self
 
 
 def initial_batches(batching: str, global_batch: int, capacities, lo: int = 1, hi: int | None = None) -> list[int]:

@@ -31,12 +31,10 @@ def check_place(msg) -> None:
         raise ValueError(f"a part needs values within its shard: {msg.data.size} at {msg.offset} of {msg.whole}")
 
 
-def local_endpoints_ok(local: list, servers: list) -> bool:
-    """`local` is empty (a sender that knows none) or one [hostname, "ipc://..." or ""]
-    pair per server: the ipc endpoints of Rewind and of a worker's welcome."""
-    return not local or len(local) == len(servers) and all(
-        isinstance(x, list) and len(x) == 2 and all(isinstance(v, str) for v in x)
-        and (x[1] == "" or x[1].startswith("ipc://")) for x in local)
+def local_endpoints_ok(local: tuple, servers: tuple) -> bool:
+    """`local` is empty (a sender that knows none) or one (hostname, "ipc://..." or "")
+    pair per server: the ipc endpoints of Rewind and of a welcome's cluster map."""
+    return not local or len(local) == len(servers) and all(e == "" or e.startswith("ipc://") for _, e in local)
 
 
 def count(x) -> bool:

@@ -9,7 +9,7 @@ import math
 import typing
 from dataclasses import asdict, dataclass, field, fields
 
-from .protocol import MAX_BATCH
+from .fieldchecks import MAX_BATCH
 
 MODES = ("bsp", "asp", "ssp")
 OPTIMIZERS = ("sgd", "adam")

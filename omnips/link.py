@@ -71,6 +71,8 @@ class SchedulerLink:
         msg = self._next(welcome_timeout_s, "complete the cluster (are all servers and workers started?)")
         if not isinstance(msg, Welcome):
             raise LinkError(f"expected welcome from the scheduler, got {msg.OP}")
+        if getattr(msg, reg.role) is None:
+            raise LinkError(f"malformed welcome from the scheduler: it does not start a {reg.role}")
         self.start_thread()
         return msg
 
@@ -86,14 +88,6 @@ class SchedulerLink:
         if self._thread is not None:
             self._thread.stop()
             self._thread = None
-
-    @staticmethod
-    def cluster_fields(welcome: Welcome, **types) -> dict:
-        """welcome.cluster checked to hold each named field with its type."""
-        for key, tp in types.items():
-            if not codec.type_ok(welcome.cluster.get(key), tp):
-                raise LinkError(f"malformed welcome from the scheduler: {key!r} is not {getattr(tp, '__name__', tp)}")
-        return welcome.cluster
 
     def _next(self, timeout_s: float, what: str, handshakes: zmq.Socket | None = None) -> protocol.Message:
         """The next message that is not a heartbeat, or LinkError after `timeout_s` or
@@ -126,6 +120,8 @@ class SchedulerLink:
         try:
             msg = codec.decode(frames)
         except ProtocolError as exc:
+            if exc.op == "welcome":  # the process cannot start without one: say why at once
+                raise LinkError(f"malformed welcome from the scheduler: {exc.text}") from None
             log.warning("dropped a bad message from the scheduler: %s", exc)
             return None
         self.last_heard = self.clock()

@@ -1,7 +1,8 @@
 """The wire protocol's vocabulary: every op a frozen dataclass with the checks its fields
 must pass. omnips/codec.py turns received frames into one of them or raises
-`ProtocolError`, so past it nothing handles raw dicts: one msgpack header frame (the
-protocol version `v`, the op, the message's fields and, when a data frame follows, its
+`ProtocolError`, so past it nothing handles raw dicts (records inside a message, a
+BatchPlan or a welcome's JobSpec, are built and checked there too): one msgpack header
+frame (the protocol version `v`, the op, the fields and, when a data frame follows, its
 dtype tag and element count), then at most one raw data frame. No pickle: msgpack only.
 """
 
@@ -10,10 +11,13 @@ from typing import ClassVar
 
 import numpy as np
 
+from .batching import BatchPlan
+from .cluster import ClusterMap, ServerStart, WorkerStart
 from .fieldchecks import (MAX_BATCH, MAX_SECONDS, MIN_SECONDS, at_most, brief, check_place, count, local_endpoints_ok,
                           measured, non_negative, short_line)
+from .job import JobSpec
 
-VERSION = 2
+VERSION = 3
 MAX_HEADER_BYTES = 1 << 20
 MAX_PARTS = 256  # a push in parts, and the answer to one, is at most this many messages: a part of a few
 # values would make one push (or one message asking for its answer in parts) into millions; and one burst
@@ -27,12 +31,12 @@ DTYPES = {"f4": np.dtype("<f4"), "bf16": np.dtype("<u2"), "f2": np.dtype("<f2")}
 
 
 class ProtocolError(Exception):
-    """A message that must be refused: `code` is stable, `text` says why."""
+    """A message that must be refused: `code` is stable, `text` says why; `op` is its op
+    when the header named a known one."""
 
-    def __init__(self, code: str, text: str):
+    def __init__(self, code: str, text: str, op: str = ""):
         super().__init__(f"{code}: {text}")
-        self.code = code
-        self.text = text
+        self.code, self.text, self.op = code, text, op
 
 
 @dataclass(frozen=True)
@@ -75,10 +79,30 @@ class Register(Message):
 
 @dataclass(frozen=True)
 class Welcome(Message):
+    """The scheduler's answer to a registration once the process has its rank: the job,
+    the cluster and, for the role registered, what it starts from."""
+
     OP = "welcome"
     rank: int
-    job: dict
-    cluster: dict
+    job: JobSpec
+    cluster: ClusterMap
+    server: ServerStart | None = None
+    worker: WorkerStart | None = None
+
+    def check(self):
+        job, start = self.job, self.server or self.worker
+        if (self.server is None) == (self.worker is None):
+            raise ValueError("a welcome starts either a server or a worker")
+        ranks = job.num_servers if self.server else job.num_workers
+        if not 0 <= self.rank < ranks:
+            raise ValueError(f"rank {self.rank} in a job of {ranks} {'servers' if self.server else 'workers'}")
+        if len(self.cluster.ranges) != job.num_servers:
+            raise ValueError(f"cluster.ranges: {len(self.cluster.ranges)} shards in a job of {job.num_servers} servers")
+        if self.server and start.num_trained > self.cluster.num_params:
+            raise ValueError(f"server.num_trained {start.num_trained} exceeds cluster.num_params "
+                             f"{self.cluster.num_params}")
+        if self.worker and len(start.plan.batches) != job.num_workers:
+            raise ValueError(f"worker.plan: {len(start.plan.batches)} batches in a job of {job.num_workers} workers")
 
 
 @dataclass(frozen=True)
@@ -213,14 +237,15 @@ class Init(Message):
 class Pull(Message):
     """Ask for a shard now (`at` None) or at the moment its version reaches `at`; with
     `gen`, once the step being collected uses batch plan `gen` or newer (a worker joining
-    a BSP job starts at that step)."""
+    a BSP job starts at that step). The reply names `request`."""
 
     OP = "pull"
-    req: int
+    request: int
     at: int | None = None
     gen: int = -1
 
     def check(self):
+        non_negative(self, "request")
         if self.at is not None and self.at < 0:
             raise ValueError(f"at must be >= 0, not {self.at}")
         if self.gen < -1:
@@ -229,7 +254,7 @@ class Pull(Message):
 
 @dataclass(frozen=True)
 class Push(Message):
-    """A gradient for one shard at `step`, computed on parameters of version `ver`;
+    """A gradient for one shard at `step`, computed on parameters of version `version`;
     batch 0 and no values: the worker dropped this step's gradient (not finite), and
     any parts of it already sent are void.
 
@@ -241,7 +266,7 @@ class Push(Message):
     HAS_DATA = True
     rank: int
     step: int
-    ver: int
+    version: int
     batch: int
     gen: int  # the newest batch-plan generation this worker has seen
     data: np.ndarray = field(repr=False)
@@ -251,7 +276,7 @@ class Push(Message):
     # make more than MAX_PARTS); 0: whole
 
     def check(self):
-        non_negative(self, "rank", "step", "ver", "gen", "batch", "offset", "whole", "reply_part")
+        non_negative(self, "rank", "step", "version", "gen", "batch", "offset", "whole", "reply_part")
         if self.batch == 0 and self.data.size:
             raise ValueError("a dropped gradient (batch 0) carries no values")
         if self.whole and not self.batch:
@@ -261,22 +286,26 @@ class Push(Message):
 
 @dataclass(frozen=True)
 class Params(Message):
-    """A shard's values at `version`: the reply to a pull, and to a push (req = step);
-    or, with `whole` > 0, the values from `offset` on of a shard of `whole` values (a
-    reply in parts comes in order, each part with the same header)."""
+    """A shard's values at `version`: the reply to the pull `request`, or to the push of
+    `step` (the other -1); or, with `whole` > 0, the values from `offset` on of a shard of
+    `whole` values (a reply in parts comes in order, each part with the same header)."""
 
     OP = "params"
     HAS_DATA = True
-    req: int
     version: int
     held_s: float  # how long the server held the request (barrier or `at` wait)
-    plan: dict | None
+    plan: BatchPlan | None  # the newest plan, to a worker whose push says it has not seen it
     data: np.ndarray = field(repr=False)
+    request: int = -1
+    step: int = -1
     offset: int = 0
     whole: int = 0
 
     def check(self):
         non_negative(self, "version", "offset", "whole")
+        if (self.request >= 0) == (self.step >= 0) or min(self.request, self.step) < -1:
+            raise ValueError(f"a reply answers one pull request or one push's step (the other -1), not request "
+                             f"{self.request} and step {self.step}")
         at_most(self, MAX_SECONDS, "held_s")  # it becomes the worker's reported wait
         check_place(self)
 
@@ -284,22 +313,17 @@ class Params(Message):
 @dataclass(frozen=True)
 class Plan(Message):
     """The scheduler's newest batch plan, sent to every server, which hand it on with their
-    replies. A batch of 0 marks a vacant rank; `departed` lists [rank, last step] for
-    workers gone since the previous plan: nobody waits for their later steps."""
+    replies (and to the workers, the first step's after their probes). A batch of 0 marks
+    a vacant rank; `departed` lists (rank, last step) for workers gone since the previous
+    plan: nobody waits for their later steps."""
 
     OP = "plan"
-    gen: int
-    batches: list
-    stop: bool = False
-    departed: list = field(default_factory=list)
+    plan: BatchPlan
+    departed: tuple[tuple[int, int], ...] = ()
 
     def check(self):
-        non_negative(self, "gen")
-        if not self.batches or not all(count(b) for b in self.batches) or not any(self.batches):
-            raise ValueError(f"batches must be counts >= 0, not all 0: {self.batches!r}")
-        if not all(isinstance(d, list) and len(d) == 2 and count(d[0]) and d[0] < len(self.batches)
-                   and count(d[1] + 1 if isinstance(d[1], int) else None) for d in self.departed):
-            raise ValueError(f"departed must be [rank, last step or -1] pairs: {self.departed!r}")
+        if not all(0 <= rank < len(self.plan.batches) and last >= -1 for rank, last in self.departed):
+            raise ValueError(f"departed must be (rank, last step or -1) pairs: {brief(self.departed)}")
 
 
 @dataclass(frozen=True)
@@ -308,12 +332,12 @@ class Checkpoint(Message):
     its version reaches `at` (None: at once); it answers with `saved`."""
 
     OP = "checkpoint"
-    req: int
+    request: int
     step: int
     at: int | None = None
 
     def check(self):
-        non_negative(self, "step")
+        non_negative(self, "request", "step")
         if self.at is not None and self.at < 0:
             raise ValueError(f"at must be >= 0, not {self.at}")
 
@@ -324,7 +348,7 @@ class Saved(Message):
     SHA-256 as omnips.checkpoint records them), or `error` says why it is not."""
 
     OP = "saved"
-    req: int
+    request: int
     step: int
     version: int = 0
     size: int = 0
@@ -333,7 +357,7 @@ class Saved(Message):
     write_s: float = 0.0  # how long writing the file took (steps then are not measured)
 
     def check(self):
-        non_negative(self, "step", "version", "size")
+        non_negative(self, "request", "step", "version", "size")
         at_most(self, MAX_SECONDS, "write_s")
 
 
@@ -356,16 +380,17 @@ class Rewind(Message):
     OP = "rewind"
     steps: list
     positions: list
-    plan: dict
-    servers: list
-    ipc: list = field(default_factory=list)
+    plan: BatchPlan
+    servers: tuple[str, ...]
+    ipc: tuple[tuple[str, str], ...] = ()
 
     def check(self):
         if not self.steps or len(self.positions) != len(self.steps) \
                 or not all(count(x) for x in [*self.steps, *self.positions]):
             raise ValueError("steps and positions must be one count per worker")
-        if not self.servers or not all(isinstance(e, str) for e in self.servers):
-            raise ValueError("servers must be a list of endpoints")
+        self.plan.sized(len(self.steps))
+        if not self.servers:
+            raise ValueError("servers must name every server's endpoint")
         if not local_endpoints_ok(self.ipc, self.servers):
             raise ValueError("ipc must hold one [host, ipc:// endpoint or \"\"] pair per server, or none")
 

@@ -11,8 +11,6 @@ import os
 import socket as pysocket
 import stat
 
-from . import protocol
-
 log = logging.getLogger(__name__)
 
 TRANSPORTS = ("auto", "tcp")
@@ -42,15 +40,12 @@ def can_open(path: str) -> bool:
         return False
 
 
-def endpoints(servers: list, local: list, transport: str) -> list[str]:
+def endpoints(servers, local, transport: str) -> list[str]:
     """Each server's endpoint for this process, each choice logged. `servers`: the tcp
-    endpoints; `local`: [hostname, ipc endpoint or ""] per server, or [] from a scheduler
-    that sends none. Raises ValueError for a malformed list."""
+    endpoints; `local`: (hostname, ipc endpoint or "") per server, or none from a scheduler
+    that sends none (both as the codec checked them: ClusterMap, Rewind)."""
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
-    if not all(isinstance(e, str) for e in servers) or not protocol.local_endpoints_ok(local, servers):
-        raise ValueError("malformed server endpoints from the scheduler: tcp ones must be strings, ipc ones "
-                         "[host, \"ipc://...\" or \"\"] pairs, one per server")
     me = pysocket.gethostname()
     chosen = []
     for s, tcp in enumerate(servers):

@@ -13,6 +13,7 @@ import numpy as np
 import zmq
 
 from . import codec, protocol, security, transport
+from .batching import BatchPlan
 from .protocol import Ack, Error, Init, Params, ProtocolError, Pull, Push
 from .wire import WireDtype, name_of
 
@@ -34,7 +35,7 @@ class Exchange:
     """What one round with every server brought back."""
 
     versions: list[int]
-    plan: dict | None  # the newest batch plan, if a server attached one
+    plan: BatchPlan | None  # the newest batch plan, if a server attached one
     held_s: float  # the longest a server held our request (barrier wait)
     elapsed_s: float  # first send to last reply
 
@@ -64,10 +65,10 @@ class ServerGroup:
         self._poller = zmq.Poller()
         for sock in self.socks:
             self._poller.register(sock, zmq.POLLIN)
-        self._req = 0
+        self._request = 0
         self._upto: dict[int, int] = {}  # shard -> values of its reply in parts that have arrived
         # the request whose replies are being read: its id, where its values go, in what dtype they come
-        self._rest_req: int | None = None
+        self._rest_answers: tuple[int, int] | None = None
         self._rest_into: np.ndarray | None = None
         self._rest_wire = FLOAT32
         self._on_wait, self._on_refusal = on_wait, on_refusal
@@ -91,17 +92,17 @@ class ServerGroup:
         that version)."""
         if self.interrupted:
             return None
-        self._req += 1
+        self._request += 1
         for sock in self.socks:
-            transport.send(sock, Pull(req=self._req, at=at, gen=gen))
-        return self._gather(Params, self._req, into)
+            transport.send(sock, Pull(request=self._request, at=at, gen=gen))
+        return self._gather(Params, (self._request, -1), into)
 
     def push_pull(self, rank: int, step: int, grads: np.ndarray, batch: int, gen: int,
                   into: np.ndarray) -> Exchange | None:
         """Push each shard's gradient slice (none with batch 0: a dropped gradient); each
         reply carries the updated shard. `grads` is in the wire dtype (WireDtype.narrow)."""
         for s, (lo, hi) in enumerate(self.ranges):
-            self.push(s, lo, hi, Push(rank=rank, step=step, ver=0, batch=batch, gen=gen, data=grads))
+            self.push(s, lo, hi, Push(rank=rank, step=step, version=0, batch=batch, gen=gen, data=grads))
         return self.collect(step, into)
 
     def push(self, s: int, lo: int, hi: int, head: Push, track: bool = False) -> zmq.MessageTracker | None:
@@ -115,7 +116,7 @@ class ServerGroup:
             return None
         slo, shi = self.ranges[s]
         whole = (lo, hi) == (slo, shi) or not head.batch
-        msg = Push(rank=head.rank, step=head.step, ver=self.versions[s], batch=head.batch, gen=head.gen,
+        msg = Push(rank=head.rank, step=head.step, version=self.versions[s], batch=head.batch, gen=head.gen,
                    data=head.data[lo:hi] if head.batch else _NOTHING,
                    offset=0 if whole else lo - slo, whole=0 if whole else shi - slo, reply_part=head.reply_part)
         return transport.send(self.socks[s], msg, track=track)
@@ -124,7 +125,7 @@ class ServerGroup:
         """Every shard's reply to this step's push, written into `into`. With `early`, it
         returns once every shard has begun its answer: the parts still to come are read by
         `wait_for` (the next forward pass, layer by layer) or `complete`."""
-        ex = self._gather(Params, step, into, self.wire)
+        ex = self._gather(Params, (-1, step), into, self.wire)
         return ex if early or ex is None or self.complete() else None
 
     def wait_for(self, lo: int, hi: int) -> bool:
@@ -138,14 +139,14 @@ class ServerGroup:
         """Until the reply being read has arrived whole (False: interrupted)."""
         return not self.interrupted and (not self._upto or self._pump(lambda: not self._upto))
 
-    def _gather(self, want: type, req: int | None, into: np.ndarray | None,
+    def _gather(self, want: type, answers: tuple[int, int] | None, into: np.ndarray | None,
                 wire: WireDtype = FLOAT32) -> Exchange | None:
-        """The first answer of every shard to `req`; Params values, expected in `wire`, into
-        `into`; None when interrupted."""
+        """The first answer of every shard to the pull request or push step `answers` (a Params'
+        (request, step)); Params values, expected in `wire`, into `into`; None when interrupted."""
         if not self.complete():  # a reply still arriving in parts comes before the next one
             return None
         start = time.perf_counter()
-        self._rest_req, self._rest_into, self._rest_wire = req, into, wire
+        self._rest_answers, self._rest_into, self._rest_wire = answers, into, wire
         got = {}
         self._gathering = (time.monotonic(), got)
         try:
@@ -154,9 +155,7 @@ class ServerGroup:
         finally:
             self._gathering = None
         params = [msg for msg in got.values() if isinstance(msg, Params)]
-        plan = None
-        for msg in params:
-            plan = msg.plan if _newer(msg.plan, plan) else plan
+        plan = max((msg.plan for msg in params if msg.plan is not None), key=lambda p: p.gen, default=None)
         held = max((msg.held_s for msg in params), default=0.0)
         return Exchange(list(self.versions), plan, held, time.perf_counter() - start)
 
@@ -172,7 +171,7 @@ class ServerGroup:
         """Read replies until done(): the later parts of replies in parts and, given `got`,
         each shard's first answer (of type `want`) to the request being read, into `got`.
         False when the group is interrupted (by on_wait or on_refusal) instead."""
-        req, into = self._rest_req, self._rest_into
+        answers, into = self._rest_answers, self._rest_into
         deadline = time.monotonic() + self.timeout_s
         tick = time.monotonic() + self._tick_s
         while not done():
@@ -196,14 +195,14 @@ class ServerGroup:
                     self._refused(self._refusal(s, msg))
                     break
                 if s in self._upto:  # a reply in parts: nothing else can come before its end
-                    if not isinstance(msg, Params) or msg.req != req or not msg.whole:
+                    if not isinstance(msg, Params) or _answers(msg) != answers or not msg.whole:
                         raise ServerError(f"{self.name(s)} broke off a reply in parts", "protocol")
                     if msg.version != self.versions[s]:
                         raise ServerError(f"{self.name(s)} sent a part at version {msg.version} in a reply "
                                           f"at {self.versions[s]}", "bad_version")
                     self._accept_part(s, msg, self._upto[s])
                     continue
-                if got is None or s in got or not isinstance(msg, want) or (req is not None and msg.req != req):
+                if got is None or s in got or not isinstance(msg, want) or (answers is not None and _answers(msg) != answers):
                     continue  # a late answer to an earlier, abandoned request: read and dropped
                 if isinstance(msg, Params):
                     if msg.version < self.versions[s]:  # a shard's versions only grow, unless restored
@@ -247,8 +246,8 @@ class ServerGroup:
             sock.close(linger=0)
 
     # -- pieces the scheduler's poll loop uses too --------------------------------
-    def send_pull(self, req: int, at: int | None) -> None:
-        self.broadcast(Pull(req=req, at=at))
+    def send_pull(self, request: int, at: int | None) -> None:
+        self.broadcast(Pull(request=request, at=at))
 
     def broadcast(self, msg: protocol.Message) -> None:
         for sock in self.socks:
@@ -289,12 +288,6 @@ class ServerGroup:
         self.versions[s] = msg.version
 
 
-def _newer(plan: dict | None, than: dict | None) -> bool:
-    return plan is not None and (than is None or _gen(plan) > _gen(than))
+def _answers(msg: Params) -> tuple[int, int]:
+    return msg.request, msg.step
 
-
-def _gen(plan: dict) -> float:
-    """A plan's generation; a malformed one ranks above all, so that the worker's check
-    of the plan it keeps (BatchPlan.from_wire) refuses it rather than it being passed over."""
-    gen = plan.get("gen")
-    return gen if type(gen) is int else math.inf

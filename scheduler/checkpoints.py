@@ -36,7 +36,7 @@ class CheckpointBook:
         self.root, self.job, self.ranges, self.every = Path(root), job, ranges, every
         self.pending: dict[int, PendingCheckpoint] = {}
         self.complete = 0  # checkpoints this scheduler completed
-        self._next_req = 0
+        self._next_request = 0
         self.start = start  # the step the job started (resumed) from: checkpoints up to it are an earlier run's
         self._next_step = self._after(start)  # the first checkpoint after `start`
 
@@ -61,20 +61,20 @@ class CheckpointBook:
         self._next_step = self._after(step)
 
     def open(self, step: int, worker_steps: list[int], positions: list[int]) -> int:
-        self._next_req += 1
-        self.pending[self._next_req] = PendingCheckpoint(step, list(worker_steps), list(positions))
-        return self._next_req
+        self._next_request += 1
+        self.pending[self._next_request] = PendingCheckpoint(step, list(worker_steps), list(positions))
+        return self._next_request
 
     def add(self, server: int, msg: Saved) -> tuple[int, str | None] | None:
         """Record a server's answer; once all have answered, write the manifest and return
         (step, None), or (step, why the checkpoint is incomplete)."""
-        entry = self.pending.get(msg.req)
+        entry = self.pending.get(msg.request)
         if entry is None or msg.step != entry.step:
             return None
         entry.answers[server] = msg
         if len(entry.answers) < len(self.ranges):
             return None
-        del self.pending[msg.req]
+        del self.pending[msg.request]
         failed = [f"server {s}: {a.error}" for s, a in sorted(entry.answers.items()) if a.error]
         if failed:
             return entry.step, "; ".join(failed)

@@ -86,13 +86,13 @@ class SchedulerCore:
             self.reports.diverged(self.losses.on_eval())
         return self._run(now, done)
 
-    def checkpoint_unsent(self, req: int, step: int, error: str, now: float) -> list:
+    def checkpoint_unsent(self, request: int, step: int, error: str, now: float) -> list:
         """AskCheckpoint could not reach the servers."""
         def unsent():
-            del self.checkpoints.pending[req]
+            del self.checkpoints.pending[request]
             log.warning("checkpoint %d not taken: cannot ask the servers: %s", step, error)
-            if self.stop is not None and self.stop.checkpoint_req == req:
-                self.stop.checkpoint_req = None
+            if self.stop is not None and self.stop.checkpoint_request == request:
+                self.stop.checkpoint_request = None
         return self._run(now, unsent)
 
     def tick(self, now: float, unread: bool = False) -> list:
@@ -260,6 +260,8 @@ class SchedulerCore:
                 self.stalls.seat(worker.rank, worker.info.host, worker.info.device, self.now)
                 self.membership(worker)
             plan = self.planner.start(probe=self.job.probe and self.resume is None)  # a resumed job's workers go on
+            for worker in self.registry.workers.values():
+                self.out.send(worker.peer, self.registry.worker_welcome(worker, plan))
             log.info("cluster complete; batches %s", list(plan.batches))
             self.send_plan(plan)  # every server learns whom a step waits for
         for member in self.registry.joined:
@@ -291,7 +293,7 @@ class SchedulerCore:
         plan = self._membership_plan(sorted(self.registry.workers), "joined")
         self.send_plan(plan)
         self.out.send(member.peer,
-                      self.registry.worker_welcome(member, join_gen=plan.gen, start_step=min(steps, default=0)))
+                      self.registry.worker_welcome(member, plan, join_gen=plan.gen, start_step=min(steps, default=0)))
         self.joined += 1
         self.membership(member, "joined", late=True)
         log.info("worker %d joined from %s: batches %s", member.rank, member.info.host, list(plan.batches))
@@ -315,10 +317,10 @@ class SchedulerCore:
         if not self.registry.workers:
             self.recovery.no_workers(rank, why)  # they gave up on a lost server, not the reverse
             raise JobFailed(f"every worker is gone (the last, worker {rank}: {why})")
-        plan = self.registry.plan
+        plan = self.planner.plan
         if not plan.stop:
             plan = self._membership_plan(sorted(self.registry.workers), "lost")
-        self.send_plan(plan, departed=[[rank, last]])
+        self.send_plan(plan, departed=[(rank, last)])
         self.evals.final_if_done()
         self.start_plan(self.planned(self.planner.departed, rank))
 
@@ -338,15 +340,14 @@ class SchedulerCore:
             return
         self.send_plan(plan)
         for m in self.registry.workers.values():
-            self.out.send(m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop))
+            self.out.send(m.peer, Plan(plan=plan))
 
     def send_plan(self, plan: BatchPlan, departed=()) -> None:
         """Every server hands the plan on with its replies; a worker takes the newest it
         gets in a step's replies, which every BSP worker gets alike: all switch at one step."""
         self.planner.set(plan)
         for m in self.registry.servers:
-            self.out.send(m.peer, Plan(gen=plan.gen, batches=list(plan.batches), stop=plan.stop,
-                                       departed=list(departed)))
+            self.out.send(m.peer, Plan(plan=plan, departed=tuple(departed)))
 
     def _on_leave(self, m: Member, why: str) -> None:
         """A process's SIGTERM (stopping.on_leave): a worker has left after its step in flight;

@@ -32,24 +32,24 @@ class EvalBook:
     def __init__(self, num_servers: int):
         self.num_servers = num_servers
         self.pending: dict[int, PendingEval] = {}
-        self._next_req = 0
+        self._next_request = 0
         self.final_asked = False
 
     def open(self, point: EvalPoint, final: bool) -> int:
-        self._next_req += 1
+        self._next_request += 1
         self.final_asked |= final
-        self.pending[self._next_req] = PendingEval(point, final)
-        return self._next_req
+        self.pending[self._next_request] = PendingEval(point, final)
+        return self._next_request
 
     def add(self, server: int, msg: Params) -> PendingEval | None:
         """Record one shard; returns the evaluation once every shard is in."""
-        entry = self.pending.get(msg.req)
+        entry = self.pending.get(msg.request)
         if entry is None:
             return None
         entry.shards[server] = msg
         if len(entry.shards) < self.num_servers:
             return None
-        return self.pending.pop(msg.req)
+        return self.pending.pop(msg.request)
 
 
 class Evaluations:

@@ -33,7 +33,7 @@ class ConnectServers:
 
 @dataclass(frozen=True)
 class AskEval:
-    req: int
+    request: int
     at: int | None  # the version to read, None: as the servers hold it now
 
 

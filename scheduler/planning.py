@@ -17,36 +17,45 @@ log = logging.getLogger("omnips.scheduler")
 
 
 class Planner:
+    """The plan's one owner: its own until the cluster is complete; with dynamic batching
+    from then on the controller's (which makes the next one), read through `plan` alike."""
+
     def __init__(self, job: JobSpec, registry: Registry, run):
         self.job, self.registry, self.run = job, registry, run  # run: the RunDir the events go to
         self.control: BatchControl | None = None  # dynamic batching, once the cluster is complete
+        self._plan: BatchPlan | None = None  # static batching's plan (None before the start)
         self.probing: set[int] = set()  # ranks whose probe the start plan still waits for
         self._probes: dict[int, tuple[list, list]] = {}  # rank -> its probe's (batches, seconds)
         self._probe_memory: dict[int, int] = {}  # rank -> the batch its free memory holds, from its probe
         self._memory_warned: set[int] = set()  # ranks whose memory estimate could not be applied
 
     @property
-    def plan(self) -> BatchPlan:
-        return self.registry.plan
+    def plan(self) -> BatchPlan | None:
+        """The plan every process runs (None before the cluster is complete)."""
+        return self.control.plan if self.control is not None else self._plan
 
     def set(self, plan: BatchPlan) -> None:
         """`plan` is the one every process runs from now on."""
-        self.registry.plan = plan
         if self.control is not None:
             self.control.plan = plan
+        else:
+            self._plan = plan
 
     @property
     def adjustments(self) -> int:
         return self.control.adjustments if self.control else 0
 
     def start(self, probe: bool) -> BatchPlan:
-        """The cluster is complete: the first plan; with dynamic batching the controller
-        starts, and with `probe` every worker's probe is waited for before the first step."""
-        plan = self.plan
+        """The cluster is complete: the first plan (the static split); with dynamic batching
+        the controller starts from it, and with `probe` every worker's probe is waited for
+        before the first step."""
+        plan = BatchPlan(0, self.registry.static_batches(list(self.registry.workers)))
         if self.job.batching == "dynamic":
             self.control = BatchControl(self.job, plan)
             if probe:
                 self.probing = set(self.registry.workers)
+        else:
+            self._plan = plan
         self.run.event("assign", gen=plan.gen, batches=list(plan.batches), step=0, reason="start")
         return plan
 
@@ -78,7 +87,7 @@ class Planner:
         """A worker's step report (`disturbed`: its step overlapped an evaluation or a
         checkpoint write, so its time says nothing of its speed): a new plan to send, or
         None inside the deadband."""
-        control = self.control
+        control, before = self.control, self.control.plan
         if not disturbed:
             control.on_step(r.rank, r.batch, r.compute_s)
         adjustment = None
@@ -95,7 +104,7 @@ class Planner:
                 adjustment = control.replan()
             except ValueError as exc:
                 raise ValueError(f"dynamic batching failed: {exc}") from None
-        if adjustment is None or control.plan == self.plan:
+        if adjustment is None or control.plan == before:
             return None
         self._record(adjustment, r.step, "new batches", measured_batches=list(adjustment.batches),
                      compute_s=list(adjustment.times),

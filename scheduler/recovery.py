@@ -85,11 +85,10 @@ class Recovery:
         core.progress.resume(ckpt.worker_steps, ckpt.positions)
         core.checkpoints.rewind(ckpt.step)
         core.connect_servers(reconnect=True)  # evaluation and checkpoint requests died with the rewind
-        plan = BatchPlan(core.registry.plan.gen + 1, core.registry.plan.batches)
+        plan = BatchPlan(core.planner.plan.gen + 1, core.planner.plan.batches)
         core.send_plan(plan)
-        endpoints = [s.info.endpoint for s in core.registry.servers]
-        rewind = Rewind(steps=list(ckpt.worker_steps), positions=list(ckpt.positions), plan=plan.to_wire(),
-                        servers=endpoints, ipc=core.registry.local_endpoints())
+        rewind = Rewind(steps=list(ckpt.worker_steps), positions=list(ckpt.positions), plan=plan,
+                        servers=core.registry.endpoints(), ipc=core.registry.local_endpoints())
         for w in core.registry.workers.values():
             core.out.send(w.peer, rewind)
             core.stalls.seat(w.rank, w.info.host, w.info.device, core.now)  # their steps start again

@@ -6,7 +6,8 @@ for its command-line order, which names its log); the others fill the free ranks
 in registration order once all servers (all workers) are in.
 Servers are welcomed as soon as all of them are in (they need only their shard
 range); workers once every server and --min-workers workers are in (they need
-every server's address). Later a worker takes a vacant rank: one never filled, or
+every server's address): the registry then says the cluster is complete, and the
+scheduler welcomes them with the first plan (the plan is scheduler/planning.py's). Later a worker takes a vacant rank: one never filled, or
 one whose worker was lost. A resumed job's welcomes name the checkpoint servers
 restore their shard from and the step and sample position workers continue at.
 A registration whose job token differs from the scheduler's is refused before
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from omnips.batching import BatchPlan, initial_batches, spread
 from omnips.checkpoint import Manifest
+from omnips.cluster import ClusterMap, ServerStart, WorkerStart
 from omnips.job import JobSpec
 from omnips.protocol import Ack, Error, Message, Register, Welcome
 from omnips.access import token_matches
@@ -56,12 +58,8 @@ class Registry:
         self.joined: list[Member] = []  # workers seated after the start: the scheduler welcomes them
         self.by_peer: dict[bytes, Member] = {}
         self._gone: dict[bytes, Member] = {}  # members lost: a word still sent to one is named
-        self.plan: BatchPlan | None = None
+        self.complete = False  # every server and --min-workers workers are in: the job has started
         self.fingerprints: dict = {}  # digests of the scheduler's model and data set: workers compare theirs
-
-    @property
-    def complete(self) -> bool:
-        return self.plan is not None
 
     @property
     def vacant(self) -> list[int]:
@@ -136,8 +134,8 @@ class Registry:
         self.workers = dict(sorted(self.workers.items()))
         self.waiting = []
         self.by_peer.update({m.peer: m for m in self.workers.values()})
-        self.plan = BatchPlan(0, self.static_batches(list(self.workers)))
-        return [(m.peer, self.worker_welcome(m)) for m in self.workers.values()]
+        self.complete = True
+        return []
 
     def _seat(self, peer: bytes, reg: Register) -> list[tuple[bytes, Message]]:
         """A worker registering after the start takes a vacant rank (the one it asks for, or
@@ -185,32 +183,35 @@ class Registry:
         me = self.workers[rank].info
         return sum(1 for m in self.workers.values() if (m.info.host, m.info.device) == (me.host, me.device))
 
-    def local_endpoints(self) -> list[list[str]]:
-        """[hostname, ipc endpoint or ""] per server: clients on a server's host connect there."""
-        return [[s.info.host, s.info.ipc] for s in self.servers]
+    def endpoints(self) -> tuple[str, ...]:
+        return tuple(s.info.endpoint for s in self.servers)
+
+    def local_endpoints(self) -> tuple[tuple[str, str], ...]:
+        """(hostname, ipc endpoint or "") per server: clients on a server's host connect there."""
+        return tuple((s.info.host, s.info.ipc) for s in self.servers)
+
+    def cluster_map(self) -> ClusterMap:
+        return ClusterMap(num_params=self.num_params, ranges=tuple(self.ranges), servers=self.endpoints(),
+                          ipc=self.local_endpoints(), dead_after_s=self.dead_after_s, heartbeat_s=self.heartbeat_s)
 
     def server_welcome(self, m: Member, restore: str = "") -> Welcome:
         """`restore`: the checkpoint a server taking a lost one's shard starts from."""
-        lo, hi = self.ranges[m.rank]
-        return Welcome(rank=m.rank, job=self.job.to_dict(), cluster={
-            "range": [lo, hi], "num_params": self.num_params, "num_trained": self.num_trained,
-            "dead_after_s": self.dead_after_s, "heartbeat_s": self.heartbeat_s,
-            "checkpoint_dir": self.checkpoint_dir,
-            "restore": restore or (str(self.resume.path) if self.resume else "")})
+        start = ServerStart(num_trained=self.num_trained, checkpoint_dir=self.checkpoint_dir,
+                            restore=restore or (str(self.resume.path) if self.resume else ""))
+        return Welcome(rank=m.rank, job=self.job, cluster=self.cluster_map(), server=start)
 
-    def worker_welcome(self, m: Member, join_gen: int = -1, start_step: int = 0) -> Welcome:
-        """`join_gen` >= 0 for a worker joining a running job: it starts at the first step of
-        that plan (BSP) or at `start_step` (ASP, SSP), and does not initialise the shards."""
-        return Welcome(rank=m.rank, job=self.job.to_dict(), cluster={
-            "servers": [s.info.endpoint for s in self.servers], "ipc": self.local_endpoints(),
-            "ranges": [list(r) for r in self.ranges],
-            "num_params": self.num_params, "total_steps": self.total_steps, "plan": self.plan.to_wire(),
-            "dead_after_s": self.dead_after_s, "heartbeat_s": self.heartbeat_s, "join_gen": join_gen,
-            "resumed": self.resume is not None, "fingerprints": self.fingerprints,
-            # the job's workers on its host (itself included): it shares the cores among them
-            "host_workers": max(1, sum(w.info.host == m.info.host for w in self.workers.values())),
-            "start_step": self.resume.worker_steps[m.rank] if self.resume and join_gen < 0 else start_step,
-            "start_position": self.resume.positions[m.rank] if self.resume and join_gen < 0 else 0})
+    def worker_welcome(self, m: Member, plan: BatchPlan, join_gen: int = -1, start_step: int = 0) -> Welcome:
+        """A worker's welcome with the `plan` in force. `join_gen` >= 0 for a worker joining a
+        running job: it starts at the first step of that plan (BSP) or at `start_step` (ASP,
+        SSP), and does not initialise the shards."""
+        at_checkpoint = self.resume is not None and join_gen < 0  # a resumed job's starting worker
+        start = WorkerStart(
+            plan=plan, total_steps=self.total_steps, join_gen=join_gen, resumed=self.resume is not None,
+            step=self.resume.worker_steps[m.rank] if at_checkpoint else start_step,
+            position=self.resume.positions[m.rank] if at_checkpoint else 0,
+            host_workers=max(1, sum(w.info.host == m.info.host for w in self.workers.values())),
+            fingerprints=self.fingerprints)
+        return Welcome(rank=m.rank, job=self.job, cluster=self.cluster_map(), worker=start)
 
 
 def _ranked(members: list[Member], ranks: int) -> list[Member]:

@@ -57,15 +57,15 @@ class Reports:
             return
         disturbed = core.disturbances.touches(core.now, r.compute_s + r.network_s + r.wait_s)
         core.out.append(WriteStep(r, core.progress.epochs, disturbed))
-        if core.job.mode != "bsp" and not core.registry.plan.stop:
+        if core.job.mode != "bsp" and not core.planner.plan.stop:
             updates = sum(w.steps for w in core.progress.workers)
             if core.checkpoints.due(updates):
                 self.ask_checkpoint(updates, None)
-        if core.job.mode != "bsp" and core.progress.budget_reached and not core.registry.plan.stop:
-            plan = core.registry.plan
+        if core.job.mode != "bsp" and core.progress.budget_reached and not core.planner.plan.stop:
+            plan = core.planner.plan
             core.send_plan(BatchPlan(plan.gen + 1, plan.batches, stop=True))
             log.info("sample budget reached: asking workers to stop")
-        elif core.planner.control is not None and not core.registry.plan.stop:
+        elif core.planner.control is not None and not core.planner.plan.stop:
             plan = core.planned(core.planner.on_report, r, disturbed)
             if plan is not None:
                 core.send_plan(plan)
@@ -112,9 +112,9 @@ class Reports:
     def ask_checkpoint(self, step: int, at: int | None) -> int:
         """The request's number (checkpoint_unsent says if it did not reach the servers)."""
         core = self.core
-        req = core.checkpoints.open(step, *core.progress.restart_point(at))
-        core.out.append(AskCheckpoint(Checkpoint(req=req, step=step, at=at)))
-        return req
+        request = core.checkpoints.open(step, *core.progress.restart_point(at))
+        core.out.append(AskCheckpoint(Checkpoint(request=request, step=step, at=at)))
+        return request
 
     def on_saved(self, s: int, msg: Saved) -> None:
         core = self.core
@@ -125,7 +125,7 @@ class Reports:
         step, failure = outcome
         core.out.event("checkpoint", step=step, complete=failure is None, error=failure)
         if core.stop is not None:
-            core.stop.on_checkpoint(msg.req, step, failure)
+            core.stop.on_checkpoint(msg.request, step, failure)
         if failure is None:
             log.info("checkpoint %d complete", step)
         else:

@@ -204,14 +204,14 @@ class Scheduler:
             self.run.flush()
         elif isinstance(i, AskEval):
             try:
-                self.servers.send_pull(i.req, i.at)
+                self.servers.send_pull(i.request, i.at)
             except zmq.ZMQError as exc:
                 raise Ended(Finish(f"failed: cannot ask the servers for an evaluation: {exc}")) from None
         elif isinstance(i, AskCheckpoint):
             try:
                 self.servers.broadcast(i.msg)
             except zmq.ZMQError as exc:
-                self.execute(self.core.checkpoint_unsent(i.msg.req, i.msg.step, str(exc), time.monotonic()))
+                self.execute(self.core.checkpoint_unsent(i.msg.request, i.msg.step, str(exc), time.monotonic()))
         elif isinstance(i, Evaluate):
             self._evaluate(i.pending)
         elif isinstance(i, ConnectServers):
@@ -230,8 +230,7 @@ class Scheduler:
                 self.poller.unregister(sock)
             self.servers.close()
         registry = self.core.registry
-        endpoints = routes.endpoints([m.info.endpoint for m in registry.servers], registry.local_endpoints(),
-                                     self.opts.transport)
+        endpoints = routes.endpoints(registry.endpoints(), registry.local_endpoints(), self.opts.transport)
         self.servers = ServerGroup(self.ctx, endpoints, registry.ranges, self.opts.server_timeout_s,
                                    keys=self.opts.keys)
         for sock in self.servers.socks:
@@ -260,7 +259,7 @@ class Scheduler:
     # -- outputs ------------------------------------------------------------------
     def _summary(self, status: str) -> dict:
         core = self.core
-        plan = core.registry.plan
+        plan = core.planner.plan
         acc, loss = core.evals.final or (None, None)
         verdict = core.losses.verdict
         return {

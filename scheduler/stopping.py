@@ -20,7 +20,7 @@ class Stop:
     start: float
     wait_s: float  # 0: nothing to save (no step was trained)
     saving: bool = False  # the model (and checkpoint) were asked of the servers
-    checkpoint_req: int | None = None  # the checkpoint request waited for; None: none (asked)
+    checkpoint_request: int | None = None  # the checkpoint request waited for; None: none (asked)
     checkpoint: str = ""  # what became of it, once answered
 
     @property
@@ -38,16 +38,16 @@ class Stop:
     @property
     def saved(self) -> bool:
         """Every answer is in: the model, and the checkpoint if one was asked."""
-        return self.saving and (self.checkpoint_req is None or bool(self.checkpoint))
+        return self.saving and (self.checkpoint_request is None or bool(self.checkpoint))
 
-    def on_checkpoint(self, req: int, step: int, failure: str | None) -> None:
-        if req == self.checkpoint_req:
+    def on_checkpoint(self, request: int, step: int, failure: str | None) -> None:
+        if request == self.checkpoint_request:
             self.checkpoint = f"checkpoint {step} complete" if failure is None else f"checkpoint {step} failed: {failure}"
 
     def detail(self, steps: int, model: bool) -> str:
         """What the preemption saved, as summary.json's `preempted` says it."""
         what = ["model.pt written" if model else "model.pt not written"]
-        if self.checkpoint_req is not None:
+        if self.checkpoint_request is not None:
             what.append(self.checkpoint or "the checkpoint was not answered")
         elif self.saving:
             what.append("no checkpoint (the servers could not be asked)")
@@ -76,11 +76,11 @@ def begin_or_save(core) -> None:
         if trained:
             log.warning("%s: preempted: the workers stop after their step in flight, then model.pt and a "
                         "checkpoint are written (within %g s)", core.stop.why, STOP_WAIT_S)
-            plan = core.registry.plan
+            plan = core.planner.plan
             if not plan.stop:
                 core.send_plan(BatchPlan(plan.gen + 1, plan.batches, stop=True))
     if core.stop.save_now(core.progress.all_done, core.now):
         core.stop.saving = True
         core.evals.final_now()
         steps = core.progress.steps  # BSP: at the version where every worker stopped
-        core.stop.checkpoint_req = core.reports.ask_checkpoint(steps, steps if core.job.mode == "bsp" else None)
+        core.stop.checkpoint_request = core.reports.ask_checkpoint(steps, steps if core.job.mode == "bsp" else None)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetch Debian's Slurm (controller, node daemon, client, plugins and the libraries they
+# Fetch Debian's Slurm (slurmctld, slurmd, the client commands, plugins and the libraries they
 # load) and unpack it into a cache directory, without installing anything: the Slurm
 # test (tests/test_slurm.py) runs these binaries from there.
 # Usage: scripts/slurm_fetch.sh [DIR]   (default ${OMNIPS_SLURM_CACHE:-~/.cache/omnips-slurm})

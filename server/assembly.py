@@ -50,7 +50,7 @@ class Joined(NamedTuple):
 
 
 def _key(p: Push) -> tuple:
-    return p.rank, p.step, p.ver, p.batch, p.gen
+    return p.rank, p.step, p.version, p.batch, p.gen
 
 
 class Assembler:

@@ -14,7 +14,6 @@ import torch
 import zmq
 
 from omnips import codec, protocol, security, transport
-from omnips.job import JobSpec
 from omnips.leaving import Leaving
 from omnips.link import LinkError, Preempted, SchedulerLink
 from omnips.protocol import (Ack, Error, Init, Leave, Params, Plan, ProtocolError, Push, Register, Restore,
@@ -56,20 +55,18 @@ def serve(scheduler: str, host: str, port: int, advertise: str | None,
         me = Register(role="server", host=pysocket.gethostname(), endpoint=endpoint, ipc=ipc,
                       threads=torch.get_num_threads(), pid=os.getpid(), token=token, rank=rank)
         welcome = link.register(me, ack_timeout_s, welcome_timeout_s)
-        job = JobSpec.from_dict(welcome.job)
-        cluster = link.cluster_fields(welcome, range=list, dead_after_s=float, heartbeat_s=float, num_trained=int,
-                                      num_params=int, checkpoint_dir=str, restore=str)
-        lo, hi = cluster["range"]
-        link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
-        core = ShardCore(job, lo, hi, cluster["num_trained"])
+        job, cluster, start = welcome.job, welcome.cluster, welcome.server
+        lo, hi = cluster.ranges[welcome.rank]
+        link.dead_after_s, link.heartbeat_s = cluster.dead_after_s, cluster.heartbeat_s
+        core = ShardCore(job, lo, hi, start.num_trained)
         restore = functools.partial(_restore, core, welcome.rank, lo, hi, link)
-        if cluster["restore"]:  # a resumed job, or a lost server's shard: continue from a checkpoint
-            restore(cluster["restore"])
-        writer = checkpointer.ShardWriter(Path(cluster["checkpoint_dir"]), welcome.rank, lo, hi)
+        if start.restore:  # a resumed job, or a lost server's shard: continue from a checkpoint
+            restore(start.restore)
+        writer = checkpointer.ShardWriter(Path(start.checkpoint_dir), welcome.rank, lo, hi)
         # the largest message a worker sends is a push of this shard: refuse anything bigger
         router.setsockopt(zmq.MAXMSGSIZE, (hi - lo) * 4 + protocol.MAX_HEADER_BYTES)
         log.info("server %d serves [%d, %d) of %d values on %s%s (%s, %s on the wire; %s)", welcome.rank, lo, hi,
-                 cluster["num_params"], endpoint, f" and {ipc}" if ipc else "", job.mode, job.wire_dtype,
+                 cluster.num_params, endpoint, f" and {ipc}" if ipc else "", job.mode, job.wire_dtype,
                  security.describe(keys))
         return _loop(router, link, core, writer, restore, leaving or Leaving(),
                      f"server {welcome.rank} on {pysocket.gethostname()}")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from omnips.batching import BatchPlan
 from omnips.flat import all_finite
 from omnips.job import JobSpec
 from omnips.protocol import MAX_PARTS, Ack, Checkpoint, Error, Init, Message, Params, Plan, Pull, Push, Saved
@@ -64,7 +65,7 @@ class ShardCore:
         self._b_ref = job.global_batch / job.num_workers
         self.version = 0
         self.initialized = False
-        self.plan: Plan | None = None  # the newest, handed on with replies
+        self.plan: BatchPlan | None = None  # the newest, handed on with replies
         self.barrier = Barrier(job.num_workers)  # BSP
         self.holds = Holds(job.staleness)  # ASP/SSP (its last steps are part of every mode's state)
         self.members = Members()
@@ -136,22 +137,23 @@ class ShardCore:
         """Pushes that came in parts (sent while the worker's backward ran) and were joined."""
         return self._parts.joined
 
-    def set_plan(self, plan: Plan, now: float, lazy: bool = False) -> list[Outgoing]:
+    def set_plan(self, msg: Plan, now: float, lazy: bool = False) -> list[Outgoing]:
         """A new batch plan: membership changes take effect (a departed worker's later steps
         are waited for by nobody; a re-filled rank binds to its new connection), and
         whatever waited on them is released (`lazy` as for handle). ValueError, and nothing
         changed, for a plan of another number of workers than the job's."""
-        if len(plan.batches) != self.job.num_workers:  # (Plan.check keeps departed ranks within it)
-            raise ValueError(f"the scheduler sent a plan for {len(plan.batches)} workers, the job has "
-                             f"{self.job.num_workers}")
-        return self._settled(lazy, self._set_plan, plan, now)
+        try:  # (Plan.check keeps departed ranks within it)
+            msg.plan.sized(self.job.num_workers)
+        except ValueError as exc:
+            raise ValueError(f"the scheduler sent {exc}") from None
+        return self._settled(lazy, self._set_plan, msg.plan, msg.departed, now)
 
-    def _set_plan(self, plan: Plan, now: float) -> list[Outgoing]:
+    def _set_plan(self, plan: BatchPlan, departed: tuple, now: float) -> list[Outgoing]:
         before = self.plan.batches if self.plan is not None else [1] * len(plan.batches)
         self.barrier.plans[plan.gen] = tuple(plan.batches)
         if self.plan is None or plan.gen > self.plan.gen:
             self.plan = plan
-        for rank, last in plan.departed:
+        for rank, last in departed:
             self.members.departed(rank, last)
             self._parts.forget(rank)
             self.store.correction.forget(rank)
@@ -190,7 +192,7 @@ class ShardCore:
     def _pull(self, peer, msg: Pull | Checkpoint, now):
         if isinstance(msg, Pull) and msg.gen >= 0 and self.job.mode == "bsp":
             if self.barrier.gen_ready(msg.gen):
-                return [self._joiner_params(peer, msg.req, 0.0)]
+                return [self._joiner_params(peer, msg, 0.0)]
             if not self.barrier.wait_pull(peer, msg, now):
                 return [_error(peer, "busy", f"{MAX_WAITING_PULLS} pulls are already waiting")]
             return []
@@ -240,8 +242,8 @@ class ShardCore:
                                              f"{self.wire.name}")
         if size is not None and msg.batch and size != self.n:
             return _error(peer, "bad_length", f"push carries {size} values, shard holds {self.n}")
-        if msg.ver > self.version:
-            return _error(peer, "bad_version", f"push computed on version {msg.ver}, shard is at {self.version}")
+        if msg.version > self.version:
+            return _error(peer, "bad_version", f"push computed on version {msg.version}, shard is at {self.version}")
         refusal = self.barrier.refusal(msg, self.version) if self.job.mode == "bsp" else self.holds.refusal(peer, msg)
         return _error(peer, *refusal) if refusal else None
 
@@ -252,15 +254,15 @@ class ShardCore:
         return self._apply_bsp(now) if self.barrier.waiting(self.version, self.members.excluded) == [] else []
 
     def _release_gen_pulls(self, now):
-        return [self._joiner_params(peer, m.req, now - t) for peer, m, t in self.barrier.due_pulls()]
+        return [self._joiner_params(peer, m, now - t) for peer, m, t in self.barrier.due_pulls()]
 
-    def _joiner_params(self, peer, req, held_s) -> Outgoing:
+    def _joiner_params(self, peer, pull: Pull, held_s) -> Outgoing:
         """The values a joining worker starts from, with the plan the step runs (the joiner's
         welcome may hold an older one)."""
         gen = self.barrier.gen
-        plan = {"gen": gen, "batches": list(self.barrier.plans[gen]), "stop": False}
-        return Outgoing(peer, Params(req=req, version=self.version, held_s=held_s, plan=plan, data=self.frozen()),
-                        snapshot=True)
+        plan = BatchPlan(gen, self.barrier.plans[gen])
+        return Outgoing(peer, Params(request=pull.request, version=self.version, held_s=held_s, plan=plan,
+                                     data=self.frozen()), snapshot=True)
 
     # -- updates -----------------------------------------------------------------
     def _apply_bsp(self, now):
@@ -276,7 +278,7 @@ class ShardCore:
 
     def _apply_asp(self, peer, msg: Push, segments: list, now):
         if msg.batch:  # a dropped gradient changes nothing but the worker's progress
-            staleness = self.version - msg.ver
+            staleness = self.version - msg.version
             lr = self.job.lr * msg.batch / self._b_ref
             if self.job.staleness_lr == "inverse":
                 lr /= 1 + staleness
@@ -349,12 +351,12 @@ class ShardCore:
     # -- replies -----------------------------------------------------------------
     def _serve(self, peer, msg: Pull | Checkpoint, held_s):
         if isinstance(msg, Checkpoint):
-            return Snapshot(peer, msg.req, msg.step, self.state())
-        return self._params(peer, msg.req, held_s, None, snapshot=True)
+            return Snapshot(peer, msg.request, msg.step, self.state())
+        return self._params(peer, msg, held_s)
 
     def _refuse(self, peer, msg: Pull | Checkpoint, code, text):
         if isinstance(msg, Checkpoint):  # answered in kind: the scheduler counts the checkpoint's answers
-            return Outgoing(peer, Saved(req=msg.req, step=msg.step, version=self.version, error=f"{code}: {text}"))
+            return Outgoing(peer, Saved(request=msg.request, step=msg.step, version=self.version, error=f"{code}: {text}"))
         return _error(peer, code, text)
 
     def _reply(self, peer, push: Push, held_s) -> Outgoing:
@@ -363,20 +365,22 @@ class ShardCore:
         if self.store.correction.tracks_sent:
             self.ready(self.n)
             self.store.correction.sent(push.rank, self.values)
-        out = self._params(peer, push.step, held_s, push.gen)
+        out = self._params(peer, push, held_s)
         part = max(push.reply_part, -(-self.n // MAX_PARTS)) if push.reply_part else 0
         if not 0 < part < self.n:
             return out
         self.replies_in_parts += 1
         return replace(out, part=part)
 
-    def _params(self, peer, req, held_s, gen_seen, snapshot=False):
-        """A reply with the shard: to a pull (snapshot) in float32, to a push in the wire dtype."""
-        plan = None
-        if self.plan is not None and gen_seen is not None and gen_seen < self.plan.gen:
-            plan = {"gen": self.plan.gen, "batches": self.plan.batches, "stop": self.plan.stop}
-        data = self.frozen() if snapshot else self.store.narrowed(self.version)
-        return Outgoing(peer, Params(req=req, version=self.version, held_s=held_s, plan=plan, data=data), snapshot)
+    def _params(self, peer, answered: Pull | Push, held_s):
+        """A reply with the shard: to a pull (a snapshot) in float32, to a push in the wire
+        dtype with the newest plan if the worker has not seen it."""
+        if isinstance(answered, Pull):
+            return Outgoing(peer, Params(request=answered.request, version=self.version, held_s=held_s, plan=None,
+                                         data=self.frozen()), snapshot=True)
+        plan = self.plan if self.plan is not None and answered.gen < self.plan.gen else None
+        return Outgoing(peer, Params(step=answered.step, version=self.version, held_s=held_s, plan=plan,
+                                     data=self.store.narrowed(self.version)))
 
     def _release_pulls(self, now):
         return [self._serve(peer, m, now - t) for peer, m, t in self._pulls.due(self.version)]

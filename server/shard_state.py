@@ -24,7 +24,7 @@ class Snapshot:
     """An instruction to the server: write `state` as checkpoint `step`, then answer `to`."""
 
     to: bytes
-    req: int
+    request: int
     step: int
     state: ShardState
 

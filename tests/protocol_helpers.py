@@ -1,5 +1,6 @@
 """omnips.protocol messages for tests: a hypothesis strategy and a sample for every op, comparing, mutating bytes."""
 
+import dataclasses
 import math
 from dataclasses import fields
 
@@ -7,6 +8,10 @@ import numpy as np
 from hypothesis import strategies as st
 
 from omnips import protocol
+from omnips.batching import BatchPlan
+from omnips.cluster import ClusterMap, ServerStart, WorkerStart
+from omnips.job import JobSpec
+from omnips.sharding import shard_ranges
 from omnips.protocol import (Ack, Checkpoint, Error, Failed, Heartbeat, Init, Leave, Params, Plan, Probe, Pull, Push,
                              Register, Report, Restore, Rewind, Saved, Shutdown, Welcome)
 
@@ -32,6 +37,36 @@ def wire_data(draw, max_size=24):
     return np.array(bits, dtype="<u4").view("<f4")
 
 
+def plans(n: int | None = None):
+    """Batch plans (of `n` workers, else 1 to 6)."""
+    sizes = st.lists(st.integers(0, 2**32), min_size=n or 1, max_size=n or 6).filter(any)
+    return sizes.flatmap(lambda b: st.builds(BatchPlan, gen=U64, batches=st.just(tuple(b)), stop=st.booleans()))
+
+
+def endpoint_pairs(k: int):
+    return st.lists(st.tuples(TEXT, st.just("") | TEXT.map("ipc://".__add__)), min_size=k, max_size=k).map(tuple)
+
+
+@st.composite
+def welcomes(draw):
+    """A welcome that fits its job: k servers' shards of the values, a rank of the role started."""
+    k, n = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    job = JobSpec(num_servers=k, num_workers=n, mode=draw(st.sampled_from(["bsp", "asp", "ssp"])))
+    num_params = draw(st.integers(0, 2**40))
+    cluster = ClusterMap(num_params=num_params, ranges=tuple(shard_ranges(num_params, k)),
+                         servers=tuple(draw(st.lists(TEXT, min_size=k, max_size=k))),
+                         dead_after_s=draw(MEASURED), heartbeat_s=draw(MEASURED),
+                         ipc=draw(st.just(()) | endpoint_pairs(k)))
+    if draw(st.booleans()):
+        start = ServerStart(num_trained=draw(st.integers(0, num_params)), checkpoint_dir=draw(TEXT),
+                            restore=draw(TEXT))
+        return Welcome(rank=draw(st.integers(0, k - 1)), job=job, cluster=cluster, server=start)
+    start = WorkerStart(plan=draw(plans(n)), total_steps=draw(U64), join_gen=draw(st.integers(-1, 2**63 - 1)),
+                        resumed=draw(st.booleans()), step=draw(U64), position=draw(U64),
+                        host_workers=draw(st.integers(1, 2**63 - 1)), fingerprints=draw(st.none() | DICTS))
+    return Welcome(rank=draw(st.integers(0, n - 1)), job=job, cluster=cluster, worker=start)
+
+
 STRATEGIES = {
     "register": st.builds(
         Register, role=st.just("worker"), host=TEXT, endpoint=TEXT,
@@ -39,7 +74,7 @@ STRATEGIES = {
         memory_limit=U64)
     | st.builds(Register, role=st.just("server"), host=TEXT, endpoint=TEXT.filter(bool),
                 ipc=st.just("") | TEXT.map("ipc://".__add__), capacity=st.floats(min_value=1e-300, max_value=1e300), device=TEXT, threads=U64, pid=U64),
-    "welcome": st.builds(Welcome, rank=ANY_INT, job=DICTS, cluster=DICTS),
+    "welcome": welcomes(),
     "report": st.builds(Report, rank=U64, step=U64, batch=BATCH, compute_s=st.just(0.0) | MEASURED,
                         network_s=WAITED, wait_s=WAITED, loss=FLOAT, staleness=U64, mem_batch=BATCH, mem_free=U64,
                         sample_bytes=U64, done=st.booleans()),
@@ -57,26 +92,22 @@ STRATEGIES = {
     "error": st.builds(Error, code=TEXT, text=TEXT),
     "ack": st.just(Ack()),
     "init": st.builds(Init, rank=ANY_INT, data=wire_data()),
-    "pull": st.builds(Pull, req=ANY_INT, at=st.none() | U64, gen=st.integers(-1, 2**64 - 1)),
-    "push": st.builds(Push, rank=U64, step=U64, ver=U64, batch=st.integers(1, 2**64 - 1), gen=U64,
+    "pull": st.builds(Pull, request=U64, at=st.none() | U64, gen=st.integers(-1, 2**64 - 1)),
+    "push": st.builds(Push, rank=U64, step=U64, version=U64, batch=st.integers(1, 2**64 - 1), gen=U64,
                       data=wire_data())
-    | st.builds(Push, rank=U64, step=U64, ver=U64, batch=st.just(0), gen=U64, data=wire_data(max_size=0)),
-    "params": st.builds(Params, req=ANY_INT, version=U64, held_s=WAITED, plan=st.none() | DICTS,
-                        data=wire_data()),
-    "plan": st.lists(st.integers(0, 2**32), min_size=1, max_size=6).filter(any).flatmap(
-        lambda b: st.builds(Plan, gen=U64, batches=st.just(b), stop=st.booleans(),
-                            departed=st.lists(st.lists(st.integers(0, len(b) - 1), min_size=2, max_size=2).map(
-                                lambda d: [d[0], d[1] * 7 - 1]), max_size=3))),
-    "checkpoint": st.builds(Checkpoint, req=ANY_INT, step=U64, at=st.none() | U64),
-    "saved": st.builds(Saved, req=ANY_INT, step=U64, version=U64, size=U64, sha256=TEXT, error=TEXT),
+    | st.builds(Push, rank=U64, step=U64, version=U64, batch=st.just(0), gen=U64, data=wire_data(max_size=0)),
+    "params": st.builds(Params, request=U64, version=U64, held_s=WAITED, plan=st.none() | plans(), data=wire_data())
+    | st.builds(Params, step=U64, version=U64, held_s=WAITED, plan=st.none() | plans(), data=wire_data()),
+    "plan": plans().flatmap(lambda p: st.builds(Plan, plan=st.just(p), departed=st.lists(st.tuples(
+        st.integers(0, len(p.batches) - 1), st.integers(-1, 2**63 - 1)), max_size=3).map(tuple))),
+    "checkpoint": st.builds(Checkpoint, request=U64, step=U64, at=st.none() | U64),
+    "saved": st.builds(Saved, request=U64, step=U64, version=U64, size=U64, sha256=TEXT, error=TEXT),
     "restore": st.builds(Restore, path=TEXT),
-    "rewind": st.integers(1, 4).flatmap(lambda n: st.builds(
-        Rewind, steps=st.lists(U64, min_size=n, max_size=n), positions=st.lists(U64, min_size=n, max_size=n),
-        plan=DICTS, servers=st.lists(TEXT, min_size=1, max_size=3))).flatmap(lambda r: st.builds(
-            Rewind, steps=st.just(r.steps), positions=st.just(r.positions), plan=st.just(r.plan),
-            servers=st.just(r.servers), ipc=st.just([]) | st.lists(
-                st.tuples(TEXT, st.just("") | TEXT.map("ipc://".__add__)).map(list),
-                min_size=len(r.servers), max_size=len(r.servers)))),
+    "rewind": st.tuples(st.integers(1, 4), st.integers(1, 3)).flatmap(lambda nk: st.builds(
+        Rewind, steps=st.lists(U64, min_size=nk[0], max_size=nk[0]),
+        positions=st.lists(U64, min_size=nk[0], max_size=nk[0]), plan=plans(nk[0]),
+        servers=st.lists(TEXT, min_size=nk[1], max_size=nk[1]).map(tuple),
+        ipc=st.just(()) | endpoint_pairs(nk[1]))),
 }
 ANY_MESSAGE = st.one_of(*STRATEGIES.values())
 
@@ -87,8 +118,10 @@ def same_value(a, b) -> bool:
         return False
     if isinstance(a, float):
         return a == b or (math.isnan(a) and math.isnan(b))
-    if isinstance(a, list):
+    if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    if dataclasses.is_dataclass(a):
+        return all(same_value(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
     return a == b
@@ -108,7 +141,9 @@ def assert_same_message(got, want):
 SAMPLE = {
     "register": Register(role="server", host="h", endpoint="tcp://h:1", ipc="ipc:///tmp/omnips-x/sock",
                          capacity=2.0, threads=4, pid=9),
-    "welcome": Welcome(rank=1, job={"mode": "bsp"}, cluster={"range": [0, 3]}),
+    "welcome": Welcome(rank=1, job=JobSpec(num_servers=2), cluster=ClusterMap(
+        num_params=5, ranges=((0, 3), (3, 5)), servers=("tcp://h:1", "tcp://h:2"), dead_after_s=30.0, heartbeat_s=1.0),
+        worker=WorkerStart(plan=BatchPlan(0, (32, 32)), total_steps=10)),
     "report": Report(rank=1, step=2, batch=3, compute_s=0.5, network_s=0.5, wait_s=0.5, loss=1.0, staleness=1),
     "probe": Probe(rank=1, batches=[2, 4], seconds=[0.01, 0.015]),
     "shutdown": Shutdown(ok=True, reason="done"),
@@ -117,15 +152,15 @@ SAMPLE = {
     "failed": Failed(reason="worker 1 on h: its model differs from the scheduler's"),
     "error": Error(code="c", text="t"),
     "init": Init(rank=0, data=np.zeros(3, np.float32)),
-    "pull": Pull(req=1, at=3),
-    "push": Push(rank=1, step=2, ver=2, batch=8, gen=0, data=np.zeros(3, np.float32)),
-    "params": Params(req=1, version=2, held_s=0.5, plan={"gen": 1}, data=np.zeros(3, np.float32)),
-    "plan": Plan(gen=1, batches=[3, 5], stop=False),
-    "checkpoint": Checkpoint(req=1, step=10, at=10),
-    "saved": Saved(req=1, step=10, version=10, size=100, sha256="ab" * 32),
+    "pull": Pull(request=1, at=3),
+    "push": Push(rank=1, step=2, version=2, batch=8, gen=0, data=np.zeros(3, np.float32)),
+    "params": Params(step=1, version=2, held_s=0.5, plan=BatchPlan(1, (3, 5)), data=np.zeros(3, np.float32)),
+    "plan": Plan(plan=BatchPlan(1, (3, 5))),
+    "checkpoint": Checkpoint(request=1, step=10, at=10),
+    "saved": Saved(request=1, step=10, version=10, size=100, sha256="ab" * 32),
     "restore": Restore(path="/run/checkpoints/step-10"),
-    "rewind": Rewind(steps=[10, 10], positions=[640, 640], plan={"gen": 3, "batches": [8, 8], "stop": False},
-                     servers=["tcp://h:1"], ipc=[["h", "ipc:///tmp/omnips-x/sock"]]),
+    "rewind": Rewind(steps=[10, 10], positions=[640, 640], plan=BatchPlan(3, (8, 8)), servers=("tcp://h:1",),
+                     ipc=(("h", "ipc:///tmp/omnips-x/sock"),)),
 }
 
 

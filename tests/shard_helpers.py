@@ -25,8 +25,8 @@ def make_core(mode="bsp", n=6, num_trained=None, lo=0, num_workers=3, global_bat
     return core
 
 
-def push(rank, step, data, batch=4, ver=None, gen=0):
-    return Push(rank=rank, step=step, ver=step if ver is None else ver, batch=batch, gen=gen,
+def push(rank, step, data, batch=4, version=None, gen=0):
+    return Push(rank=rank, step=step, version=step if version is None else version, batch=batch, gen=gen,
                 data=np.asarray(data, dtype=np.float32))
 
 
@@ -86,5 +86,5 @@ def round_trip(outs):
 
 def parts_of(values: np.ndarray, cuts: list[int], **fields) -> list[Push]:
     edges = [0, *cuts, values.size]
-    return [Push(rank=fields.get("rank", 0), step=fields.get("step", 0), ver=0, batch=fields.get("batch", 4), gen=0,
+    return [Push(rank=fields.get("rank", 0), step=fields.get("step", 0), version=0, batch=fields.get("batch", 4), gen=0,
                  data=values[lo:hi], offset=lo, whole=values.size) for lo, hi in zip(edges, edges[1:]) if hi > lo]

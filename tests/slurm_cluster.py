@@ -103,7 +103,7 @@ class SlurmCluster:
             for p in self.procs:
                 if p.poll() is not None:
                     raise RuntimeError(f"{p.args[0]} exited with {p.returncode}: {self.log_tail()}")
-            time.sleep(0.5)  # the nodes register with the controller
+            time.sleep(0.5)  # the nodes register with slurmctld
         raise RuntimeError(f"Slurm's nodes not idle within {timeout_s:g} s: {states}; {self.log_tail()}")
 
     def _spawn(self, argv, name: str) -> None:
@@ -130,7 +130,7 @@ class SlurmCluster:
             state = self.job_state(job_id)
             if state["JobState"] in until:
                 return state
-            time.sleep(1.0)  # the controller's view changes in steps of a second or more
+            time.sleep(1.0)  # slurmctld's view changes in steps of a second or more
         raise TimeoutError(f"job {job_id} still {state['JobState']} after {timeout_s:g} s")
 
     def log_tail(self, lines: int = 8) -> str:
@@ -144,7 +144,7 @@ class SlurmCluster:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and self.cmd("squeue", "-h", check=False).stdout.strip():
                 time.sleep(0.5)
-        for p in reversed(self.procs):  # the nodes, then the controller
+        for p in reversed(self.procs):  # the nodes, then slurmctld
             p.terminate()
         for p in self.procs:
             try:

@@ -4,6 +4,7 @@ computed by hand in float64: each rule over a few pushes whose staleness is know
 import numpy as np
 import pytest
 
+from omnips.batching import BatchPlan
 from omnips.protocol import Params, Plan
 from omnips.server.asynchrony import DC_LAMBDA, KEEP_STEP, MEAN_SPAN
 from shard_helpers import PEERS, make_core, push, round_trip
@@ -35,7 +36,7 @@ def drive(core, arrivals=ARRIVALS, gs=None):
     replies, stale = [], []
     for (rank, step, ver), g in zip(arrivals, gs):
         before = core.version
-        out = core.handle(PEERS[rank], push(rank, step, g, batch=BATCH, ver=ver), 5.0)
+        out = core.handle(PEERS[rank], push(rank, step, g, batch=BATCH, version=ver), 5.0)
         assert len(out) == 1 and isinstance(out[0].msg, Params) and out[0].to == PEERS[rank]
         round_trip(out)
         replies.append(np.array(out[0].msg.data, dtype=np.float64))
@@ -125,7 +126,7 @@ def test_dana_keeps_a_momentum_buffer_per_worker_and_replies_ahead_of_all_of_the
         np.testing.assert_allclose(reply[:4], p - MU * sum(u.values()), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(core.values[:4], p, rtol=1e-5, atol=1e-6)
     # a worker that leaves takes its buffer out of the look-ahead
-    core.set_plan(Plan(gen=1, batches=[12, 12, 0], departed=[[2, 0]]), 0.0)
+    core.set_plan(Plan(plan=BatchPlan(1, (12, 12, 0)), departed=((2, 0),)), 0.0)
     np.testing.assert_allclose(core.store.correction._sum, u[0] + u[1], rtol=1e-5, atol=1e-6)
 
 
@@ -251,11 +252,11 @@ def test_after_a_restore_look_ahead_replies_derive_from_the_restored_values_neve
     c = make_core(mode="asp", n=6, num_trained=4, global_batch=24, async_correction=correction,
                   optimizer=optimizer)  # a fresh server taking a's shard over: no step taken yet
     saved = a.state()
-    dropped = a.handle(PEERS[0], push(0, 3, np.zeros(0), batch=0, ver=a.version), 5.0)  # a's own reply to it
+    dropped = a.handle(PEERS[0], push(0, 3, np.zeros(0), batch=0, version=a.version), 5.0)  # a's own reply to it
     for core in (b, c):
         core.rewind()
         core.restore(saved)
-        out = core.handle(PEERS[0], push(0, 3, np.zeros(0), batch=0, ver=core.version), 5.0)  # a dropped push
+        out = core.handle(PEERS[0], push(0, 3, np.zeros(0), batch=0, version=core.version), 5.0)  # a dropped push
         if correction == "dana" and optimizer == "sgd":  # the buffers are saved: a's own look-ahead
             expected = dropped[0].msg.data
             assert not np.array_equal(expected, a.values)
@@ -268,5 +269,5 @@ def test_a_departed_worker_leaves_no_copy_of_the_values_sent_to_it():
     core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=X0, async_correction="dc")
     drive(core, ARRIVALS[:3])
     assert sorted(core.store.correction._sent) == [0, 1, 2]
-    core.set_plan(Plan(gen=1, batches=[12, 12, 0], departed=[[2, 0]]), 0.0)
+    core.set_plan(Plan(plan=BatchPlan(1, (12, 12, 0)), departed=((2, 0),)), 0.0)
     assert sorted(core.store.correction._sent) == [0, 1]

@@ -22,7 +22,7 @@ WORKERS = [WorkerSpec(ms_per_step=40.0), WorkerSpec(ms_per_step=40.0)]
 
 
 def _garbage_messages(rng: random.Random) -> list[list[bytes]]:
-    valid_push = msgpack.packb({"v": VERSION, "op": "push", "rank": 1, "step": 0, "ver": 0, "batch": 4, "gen": 0,
+    valid_push = msgpack.packb({"v": VERSION, "op": "push", "rank": 1, "step": 0, "version": 0, "batch": 4, "gen": 0,
                                 "dt": "f4", "len": 3})
     return [
         [rng.randbytes(rng.randint(0, 64))],
@@ -35,7 +35,7 @@ def _garbage_messages(rng: random.Random) -> list[list[bytes]]:
                         "network_s": 0.0, "wait_s": 0.0, "loss": 1.0})],
         [msgpack.packb({"v": VERSION, "op": "probe", "rank": 0, "batches": [2, 4], "seconds": [0.1, 0.2]})],  # not ours
         [valid_push, b"\x00" * 7],  # length that is not 3 float32
-        [msgpack.packb({"v": VERSION, "op": "pull", "req": 1, "at": -5})],
+        [msgpack.packb({"v": VERSION, "op": "pull", "request": 1, "at": -5})],
         [msgpack.packb({"v": VERSION, "op": "init", "rank": 0, "dt": "f4", "len": 1}), b"\x00" * 4],
     ]
 

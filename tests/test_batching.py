@@ -3,13 +3,16 @@ the equal-time plan (`equal_time`), its integer split (`integerize`) and `decide
 
 import math
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from omnips import codec, protocol
 from omnips.batching import (PROBE_RETRIES, PROBE_ROUNDS, BatchPlan, Decision, decide, equal_time, initial_batches,
                              integerize, probe_agrees, probe_times)
+from omnips.protocol import Plan, ProtocolError
 
 FAST = settings(max_examples=40, deadline=None)
 
@@ -411,20 +414,23 @@ PLANS = st.builds(BatchPlan, gen=st.integers(0, 2**40),
                   batches=st.lists(st.integers(1, 10**6), min_size=1, max_size=8).map(tuple), stop=st.booleans())
 
 
+def decoded(plan) -> BatchPlan:
+    """`plan` (a header's map) as the codec takes it from a Plan message."""
+    return codec.decode([msgpack.packb({"v": protocol.VERSION, "op": "plan", "plan": plan})]).plan
+
+
 @FAST
 @given(plan=PLANS)
 def test_plan_round_trips_through_wire_form(plan):
-    wire = plan.to_wire()
-    assert wire == {"gen": plan.gen, "batches": list(plan.batches), "stop": plan.stop}
-    assert BatchPlan.from_wire(wire, len(plan.batches)) == plan
+    assert codec.decode(codec.encode(Plan(plan=plan))).plan == plan
 
 
 def test_a_vacant_rank_has_batch_zero():
-    assert BatchPlan.from_wire({"gen": 2, "batches": [0, 7]}, 2).batches == (0, 7)
+    assert decoded({"gen": 2, "batches": [0, 7]}).batches == (0, 7)
 
 
 def test_stop_defaults_to_false():
-    assert BatchPlan.from_wire({"gen": 3, "batches": [1, 2]}, 2) == BatchPlan(3, (1, 2), False)
+    assert decoded({"gen": 3, "batches": [1, 2]}) == BatchPlan(3, (1, 2), False)
 
 
 GOOD = {"gen": 1, "batches": [3, 5], "stop": False}
@@ -433,15 +439,21 @@ GOOD = {"gen": 1, "batches": [3, 5], "stop": False}
 @pytest.mark.parametrize("bad", [
     None, [1, [3, 5]], "plan", 5,
     {**GOOD, "gen": -1}, {**GOOD, "gen": None}, {**GOOD, "gen": True}, {**GOOD, "gen": 1.0}, {**GOOD, "gen": "1"},
-    {"batches": [3, 5]},
-    {**GOOD, "batches": [3]}, {**GOOD, "batches": [3, 5, 1]}, {**GOOD, "batches": [0, 0]},
+    {"batches": [3, 5]}, {**GOOD, "batches": []}, {**GOOD, "batches": [0, 0]},
     {**GOOD, "batches": [3, -5]}, {**GOOD, "batches": [3, 5.0]}, {**GOOD, "batches": [True, 5]},
-    {**GOOD, "batches": (3, 5)}, {**GOOD, "batches": None}, {**GOOD, "batches": [3, "5"]},
+    {**GOOD, "batches": None}, {**GOOD, "batches": [3, "5"]},
     {**GOOD, "stop": 1}, {**GOOD, "stop": "yes"}, {**GOOD, "stop": None},
 ])
 def test_malformed_plans_are_refused(bad):
-    with pytest.raises(ValueError):
-        BatchPlan.from_wire(bad, 2)
+    with pytest.raises(ProtocolError, match="^bad_field: plan"):
+        decoded(bad)
+
+
+def test_a_plan_of_another_size_does_not_fit_the_job():
+    assert BatchPlan(1, (3, 5)).sized(2) == BatchPlan(1, (3, 5))
+    for batches in ((3,), (3, 5, 1)):
+        with pytest.raises(ValueError, match=f"a plan's batches for {len(batches)} workers, the job has 2"):
+            BatchPlan(1, batches).sized(2)
 
 
 @settings(max_examples=60, deadline=None)
@@ -450,14 +462,14 @@ def test_malformed_plans_are_refused(bad):
                                    st.text(max_size=2),
                                    st.lists(st.one_of(st.integers(-2, 5), st.booleans(), st.floats(0, 5)),
                                             max_size=3))))
-def test_from_wire_fuzz(d):
-    """Either a valid plan or ValueError, nothing else."""
+def test_decoded_plans_fuzz(d):
+    """Either a valid plan or ProtocolError, nothing else."""
     try:
-        plan = BatchPlan.from_wire(d, 2)
-    except ValueError:
+        plan = decoded(d)
+    except ProtocolError:
         return
     assert isinstance(plan.gen, int) and not isinstance(plan.gen, bool) and plan.gen >= 0
-    assert len(plan.batches) == 2 and all(type(b) is int and b >= 1 for b in plan.batches)
+    assert plan.batches and all(type(b) is int and b >= 0 for b in plan.batches) and any(plan.batches)
     assert type(plan.stop) is bool
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from shard_helpers import PEERS, SCHED, make_core, parts_of, push
 
 from omnips import codec
+from omnips.batching import BatchPlan
 from omnips.job import ASYNC_CORRECTIONS
 from omnips.protocol import MAX_PARTS, Checkpoint, Params, Plan, Pull, Push
 from omnips.server import service
@@ -31,7 +32,7 @@ def _pushed(core: ShardCore, values: np.ndarray, cuts: list[int], **fields):
         core.wire.narrow(values, data)
     if cuts:
         return parts_of(data, cuts, **fields)
-    return [Push(rank=fields["rank"], step=fields["step"], ver=fields["ver"], batch=fields["batch"], gen=0, data=data)]
+    return [Push(rank=fields["rank"], step=fields["step"], version=fields["version"], batch=fields["batch"], gen=0, data=data)]
 
 
 def _state(core: ShardCore) -> tuple:
@@ -72,9 +73,9 @@ def test_a_step_written_in_ranges_is_the_step_written_whole(case):
             batch = case["batches"][rank] if mode == "bsp" else max(1, case["batches"][rank])
             # ASP: computed two versions back, so that every correction has a staleness to act on
             ver = eager.version if mode == "bsp" else max(0, eager.version - 2)
-            fields = dict(rank=rank, step=step if mode == "bsp" else step // 3, batch=batch, ver=ver)
+            fields = dict(rank=rank, step=step if mode == "bsp" else step // 3, batch=batch, version=ver)
             if not batch:
-                msgs = [push(rank, fields["step"], grads[rank][:0], batch=0, ver=ver)]
+                msgs = [push(rank, fields["step"], grads[rank][:0], batch=0, version=ver)]
             else:
                 msgs = _pushed(eager, grads[rank], case["cuts"], **fields)
             for msg in msgs:
@@ -94,8 +95,8 @@ def test_a_step_written_in_ranges_is_the_step_written_whole(case):
             if stepped and not whole:  # the rest is written only when asked for
                 np.testing.assert_array_equal(lazy.values[upto:], before[upto:])
         if step == 1:  # the next message finds the step still partly unwritten: it is written first
-            lazy.handle(PEERS[0], Pull(req=9), 0.0, lazy=True)
-            eager.handle(PEERS[0], Pull(req=9), 0.0)
+            lazy.handle(PEERS[0], Pull(request=9), 0.0, lazy=True)
+            eager.handle(PEERS[0], Pull(request=9), 0.0)
         lazy.ready(n)
         for g, w in zip(got, want):
             assert g.msg.data.dtype == w.msg.data.dtype
@@ -119,8 +120,8 @@ def test_state_and_detach_write_the_step_first():
     lazy.handle(PEERS[0], push(0, 0, g), 0.0, lazy=True)
     assert not np.array_equal(lazy.values, eager.values)  # nothing written yet
     np.testing.assert_array_equal(lazy.state().arrays["values"], eager.values)
-    eager.handle(PEERS[0], push(0, 1, g, ver=1), 0.0)
-    lazy.handle(PEERS[0], push(0, 1, g, ver=1), 0.0, lazy=True)
+    eager.handle(PEERS[0], push(0, 1, g, version=1), 0.0)
+    lazy.handle(PEERS[0], push(0, 1, g, version=1), 0.0, lazy=True)
     lazy.detach()
     np.testing.assert_array_equal(lazy.values, eager.values)
     assert torch.equal(lazy.store.opt.buf, eager.store.opt.buf)
@@ -136,7 +137,7 @@ def test_a_held_ssp_reply_carries_the_narrowed_shard_of_the_step_that_releases_i
     def step(rank, s, batch):
         data = core.wire.buffer(n)
         core.wire.narrow(np.full(n, 0.5 + rank, dtype=np.float32), data)
-        msg = Push(rank=rank, step=s, ver=core.version, batch=batch, gen=0,
+        msg = Push(rank=rank, step=s, version=core.version, batch=batch, gen=0,
                    data=data if batch else np.zeros(0, dtype=np.float32))
         out = core.handle(PEERS[rank], msg, 0.0, lazy=True)
         core.ready(n)
@@ -157,7 +158,7 @@ def test_a_plan_that_completes_a_bsp_step_writes_it_lazily_too():
     x0 = np.linspace(-1, 1, 2 * ALIGN, dtype=np.float32)
     eager, lazy = (make_core(n=x0.size, init=x0) for _ in range(2))
     g = [np.full(x0.size, r + 1.0, dtype=np.float32) for r in range(3)]
-    plan = Plan(gen=1, batches=[4, 4, 0], departed=[[2, -1]])
+    plan = Plan(plan=BatchPlan(1, (4, 4, 0)), departed=((2, -1),))
     for core in (eager, lazy):
         for r in (0, 1):
             assert core.handle(PEERS[r], push(r, 0, g[r]), 0.0, lazy=core is lazy) == []
@@ -204,7 +205,7 @@ def test_the_server_sends_each_part_once_written_part_by_part_across_replies_and
             d.setsockopt(zmq.IDENTITY, peer)
             d.connect("inproc://shard")
             dealers.append(d)
-        ckpt = Checkpoint(req=7, step=1, at=1)
+        ckpt = Checkpoint(request=7, step=1, at=1)
         for core in (eager, lazy):
             assert core.handle(SCHED, ckpt, 0.0) == []
         grads = [np.full(n, r + 0.25, dtype=np.float32) for r in range(2)]

@@ -176,7 +176,7 @@ def test_the_server_refuses_pushes_from_a_peer_that_does_not_read_and_tells_it_o
         for step in range(3):  # the rogue reads nothing until the loop has ended
             rogue.send_multipart(codec.encode(push(1, step, grad)))
         # held (the shard never gets there): once it is, the three pushes before it were handled
-        rogue.send_multipart(codec.encode(Pull(req=9, at=1000)))
+        rogue.send_multipart(codec.encode(Pull(request=9, at=1000)))
         poll_until(lambda: core._pulls.entries or None, 10, "the rogue's pull was not held")
         honest.send_multipart(codec.encode(push(0, 0, grad)))
         assert isinstance(_decoded(honest), Params)  # served, the rogue's reply still queued
@@ -184,7 +184,7 @@ def test_the_server_refuses_pushes_from_a_peer_that_does_not_read_and_tells_it_o
         answers = [_decoded(rogue) for _ in range(2)]
         assert not rogue.poll(0)  # (inproc: what the loop sent before it ended is here)
     params, refused = answers
-    assert isinstance(params, Params) and params.req == 0  # the first push was taken
+    assert isinstance(params, Params) and params.step == 0  # the first push was taken
     assert isinstance(refused, Error) and refused.code == "unread"  # told once, not for the third push too
     assert core.updates == 2 and core.version == 2  # its first push and the honest one's
     assert core.detached == 1  # the rogue's queued reply kept the old buffers: one copy
@@ -199,7 +199,7 @@ def test_snapshot_replies_queued_unread_share_one_copy_of_the_values(linked, tmp
     with serving(linked, core, tmp_path, PEERS[0], PEERS[1]) as ((honest, puller), stop):
         for version, count in held.items():
             for _ in range(count):
-                puller.send_multipart(codec.encode(Pull(req=version, at=version)))
+                puller.send_multipart(codec.encode(Pull(request=version, at=version)))
         poll_until(lambda: len(core._pulls.entries) == 11 or None, 10, "the pulls were not held")
         for step in range(2):
             honest.send_multipart(codec.encode(push(0, step, grad)))

@@ -1,5 +1,6 @@
 """scheduler.registry.Registry driven directly: rendezvous, --min-workers, vacant ranks, joins."""
 
+from omnips.batching import BatchPlan
 from omnips.job import JobSpec
 from omnips.protocol import Ack, Error, Register, Welcome
 from omnips.scheduler.registry import Registry
@@ -24,9 +25,10 @@ def test_the_job_starts_with_every_worker_by_default():
     server(reg)
     assert [type(m) for _, m in worker(reg, b"a")] == [Ack]
     worker(reg, b"b")
+    assert not reg.complete
     out = worker(reg, b"c")
-    assert [type(m) for _, m in out] == [Ack, Welcome, Welcome, Welcome]
-    assert reg.plan.batches == (4, 4, 4) and sorted(reg.workers) == [0, 1, 2]
+    assert [type(m) for _, m in out] == [Ack]  # the scheduler welcomes them with the first plan
+    assert reg.complete and sorted(reg.workers) == [0, 1, 2] and reg.static_batches([0, 1, 2]) == (4, 4, 4)
 
 
 def test_min_workers_starts_early_with_the_other_ranks_vacant():
@@ -34,11 +36,11 @@ def test_min_workers_starts_early_with_the_other_ranks_vacant():
     worker(reg, b"a", rank=2)
     worker(reg, b"b")
     assert not reg.complete  # no server yet
-    out = server(reg)
-    welcomes = [(to, m) for to, m in out if isinstance(m, Welcome) and m.cluster.get("servers")]
-    assert sorted(m.rank for _, m in welcomes) == [0, 2]
-    assert reg.plan.batches == (6, 0, 6) and reg.vacant == [1]
-    assert all(m.cluster["join_gen"] == -1 for _, m in welcomes)
+    server(reg)
+    assert reg.complete and sorted(reg.workers) == [0, 2]
+    assert reg.static_batches(sorted(reg.workers)) == (6, 0, 6) and reg.vacant == [1]
+    plan = BatchPlan(0, (6, 0, 6))
+    assert all(reg.worker_welcome(m, plan).worker.join_gen == -1 for m in reg.workers.values())
 
 
 def test_a_late_worker_takes_a_vacant_rank_and_waits_for_its_plan():
@@ -71,7 +73,7 @@ def test_static_batches_split_among_the_present_by_capacity():
     server(reg)
     for peer, cap in ((b"a", 1.0), (b"b", 2.0), (b"c", 3.0)):
         worker(reg, peer, capacity=cap)
-    assert reg.plan.batches == (2, 4, 6)
+    assert reg.static_batches(sorted(reg.workers)) == (2, 4, 6)
     reg.depart(2)
     assert reg.static_batches([0, 1]) == (4, 8, 0)
 
@@ -82,8 +84,8 @@ def test_a_joiners_welcome_says_where_it_starts():
     worker(reg, b"a")
     worker(reg, b"b")
     worker(reg, b"c")
-    w = reg.worker_welcome(reg.joined[0], join_gen=3, start_step=17)
-    assert w.rank == 2 and (w.cluster["join_gen"], w.cluster["start_step"]) == (3, 17)
+    w = reg.worker_welcome(reg.joined[0], BatchPlan(3, (4, 4, 4)), join_gen=3, start_step=17)
+    assert w.rank == 2 and (w.worker.join_gen, w.worker.step, w.worker.plan.gen) == (3, 17, 3)
 
 
 def test_workers_share_the_memory_of_their_host_and_device():
@@ -113,6 +115,7 @@ def test_a_workers_welcome_counts_the_jobs_workers_on_its_host():
     server(reg)
     reg.register(b"a", Register(role="worker", host="h"))
     reg.register(b"b", Register(role="worker", host="g"))
-    out = reg.register(b"c", Register(role="worker", host="h"))
-    counts = {to: m.cluster["host_workers"] for to, m in out if isinstance(m, Welcome)}
+    reg.register(b"c", Register(role="worker", host="h"))
+    plan = BatchPlan(0, reg.static_batches(sorted(reg.workers)))
+    counts = {m.peer: reg.worker_welcome(m, plan).worker.host_workers for m in reg.workers.values()}
     assert counts == {b"a": 2, b"b": 1, b"c": 2}

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from omnips import checkpoint, cli
+from omnips.batching import BatchPlan
 from omnips.job import JobSpec
 from omnips.launch import WorkerSpec
 from omnips.metrics import RunDir, RunDirInUse, read_events
@@ -29,12 +30,12 @@ from helpers import CHECKPOINT_JOB, WAIT_FACTOR, finish, make_checkpoint, start_
 
 # -- the scheduler's side ---------------------------------------------------------------------
 
-def _saved(root, step, s, req=1, error=""):
+def _saved(root, step, s, request=1, error=""):
     if error:
-        return Saved(req=req, step=step, version=step, error=error)
+        return Saved(request=request, step=step, version=step, error=error)
     info = checkpoint.write_shard(checkpoint.step_dir(root, step) / checkpoint.shard_name(s), {"rank": s},
                                   {"values": np.zeros(3, np.float32)})
-    return Saved(req=req, step=step, version=step, size=info.size, sha256=info.sha256)
+    return Saved(request=request, step=step, version=step, size=info.size, sha256=info.sha256)
 
 
 def test_the_book_writes_the_manifest_when_every_server_answered(tmp_path):
@@ -43,7 +44,7 @@ def test_the_book_writes_the_manifest_when_every_server_answered(tmp_path):
     assert len(book.bsp_steps(10**15)) == 10**15 // 5 - 1  # counted, not listed
     req = book.open(5, [5, 5], [320, 320])
     assert book.add(0, _saved(tmp_path, 5, 0, req)) is None
-    assert book.add(1, Saved(req=req + 1, step=5)) is None  # not a request of this book
+    assert book.add(1, Saved(request=req + 1, step=5)) is None  # not a request of this book
     assert book.add(1, _saved(tmp_path, 5, 1, req)) == (5, None)
     ckpt, _ = checkpoint.newest_complete(tmp_path)
     assert (ckpt.step, ckpt.worker_steps, ckpt.positions, book.complete) == (5, [5, 5], [320, 320], 1)
@@ -63,7 +64,7 @@ def test_the_book_reports_an_incomplete_checkpoint(tmp_path):
     assert book.add(1, _saved(tmp_path, 5, 1, req, error="disk full")) == (5, "server 1: disk full")
     req = book.open(10, [10, 10], [0, 0])
     book.add(0, _saved(tmp_path, 10, 0, req))
-    lost = Saved(req=req, step=10, version=10, size=99, sha256="0" * 64)  # a file the scheduler cannot see
+    lost = Saved(request=req, step=10, version=10, size=99, sha256="0" * 64)  # a file the scheduler cannot see
     step, why = book.add(1, lost)
     assert step == 10 and "share the run directory's file system" in why
     assert checkpoint.newest_complete(tmp_path)[0] is None and book.complete == 0 and not book.pending
@@ -158,23 +159,25 @@ def test_resume_sets_aside_the_checkpoints_it_passes_over_and_deletes_none(tmp_p
     checkpoint.read_manifest(kept).verify()
 
 
-def welcomes(registry: Registry) -> list[dict]:
-    """The welcomes' cluster fields, servers' first, once two servers and two workers registered."""
+def welcomes(registry: Registry) -> list:
+    """The servers' and the workers' starts, once two servers and two workers registered."""
     out = []
     for peer, role, endpoint in [(b"s0", "server", "tcp://a:1"), (b"s1", "server", "tcp://a:2"),
                                  (b"w0", "worker", ""), (b"w1", "worker", "")]:
         out += registry.register(peer, Register(role=role, host="h", endpoint=endpoint))
-    return [m.cluster for _, m in out if isinstance(m, Welcome)]
+    plan = BatchPlan(0, registry.static_batches(sorted(registry.workers)))
+    workers = [registry.worker_welcome(m, plan) for m in registry.workers.values()]
+    return [m.server for _, m in out if isinstance(m, Welcome)] + [m.worker for m in workers]
 
 
 def test_a_resumed_jobs_welcomes_say_where_to_continue(tmp_path):
     ckpt = resume_point(resumable(tmp_path / "run"))[1]
     resumed = welcomes(Registry(CHECKPOINT_JOB, 8, 8, 100, 30.0, checkpoint_dir="/ckpt", resume=ckpt))
-    assert [(c["checkpoint_dir"], c["restore"]) for c in resumed[:2]] == [("/ckpt", str(ckpt.path))] * 2
-    assert [(c["resumed"], c["start_step"], c["start_position"]) for c in resumed[2:]] == [(True, 10, 640)] * 2
+    assert [(s.checkpoint_dir, s.restore) for s in resumed[:2]] == [("/ckpt", str(ckpt.path))] * 2
+    assert [(w.resumed, w.step, w.position) for w in resumed[2:]] == [(True, 10, 640)] * 2
     fresh = welcomes(Registry(CHECKPOINT_JOB, 8, 8, 100, 30.0, checkpoint_dir="/ckpt"))
-    assert [c["restore"] for c in fresh[:2]] == ["", ""]
-    assert [(c["resumed"], c["start_step"], c["start_position"]) for c in fresh[2:]] == [(False, 0, 0)] * 2
+    assert [s.restore for s in fresh[:2]] == ["", ""]
+    assert [(w.resumed, w.step, w.position) for w in fresh[2:]] == [(False, 0, 0)] * 2
 
 
 @pytest.mark.parametrize("spoil, text", [

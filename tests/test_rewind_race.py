@@ -38,7 +38,7 @@ def test_a_push_refused_by_a_restored_shard_before_the_rewind_is_read_waits_for_
     # the refusal comes first; the rewind only once the worker says it waits for one
     drive(parts, lambda: WAITING in scheduler.phases or _ended(worker)(), "wait for the rewind")
     assert worker.outcome is None, worker.outcome
-    scheduler.send(Rewind(steps=[1], positions=[0], plan=BatchPlan(1, [JOB.global_batch]).to_wire(),
+    scheduler.send(Rewind(steps=[1], positions=[0], plan=BatchPlan(1, (JOB.global_batch,)),
                           servers=[server.endpoint]))
     drive(parts, lambda: any(isinstance(m, Report) and m.done for m in scheduler.heard), "done report")
     scheduler.send(Shutdown(ok=True))

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ROLES = ("scheduler", "server", "worker")
 PACKAGES = ("omnips",) + ROLES
 # Sans-IO modules: they take events and return instructions, so they must not need sockets.
-PURE = ("omnips.batching", "omnips.timemodel", "omnips.sharding", "omnips.data", "omnips.protocol",
+PURE = ("omnips.batching", "omnips.timemodel", "omnips.sharding", "omnips.data", "omnips.protocol", "omnips.cluster",
         "omnips.job", "omnips.optim", "omnips.wire", "omnips.checkpoint", "omnips.server.shard", "omnips.server.asynchrony",
         "omnips.server.assembly", "omnips.server.barrier", "omnips.server.holds", "omnips.server.values", "omnips.server.members", "omnips.server.pulls",
         "omnips.server.shard_state", "omnips.scheduler.control", "omnips.scheduler.windows", "omnips.scheduler.regret", "omnips.scheduler.registry",

@@ -8,6 +8,7 @@ import contextlib
 import numpy as np
 import pytest
 
+from omnips.batching import BatchPlan
 from omnips.job import JobSpec
 from omnips.protocol import Error, Failed, Heartbeat, Params, Plan, Probe, Register, Report, Shutdown, Welcome
 from omnips.scheduler.core import SchedulerCore
@@ -56,13 +57,13 @@ def test_the_start_plan_waits_for_every_probe_and_refuses_the_others(make):
     c = make(num_workers=2, global_batch=60)
     for r in range(2):
         register(c, b"W%d" % r, "worker", r)
-    assert c.planner.probing == {0, 1} and c.registry.plan.gen == 0
+    assert c.planner.probing == {0, 1} and c.planner.plan.gen == 0
     assert refusal(probe(c, b"X", 0, 0.1, 0.1)) == "bad_rank"  # not a registered peer
     assert refusal(probe(c, b"W1", 0, 0.1, 0.1)) == "bad_rank"  # another worker's rank
     assert sent(probe(c, b"W0", 0, 0.005, 0.001)) == [] and c.planner.probing == {1}
     assert refusal(probe(c, b"W0", 0, 0.1, 0.1)) == "bad_step"  # twice
     out = probe(c, b"W1", 1, 0.005, 0.002)
-    start = Plan(gen=1, batches=[40, 20])
+    start = Plan(plan=BatchPlan(1, (40, 20)))
     assert sent(out, b"S", Plan) == [start] and sent(out, b"W0") == sent(out, b"W1") == [start]
     assert [e["batches"] for e in events(out, "assign")] == [[40, 20]]
     assert refusal(probe(c, b"W1", 1, 0.1, 0.1)) == "bad_step"  # after the start
@@ -76,7 +77,7 @@ def test_a_probe_of_a_worker_gone_does_not_stand_for_whoever_takes_its_rank(make
     assert sent(c.handle(b"W1", Failed(reason="gone"), 1.0), b"W1") == [Shutdown(ok=False, reason="removed from "
                                                                                  "the job: failed: gone")]
     register(c, b"NEW", "worker", 1, now=2.0)  # takes rank 1 while worker 0 still probes: it does not probe
-    [plan] = sent(probe(c, b"W0", 0, 0.005, 0.001, now=3.0), b"NEW", Plan)
+    [plan] = [m.plan for m in sent(probe(c, b"W0", 0, 0.005, 0.001, now=3.0), b"NEW", Plan)]
     assert c.planner.control.max_batch[1] == 60 and not c.planner.control.models.measured([1])[0]
     # the newcomer is taken as fast as the typical worker at its batch, not as the one gone
     assert abs(plan.batches[1] - 30) <= 3 and sum(plan.batches) == 60, plan
@@ -89,7 +90,7 @@ def test_workers_that_joined_during_the_probe_go_on_when_every_prober_left(make)
     out = register(c, b"W1", "worker")  # joins while worker 0 probes
     assert Welcome in [type(m) for m in sent(out, b"W1")]
     out = c.handle(b"W0", Failed(reason="gone"), 1.0)  # before its probe: nothing to plan from
-    assert not c.planner.probing and [p.batches for p in sent(out, b"W1", Plan)] == [[0, 32]]
+    assert not c.planner.probing and [p.plan.batches for p in sent(out, b"W1", Plan)] == [(0, 32)]
 
 
 def test_a_memory_bound_from_a_probe_holds_inside_the_deadband(make):
@@ -100,7 +101,7 @@ def test_a_memory_bound_from_a_probe_holds_inside_the_deadband(make):
     # 0.8 x 296,250 B free / 3 workers on the host / (2 x 1000 B a sample) -> 39 samples
     probe(c, b"W0", 0, 0.005, 0.001, mem_free=296_250, sample_bytes=1000)
     probe(c, b"W1", 1, 0.005, 0.001)
-    [plan] = sent(probe(c, b"W2", 2, 0.005, 0.001), b"S", Plan)
+    [plan] = [m.plan for m in sent(probe(c, b"W2", 2, 0.005, 0.001), b"S", Plan)]
     assert c.planner.control.max_batch[0] == 39
     assert plan.batches[0] <= 39 and sum(plan.batches) == 120
 
@@ -190,15 +191,15 @@ def test_a_worker_that_fails_says_why_and_the_scheduler_replans_at_once(make):
     c = make(num_workers=2, global_batch=60, batching="uniform")
     for r in range(2):
         register(c, b"W%d" % r, "worker", r)
-    before = c.registry.plan
+    before = c.planner.plan
     assert c.handle(b"X", Failed(reason="not in the job"), 1.0) == []  # a stranger's word changes nothing
-    assert c.registry.plan == before and set(c.registry.workers) == {0, 1}
+    assert c.planner.plan == before and set(c.registry.workers) == {0, 1}
     out = c.handle(b"W1", Failed(reason="worker 1 on h: this worker's model differs from the scheduler's"), 1.0)
     assert set(c.registry.workers) == {0} and c.lost == 1
     [lost] = [e for e in events(out, "membership") if e["change"] == "lost"]
     assert lost["rank"] == 1 and lost["reason"] == "failed: worker 1 on h: this worker's model differs from the " \
                                                    "scheduler's"
-    assert sent(out, b"S", Plan) == [Plan(gen=before.gen + 1, batches=[60, 0], departed=[[1, -1]])]
+    assert sent(out, b"S", Plan) == [Plan(plan=BatchPlan(before.gen + 1, (60, 0)), departed=((1, -1),))]
     assert [type(m) for m in sent(out, b"W1")] == [Shutdown]
 
 
@@ -216,8 +217,8 @@ def test_a_silent_worker_is_named_with_the_phase_its_last_heartbeat_told(make):
     assert lost["rank"] == 1 and lost["reason"] == "silent for 31 s, last heard building the model", lost
 
 
-def shard(req: int, version: int) -> Params:
-    return Params(req=req, version=version, held_s=0.0, plan=None, data=np.zeros(PARAMS // 2, np.float32))
+def shard(request: int, version: int) -> Params:
+    return Params(request=request, version=version, held_s=0.0, plan=None, data=np.zeros(PARAMS // 2, np.float32))
 
 
 def test_bsp_asks_its_evaluations_in_advance_and_the_job_ends_once_the_final_one_is_evaluated(make):

@@ -314,7 +314,7 @@ def test_with_keys_only_key_holders_are_heard_and_the_job_is_unaffected(tmp_path
         assert _who_is_heard(ctx, cluster.endpoint, keys, joins) == {
             "allowed key": True, "no key": False, "unknown key": False}
         values = np.zeros(n, dtype=np.float32)
-        tamper = [Init(rank=0, data=values), Pull(req=1), Push(rank=1, step=0, ver=0, batch=1, gen=0, data=values)]
+        tamper = [Init(rank=0, data=values), Pull(request=1), Push(rank=1, step=0, version=0, batch=1, gen=0, data=values)]
         assert _who_is_heard(ctx, server_endpoint(cluster.run_dir), keys, tamper) == {
             "allowed key": True, "no key": False, "unknown key": False}
         errors = {name: p.communicate(timeout=60 * WAIT_FACTOR)[1] for name, p in impostors.items()}

@@ -56,7 +56,7 @@ def test_steps_from_parts_at_odd_offsets_equal_the_steps_from_whole_pushes_bit_f
     for step in range(4):
         for rank in range(workers):
             g = rng.standard_normal(n).astype(np.float32)
-            whole.handle(PEERS[rank], push(rank, step, g, batch=rank + 3, ver=0), 1.0)
+            whole.handle(PEERS[rank], push(rank, step, g, batch=rank + 3, version=0), 1.0)
             for part in reversed(parts_of(g, [7, 333, 334, 701], rank=rank, step=step, batch=rank + 3)):
                 parted.handle(PEERS[rank], part, 1.0)
     assert parted.version == whole.version > 0 and parted.parts_joined == 4 * workers

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omnips import codec, protocol
+from omnips.batching import BatchPlan
 from omnips.protocol import Ack, Checkpoint, Heartbeat, Init, Params, Plan, Pull, Push
 from omnips.server.pulls import MAX_AHEAD
 from omnips.server.shard import Outgoing
@@ -80,7 +81,7 @@ def test_bsp_update_is_weighted_mean_then_torch_sgd(case):
         assert core.version == step + 1
         for rank, o in enumerate(out):
             assert isinstance(o.msg, Params)
-            assert (o.msg.req, o.msg.version, o.msg.plan) == (step, step + 1, None)
+            assert (o.msg.step, o.msg.version, o.msg.plan) == (step, step + 1, None)
             assert o.msg.held_s == now - arrivals[rank]
             np.testing.assert_allclose(o.msg.data, expected, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(core.values, expected, rtol=1e-6, atol=1e-6)
@@ -153,9 +154,9 @@ def mid_barrier():
 
 
 @pytest.mark.parametrize("peer, msg, code", [
-    (PEERS[2], push(2, 2, [1, 1, 1, 1], ver=1), "bad_step"),  # a step ahead
-    (PEERS[2], push(2, 0, [1, 1, 1, 1], ver=0), "bad_step"),  # a finished step
-    (PEERS[2], push(2, 1, [1, 1, 1, 1], ver=2), "bad_version"),  # computed on a version that does not exist
+    (PEERS[2], push(2, 2, [1, 1, 1, 1], version=1), "bad_step"),  # a step ahead
+    (PEERS[2], push(2, 0, [1, 1, 1, 1], version=0), "bad_step"),  # a finished step
+    (PEERS[2], push(2, 1, [1, 1, 1, 1], version=2), "bad_version"),  # computed on a version that does not exist
     (PEERS[1], push(1, 1, [1, 1, 1, 1]), "duplicate"),
     (b"w3", push(3, 1, [1, 1, 1, 1]), "bad_rank"),
     (PEERS[2], push(7, 1, [1, 1, 1, 1]), "bad_rank"),
@@ -171,7 +172,7 @@ def mid_barrier():
     (PEERS[2], Init(rank=2, data=np.zeros(4, np.float32)), "bad_rank"),
     (PEERS[2], Init(rank=0, data=np.zeros(4, np.float32)), "already_initialized"),
     (PEERS[0], Init(rank=0, data=np.zeros(4, np.float32)), "already_initialized"),
-    (SCHED, Pull(req=9, at=0), "version_passed"),
+    (SCHED, Pull(request=9, at=0), "version_passed"),
     (PEERS[2], Heartbeat(), "bad_op"),
     (PEERS[2], Ack(), "bad_op"),
 ])
@@ -209,7 +210,7 @@ def test_push_before_init_is_refused():
 ])
 def test_bad_init_is_refused(msg, code):
     core = make_core(n=3)
-    core.handle(SCHED, Pull(req=1), 0.0)  # a waiting pull must stay waiting
+    core.handle(SCHED, Pull(request=1), 0.0)  # a waiting pull must stay waiting
     assert_refused(core, PEERS[0], msg, code)
     out = core.handle(PEERS[0], Init(rank=0, data=np.ones(3, np.float32)), 1.0)
     assert [o.to for o in out] == [PEERS[0], SCHED]
@@ -231,13 +232,13 @@ def test_asp_scales_lr_by_batch_and_records_staleness():
     for rank, step, ver, batch in plan:
         g = rng.standard_normal(6).astype(np.float32)
         version = core.version
-        out = core.handle(PEERS[rank], push(rank, step, g, batch=batch, ver=ver), 5.0)
+        out = core.handle(PEERS[rank], push(rank, step, g, batch=batch, version=ver), 5.0)
         stale.append(version - ver)
         ref.step(g[:4].astype(np.float64), 0.1 * batch / b_ref)
         assert len(out) == 1 and out[0].to == PEERS[rank]
         reply = out[0].msg
         assert isinstance(reply, Params)
-        assert (reply.req, reply.version, reply.held_s, reply.plan) == (step, version + 1, 0.0, None)
+        assert (reply.step, reply.version, reply.held_s, reply.plan) == (step, version + 1, 0.0, None)
         np.testing.assert_allclose(reply.data[:4], ref.p, rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(reply.data[4:], g[4:])  # buffers: the latest pushed values
         round_trip(out)
@@ -249,22 +250,22 @@ def test_asp_scales_lr_by_batch_and_records_staleness():
 def test_asp_refusals():
     core = make_core(mode="asp", n=2, init=[0, 0], global_batch=6)
     core.handle(PEERS[0], push(0, 0, [1, 1]), 0.0)
-    core.handle(PEERS[0], push(0, 1, [1, 1], ver=1), 0.0)
-    assert_refused(core, PEERS[0], push(0, 1, [1, 1], ver=1), "duplicate")
-    assert_refused(core, PEERS[0], push(0, 0, [1, 1], ver=0), "duplicate")  # an older step
-    assert_refused(core, PEERS[1], push(1, 0, [1, 1], ver=3), "bad_version")
+    core.handle(PEERS[0], push(0, 1, [1, 1], version=1), 0.0)
+    assert_refused(core, PEERS[0], push(0, 1, [1, 1], version=1), "duplicate")
+    assert_refused(core, PEERS[0], push(0, 0, [1, 1], version=0), "duplicate")  # an older step
+    assert_refused(core, PEERS[1], push(1, 0, [1, 1], version=3), "bad_version")
     assert_refused(core, PEERS[1], push(1, 0, [1, np.nan]), "non_finite")
-    assert_refused(core, b"other", push(0, 2, [1, 1], ver=2), "rank_taken")
+    assert_refused(core, b"other", push(0, 2, [1, 1], version=2), "rank_taken")
     assert_refused(core, PEERS[1], push(3, 0, [1, 1]), "bad_rank")
-    out = core.handle(PEERS[0], push(0, 5, [1, 1], ver=2), 0.0)  # a later step is fine (steps may skip)
+    out = core.handle(PEERS[0], push(0, 5, [1, 1], version=2), 0.0)  # a later step is fine (steps may skip)
     assert out[0].msg.version == 3
 
 
 # -- dropped gradients (--nan-policy skip) --------------------------------------------
 
 
-def dropped(rank, step, ver=None):
-    return push(rank, step, [], batch=0, ver=ver)
+def dropped(rank, step, version=None):
+    return push(rank, step, [], batch=0, version=version)
 
 
 def test_bsp_step_with_a_dropped_gradient_averages_the_others():
@@ -307,7 +308,7 @@ def test_asp_dropped_gradient_is_answered_without_an_update():
     assert len(out) == 1 and out[0].msg.version == 0 and core.updates == 0
     np.testing.assert_array_equal(core.values, [1, 1])
     assert_refused(core, PEERS[0], dropped(0, 0), "duplicate")  # the step still counts as pushed
-    assert core.handle(PEERS[0], push(0, 1, [1, 1], ver=0), 0.0)[0].msg.version == 1
+    assert core.handle(PEERS[0], push(0, 1, [1, 1], version=0), 0.0)[0].msg.version == 1
 
 
 def test_a_dropped_gradient_carries_no_values():
@@ -323,30 +324,30 @@ def test_a_dropped_gradient_carries_no_values():
 
 def test_pull_before_init_is_answered_at_init():
     core = make_core(n=3)
-    assert core.handle(SCHED, Pull(req=5), 1.0) == []
-    assert core.handle(b"w1", Pull(req=6, at=0), 1.5) == []
-    assert core.handle(b"w2", Pull(req=7, at=1), 2.0) == []
+    assert core.handle(SCHED, Pull(request=5), 1.0) == []
+    assert core.handle(b"w1", Pull(request=6, at=0), 1.5) == []
+    assert core.handle(b"w2", Pull(request=7, at=1), 2.0) == []
     out = core.handle(PEERS[0], Init(rank=0, data=np.array([1, 2, 3], np.float32)), 3.5)
     assert out[0] == Outgoing(PEERS[0], Ack())
-    replies = [(o.to, o.msg.req, o.msg.version, o.msg.held_s, o.msg.plan, o.msg.data.tolist()) for o in out[1:]]
+    replies = [(o.to, o.msg.request, o.msg.version, o.msg.held_s, o.msg.plan, o.msg.data.tolist()) for o in out[1:]]
     assert replies == [(SCHED, 5, 0, 2.5, None, [1, 2, 3]), (b"w1", 6, 0, 2.0, None, [1, 2, 3])]
     assert len(core._pulls.entries) == 1  # the pull at version 1 still waits
 
 
 def test_pull_at_a_future_version_is_answered_exactly_then():
     core = make_core(n=2, init=[0, 0], global_batch=3, lr=1.0, momentum=0.0, weight_decay=0.0)
-    assert core.handle(SCHED, Pull(req=1, at=2), 10.0) == []
-    assert core.handle(SCHED, Pull(req=2, at=1), 10.5) == []
+    assert core.handle(SCHED, Pull(request=1, at=2), 10.0) == []
+    assert core.handle(SCHED, Pull(request=2, at=1), 10.5) == []
     for step in range(3):
         outs = []
         for r in range(3):
             outs += core.handle(PEERS[r], push(r, step, [1, 2], batch=1), 11.0 + step)
         pulls = [o for o in outs if o.to == SCHED]
         if step == 0:
-            assert [(o.msg.req, o.msg.version, o.msg.held_s) for o in pulls] == [(2, 1, 0.5)]
+            assert [(o.msg.request, o.msg.version, o.msg.held_s) for o in pulls] == [(2, 1, 0.5)]
             assert pulls[0].msg.data.tolist() == [-1, -2]
         elif step == 1:
-            assert [(o.msg.req, o.msg.version, o.msg.held_s) for o in pulls] == [(1, 2, 2.0)]
+            assert [(o.msg.request, o.msg.version, o.msg.held_s) for o in pulls] == [(1, 2, 2.0)]
             assert pulls[0].msg.data.tolist() == [-2, -4]
         else:
             assert pulls == []
@@ -356,10 +357,10 @@ def test_pull_at_a_future_version_is_answered_exactly_then():
 
 def test_pull_now_and_at_the_current_version():
     core = make_core(n=2, init=[4, 5])
-    for msg in (Pull(req=3), Pull(req=4, at=0)):
+    for msg in (Pull(request=3), Pull(request=4, at=0)):
         out = core.handle(SCHED, msg, 1.0)
         assert len(out) == 1 and out[0].to == SCHED
-        assert (out[0].msg.req, out[0].msg.version, out[0].msg.held_s, out[0].msg.plan) == (msg.req, 0, 0.0, None)
+        assert (out[0].msg.request, out[0].msg.version, out[0].msg.held_s, out[0].msg.plan) == (msg.request, 0, 0.0, None)
         assert out[0].msg.data.tolist() == [4, 5]
 
 
@@ -368,16 +369,16 @@ def test_pull_at_a_passed_version_is_refused():
     for r in range(3):
         core.handle(PEERS[r], push(r, 0, [1, 1]), 0.0)
     assert core.version == 1
-    assert_refused(core, SCHED, Pull(req=1, at=0), "version_passed")
+    assert_refused(core, SCHED, Pull(request=1, at=0), "version_passed")
 
 
 def test_asp_pull_at_a_future_version_is_answered():
     core = make_core(mode="asp", n=2, init=[0, 0], global_batch=6)
-    assert core.handle(SCHED, Pull(req=1, at=2), 0.0) == []
+    assert core.handle(SCHED, Pull(request=1, at=2), 0.0) == []
     core.handle(PEERS[0], push(0, 0, [1, 1]), 1.0)
     out = core.handle(PEERS[1], push(1, 0, [1, 1]), 2.0)
     assert core.version == 2
-    assert [(o.to, o.msg.req, o.msg.version) for o in out if o.to == SCHED] == [(SCHED, 1, 2)]
+    assert [(o.to, o.msg.request, o.msg.version) for o in out if o.to == SCHED] == [(SCHED, 1, 2)]
 
 
 @pytest.mark.parametrize("mode, max_steps, last", [("bsp", 5, 5), ("asp", 5, 5 * 32), ("bsp", None, MAX_AHEAD)])
@@ -386,15 +387,15 @@ def test_a_pull_or_checkpoint_at_a_version_the_job_never_reaches_is_refused(mode
     for r in range(3):
         core.handle(PEERS[r], push(r, 0, [1, 1]), 0.0)
     last += core.version if max_steps is None else 0  # without --max-steps: MAX_AHEAD past now
-    assert_refused(core, b"stranger", Pull(req=1, at=last + 1), "bad_version")
-    assert_refused(core, b"stranger", Pull(req=1, at=2**62), "bad_version")
+    assert_refused(core, b"stranger", Pull(request=1, at=last + 1), "bad_version")
+    assert_refused(core, b"stranger", Pull(request=1, at=2**62), "bad_version")
     before = snapshot(core)
-    out = core.handle(b"stranger", Checkpoint(req=2, step=9, at=last + 1), 0.0)
-    assert [(o.msg.req, o.msg.error.split(":")[0]) for o in out] == [(2, "bad_version")]
+    out = core.handle(b"stranger", Checkpoint(request=2, step=9, at=last + 1), 0.0)
+    assert [(o.msg.request, o.msg.error.split(":")[0]) for o in out] == [(2, "bad_version")]
     assert_same_state(before, snapshot(core))
     # the scheduler's: a checkpoint before the end, the final evaluation at it
-    assert core.handle(SCHED, Checkpoint(req=3, step=4, at=last - 1), 0.0) == []
-    assert core.handle(SCHED, Pull(req=4, at=last), 0.0) == [] and len(core._pulls.entries) == 2
+    assert core.handle(SCHED, Checkpoint(request=3, step=4, at=last - 1), 0.0) == []
+    assert core.handle(SCHED, Pull(request=4, at=last), 0.0) == [] and len(core._pulls.entries) == 2
 
 
 # -- batch plans ride on push replies -------------------------------------------------
@@ -402,34 +403,32 @@ def test_a_pull_or_checkpoint_at_a_version_the_job_never_reaches_is_refused(mode
 
 def test_plan_attached_only_for_older_generations_bsp():
     core = make_core(n=2, init=[0, 0])
-    core.set_plan(Plan(gen=2, batches=[10, 10, 12]), 0.0)
-    core.set_plan(Plan(gen=1, batches=[1, 1, 30]), 0.0)  # older: ignored
+    core.set_plan(Plan(plan=BatchPlan(2, (10, 10, 12))), 0.0)
+    core.set_plan(Plan(plan=BatchPlan(1, (1, 1, 30))), 0.0)  # older: ignored
     out = []
     for r in range(3):  # a BSP step runs one plan on every worker
         out += core.handle(PEERS[r], push(r, 0, [1, 1], gen=0), 0.0)
-    plan = {"gen": 2, "batches": [10, 10, 12], "stop": False}
-    assert [o.msg.plan for o in out] == [plan] * 3
+    assert [o.msg.plan for o in out] == [BatchPlan(2, (10, 10, 12))] * 3
     round_trip(out)
     out = []
     for r in range(3):
         out += core.handle(PEERS[r], push(r, 1, [1, 1], gen=2), 0.0)
     assert [o.msg.plan for o in out] == [None] * 3  # they have it
-    core.set_plan(Plan(gen=3, batches=[8, 12, 12], stop=True), 0.0)
+    core.set_plan(Plan(plan=BatchPlan(3, (8, 12, 12), stop=True)), 0.0)
     out = []
     for r in range(3):
         out += core.handle(PEERS[r], push(r, 2, [1, 1], gen=2), 0.0)
-    assert [o.msg.plan for o in out] == [{"gen": 3, "batches": [8, 12, 12], "stop": True}] * 3
+    assert [o.msg.plan for o in out] == [BatchPlan(3, (8, 12, 12), stop=True)] * 3
     # pulls never carry a plan
-    assert core.handle(SCHED, Pull(req=1), 0.0)[0].msg.plan is None
+    assert core.handle(SCHED, Pull(request=1), 0.0)[0].msg.plan is None
 
 
 def test_plan_attached_only_for_older_generations_asp():
     core = make_core(mode="asp", n=2, init=[0, 0], global_batch=6)
     assert core.handle(PEERS[0], push(0, 0, [1, 1], gen=0), 0.0)[0].msg.plan is None  # no plan yet
-    core.set_plan(Plan(gen=1, batches=[1, 2, 3]), 0.0)
-    assert core.handle(PEERS[0], push(0, 1, [1, 1], ver=1, gen=0), 0.0)[0].msg.plan == \
-        {"gen": 1, "batches": [1, 2, 3], "stop": False}
-    assert core.handle(PEERS[1], push(1, 0, [1, 1], ver=2, gen=1), 0.0)[0].msg.plan is None
+    core.set_plan(Plan(plan=BatchPlan(1, (1, 2, 3))), 0.0)
+    assert core.handle(PEERS[0], push(0, 1, [1, 1], version=1, gen=0), 0.0)[0].msg.plan == BatchPlan(1, (1, 2, 3))
+    assert core.handle(PEERS[1], push(1, 0, [1, 1], version=2, gen=1), 0.0)[0].msg.plan is None
 
 
 # -- membership: workers leave and join -------------------------------------------------
@@ -439,19 +438,19 @@ def test_bsp_step_completes_without_a_departed_worker_and_drops_its_partial_push
     core = make_core(n=2, init=[0, 0], momentum=0.0, weight_decay=0.0)
     core.handle(PEERS[0], push(0, 0, [1, 1]), 0.0)
     assert core.handle(PEERS[2], push(2, 0, [9, 9]), 0.0) == []  # reached this shard, then it died
-    out = core.set_plan(Plan(gen=1, batches=[6, 6, 0], departed=[[2, -1]]), 0.0)
+    out = core.set_plan(Plan(plan=BatchPlan(1, (6, 6, 0)), departed=((2, -1),)), 0.0)
     assert out == [] and 2 not in core.barrier.pending  # its step-0 push reached not every shard: no shard uses it
     out = core.handle(PEERS[1], push(1, 0, [3, 3]), 0.0)
     assert sorted(o.to for o in out) == [PEERS[0], PEERS[1]] and core.version == 1
     np.testing.assert_allclose(core.values, [-0.2, -0.2], rtol=1e-6)  # mean of 1 and 3, lr 0.1
-    assert out[0].msg.plan["batches"] == [6, 6, 0]
+    assert out[0].msg.plan.batches == (6, 6, 0)
     assert_refused(core, PEERS[2], push(2, 1, [1, 1], gen=0), "removed")  # not dead after all: refused
 
 
 def test_bsp_barrier_waiting_only_for_the_departed_completes_when_told():
     core = make_core(n=1, init=[0], num_workers=2)
     core.handle(PEERS[0], push(0, 0, [1]), 0.0)
-    out = core.set_plan(Plan(gen=1, batches=[8, 0], departed=[[1, -1]]), 0.0)
+    out = core.set_plan(Plan(plan=BatchPlan(1, (8, 0)), departed=((1, -1),)), 0.0)
     assert [o.to for o in out] == [PEERS[0]] and core.version == 1
 
 
@@ -459,27 +458,27 @@ def test_a_plan_for_another_number_of_workers_is_refused_and_changes_nothing():
     core = make_core(n=2, init=[0, 0], num_workers=2)
     before = snapshot(core)
     for batches in ([8], [4, 4, 4]):
-        with pytest.raises(ValueError, match=f"a plan for {len(batches)} workers, the job has 2"):
-            core.set_plan(Plan(gen=1, batches=batches), 0.0)
+        with pytest.raises(ValueError, match=f"the scheduler sent a plan's batches for {len(batches)} workers, the job has 2"):
+            core.set_plan(Plan(plan=BatchPlan(1, tuple(batches))), 0.0)
     assert_same_state(before, snapshot(core))
     assert core.plan is None
 
 
 def test_a_joiner_pulls_at_the_first_step_of_its_plan_and_the_step_waits_for_it():
     core = make_core(n=2, init=[0, 0], num_workers=3)
-    core.set_plan(Plan(gen=0, batches=[8, 8, 0]), 0.0)
+    core.set_plan(Plan(plan=BatchPlan(0, (8, 8, 0))), 0.0)
     for r in (0, 1):
         core.handle(PEERS[r], push(r, 0, [1, 1]), 0.0)
     assert core.version == 1  # the vacant rank is not waited for
-    core.set_plan(Plan(gen=1, batches=[6, 5, 5]), 0.0)
-    assert core.handle(PEERS[2], Pull(req=7, gen=1), 0.0) == []  # step 1 still runs plan 0
+    core.set_plan(Plan(plan=BatchPlan(1, (6, 5, 5))), 0.0)
+    assert core.handle(PEERS[2], Pull(request=7, gen=1), 0.0) == []  # step 1 still runs plan 0
     for r in (0, 1):
         out = core.handle(PEERS[r], push(r, 1, [1, 1]), 0.0)
-    assert core.version == 2 and out[0].msg.plan["gen"] == 1  # the others learn the plan with this reply
+    assert core.version == 2 and out[0].msg.plan.gen == 1  # the others learn the plan with this reply
     out = core.handle(PEERS[0], push(0, 2, [1, 1], gen=1), 0.0)
     assert [o.to for o in out] == [PEERS[2]]  # the first push under plan 1 releases the joiner's pull
     reply = out[0].msg
-    assert reply.version == 2 and reply.plan == {"gen": 1, "batches": [6, 5, 5], "stop": False}
+    assert reply.version == 2 and reply.plan == BatchPlan(1, (6, 5, 5))
     assert core.handle(PEERS[1], push(1, 2, [1, 1], gen=1), 0.0) == []  # and step 2 waits for it
     out = core.handle(PEERS[2], push(2, 2, [1, 1], gen=1), 0.0)
     assert len(out) == 3 and core.version == 3
@@ -489,7 +488,7 @@ def test_a_joiner_pulls_at_the_first_step_of_its_plan_and_the_step_waits_for_it(
 
 def test_bsp_refuses_a_push_under_a_plan_no_step_runs_any_more():
     core = make_core(n=2, init=[0, 0], num_workers=2)
-    core.set_plan(Plan(gen=1, batches=[16, 16]), 0.0)
+    core.set_plan(Plan(plan=BatchPlan(1, (16, 16))), 0.0)
     for r in (0, 1):
         core.handle(PEERS[r], push(r, 0, [1, 1], gen=1), 0.0)
     assert core.version == 1  # step 0 ran plan 1: plan 0 is done
@@ -498,18 +497,18 @@ def test_bsp_refuses_a_push_under_a_plan_no_step_runs_any_more():
     # a newer plan may reach a worker (in another shard's reply) first: its step waits for it
     assert core.handle(PEERS[0], push(0, 1, [1, 1], gen=2), 0.0) == []
     assert core.handle(PEERS[1], push(1, 1, [1, 1], gen=2), 0.0) == []
-    out = core.set_plan(Plan(gen=2, batches=[8, 24]), 0.0)
+    out = core.set_plan(Plan(plan=BatchPlan(2, (8, 24))), 0.0)
     assert core.version == 2 and sorted(o.to for o in out) == PEERS[:2]
 
 
 def test_a_refilled_rank_binds_to_the_new_connection_and_refuses_the_old():
     core = make_core(mode="asp", n=2, init=[0, 0], global_batch=6, num_workers=2)
     core.handle(PEERS[1], push(1, 0, [1, 1]), 0.0)
-    core.set_plan(Plan(gen=1, batches=[6, 0], departed=[[1, 0]]), 0.0)
-    assert_refused(core, PEERS[1], push(1, 1, [1, 1], ver=1), "removed")
-    core.set_plan(Plan(gen=2, batches=[3, 3]), 0.0)
-    assert_refused(core, PEERS[1], push(1, 1, [1, 1], ver=1, gen=1), "removed")  # the old one, on an old plan
-    out = core.handle(b"new", push(1, 5, [1, 1], ver=1, gen=2), 0.0)  # the new one: its own step count
+    core.set_plan(Plan(plan=BatchPlan(1, (6, 0)), departed=((1, 0),)), 0.0)
+    assert_refused(core, PEERS[1], push(1, 1, [1, 1], version=1), "removed")
+    core.set_plan(Plan(plan=BatchPlan(2, (3, 3))), 0.0)
+    assert_refused(core, PEERS[1], push(1, 1, [1, 1], version=1, gen=1), "removed")  # the old one, on an old plan
+    out = core.handle(b"new", push(1, 5, [1, 1], version=1, gen=2), 0.0)  # the new one: its own step count
     assert isinstance(out[0].msg, Params)
 
 
@@ -517,11 +516,11 @@ def test_ssp_does_not_wait_for_a_departed_worker():
     core = make_core(mode="ssp", n=1, init=[0], global_batch=6, staleness=1)
     for step in range(2):
         for r in (0, 1, 2):
-            core.handle(PEERS[r], push(r, step, [1], ver=core.version), 0.0)
-    assert core.handle(PEERS[0], push(0, 2, [1], ver=core.version), 0.0) != []  # 2 - 1 <= 1
-    assert core.handle(PEERS[0], push(0, 3, [1], ver=core.version), 0.0) == []  # held: worker 2 is at 1
-    core.handle(PEERS[1], push(1, 2, [1], ver=core.version), 0.0)
-    out = core.set_plan(Plan(gen=1, batches=[3, 3, 0], departed=[[2, 1]]), 0.0)
+            core.handle(PEERS[r], push(r, step, [1], version=core.version), 0.0)
+    assert core.handle(PEERS[0], push(0, 2, [1], version=core.version), 0.0) != []  # 2 - 1 <= 1
+    assert core.handle(PEERS[0], push(0, 3, [1], version=core.version), 0.0) == []  # held: worker 2 is at 1
+    core.handle(PEERS[1], push(1, 2, [1], version=core.version), 0.0)
+    out = core.set_plan(Plan(plan=BatchPlan(1, (3, 3, 0)), departed=((2, 1),)), 0.0)
     assert [o.to for o in out] == [PEERS[0]]  # the slowest present worker is at 2 now
 
 
@@ -533,11 +532,11 @@ def test_ssp_refuses_a_push_while_its_last_reply_is_held_and_keeps_no_gradient()
     del g
     assert gone() is None  # the held reply does not keep the gradient
     for step in (1, 2, 10**15):
-        assert_refused(core, PEERS[0], push(0, step, [1, 1, 1, 1], ver=1), "reply_held")
+        assert_refused(core, PEERS[0], push(0, step, [1, 1, 1, 1], version=1), "reply_held")
     assert len(core.holds.held) == 1 and core.updates == 1
     out = core.handle(PEERS[1], push(1, 0, [1, 1, 1, 1]), 1.0)
-    assert [(o.to, o.msg.req) for o in out] == [(PEERS[0], 0), (PEERS[1], 0)]
-    assert core.handle(PEERS[0], push(0, 1, [1, 1, 1, 1], ver=2), 2.0) == []  # answered: it may push again
+    assert [(o.to, o.msg.step) for o in out] == [(PEERS[0], 0), (PEERS[1], 0)]
+    assert core.handle(PEERS[0], push(0, 1, [1, 1, 1, 1], version=2), 2.0) == []  # answered: it may push again
 
 
 # -- replies still queued ------------------------------------------------------------------
@@ -559,7 +558,7 @@ def test_detach_leaves_queued_replies_as_sent_and_the_updates_as_they_would_be(o
         for core in (kept, detached):
             out = []
             for r in range(3):
-                out += core.handle(PEERS[r], Push(rank=r, step=step, ver=step, batch=4 + r, gen=0, data=grads[r]), 0.0)
+                out += core.handle(PEERS[r], Push(rank=r, step=step, version=step, batch=4 + r, gen=0, data=grads[r]), 0.0)
             assert len(out) == 3 and not any(o.snapshot for o in out)
             outs.append(out)
         for a, b in zip(*outs):

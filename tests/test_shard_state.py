@@ -43,7 +43,7 @@ def run_steps(core, rng, steps, first=0):
         for r in (2, 0, 1):
             ver = core.version if core.job.mode == "bsp" else max(0, core.version - r)
             out += core.handle(PEERS[r], push(r, step, rng.standard_normal(core.n).astype(np.float32),
-                                              batch=4 + r, ver=ver), 1.0)
+                                              batch=4 + r, version=ver), 1.0)
     return out
 
 
@@ -129,7 +129,7 @@ def test_asp_restore_takes_the_workers_resume_steps():
     fresh = core_for("asp", dict(momentum=0.9), init=False)
     fresh.restore(core.state(), next_steps=[5, 3, 0])
     assert fresh.holds.last_step == {0: 4, 1: 2}
-    out = fresh.handle(PEERS[1], push(1, 3, np.ones(6), ver=fresh.version), 0.0)
+    out = fresh.handle(PEERS[1], push(1, 3, np.ones(6), version=fresh.version), 0.0)
     assert isinstance(out[0].msg, Params)
     with pytest.raises(ValueError, match="one step count per worker"):
         fresh.restore(core.state(), next_steps=[1, 2])
@@ -140,34 +140,34 @@ def test_asp_restore_takes_the_workers_resume_steps():
 def test_bsp_checkpoint_is_taken_exactly_at_its_version():
     core = core_for("bsp", dict(momentum=0.9))
     rng = np.random.default_rng(2)
-    assert core.handle(SCHED, Checkpoint(req=1, step=2, at=2), 0.0) == []
+    assert core.handle(SCHED, Checkpoint(request=1, step=2, at=2), 0.0) == []
     out = run_steps(core, rng, 1)
     assert not any(isinstance(o, Snapshot) for o in out)
     out = run_steps(core, rng, 1, first=1)
     snaps = [o for o in out if isinstance(o, Snapshot)]
-    assert len(snaps) == 1 and (snaps[0].to, snaps[0].req, snaps[0].step) == (SCHED, 1, 2)
+    assert len(snaps) == 1 and (snaps[0].to, snaps[0].request, snaps[0].step) == (SCHED, 1, 2)
     expected_values = core.values.copy()
     assert snaps[0].state.meta["version"] == 2
     run_steps(core, rng, 1, first=2)  # the snapshot is a copy: later updates do not reach it
     assert snaps[0].state.arrays["values"].tobytes() == expected_values.tobytes()
-    late = core.handle(SCHED, Checkpoint(req=2, step=2, at=2), 0.0)
+    late = core.handle(SCHED, Checkpoint(request=2, step=2, at=2), 0.0)
     assert len(late) == 1 and isinstance(late[0].msg, Saved) and late[0].msg.error.startswith("version_passed")
-    now = core.handle(SCHED, Checkpoint(req=3, step=7, at=None), 0.0)
+    now = core.handle(SCHED, Checkpoint(request=3, step=7, at=None), 0.0)
     assert isinstance(now[0], Snapshot) and now[0].state.meta["version"] == 3
 
 
 def test_a_checkpoint_asked_before_init_waits_for_it():
     core = core_for("asp", dict(momentum=0.9), init=False)
-    assert core.handle(SCHED, Checkpoint(req=1, step=0), 0.0) == []
+    assert core.handle(SCHED, Checkpoint(request=1, step=0), 0.0) == []
     out = core.handle(PEERS[0], Init(rank=0, data=np.ones(6, np.float32)), 0.0)
     assert isinstance(out[1], Snapshot) and out[1].state.arrays["values"].tolist() == [1.0] * 6
-    assert core.handle(SCHED, Pull(req=2, at=0), 0.0)[0].msg.version == 0  # pulls still served as before
+    assert core.handle(SCHED, Pull(request=2, at=0), 0.0)[0].msg.version == 0  # pulls still served as before
 
 
 # -- the server's writer and restore ----------------------------------------------------------
 
-def _snap(core, step, req=1) -> Snapshot:
-    return Snapshot(SCHED, req, step, core.state())
+def _snap(core, step, request=1) -> Snapshot:
+    return Snapshot(SCHED, request, step, core.state())
 
 
 def test_writer_writes_in_the_background_and_the_server_restores_from_it(tmp_path):
@@ -177,7 +177,7 @@ def test_writer_writes_in_the_background_and_the_server_restores_from_it(tmp_pat
     assert writer.submit(_snap(core, 2)) == []
     (answer,) = writer.finished(wait_s=30)
     saved = answer.msg
-    assert answer.to == SCHED and (saved.req, saved.step, saved.version, saved.error) == (1, 2, 2, "")
+    assert answer.to == SCHED and (saved.request, saved.step, saved.version, saved.error) == (1, 2, 2, "")
     shard = checkpoint.step_dir(tmp_path, 2) / checkpoint.shard_name(0)
     assert checkpoint.file_info(shard) == FileInfo(saved.size, saved.sha256)
     checkpoint.write_manifest(shard.parent, 2, core.job.to_dict(),
@@ -210,13 +210,13 @@ def test_a_snapshot_waits_for_the_previous_write_at_most_wait_s(tmp_path, monkey
     monkeypatch.setattr(checkpoint, "write_shard", slow_write)
     core = core_for("bsp", dict(momentum=0.9))
     writer = checkpointer.ShardWriter(tmp_path, rank=0, lo=0, hi=6, wait_s=0.05)
-    assert writer.submit(_snap(core, 1, req=1)) == []
-    (refused,) = writer.submit(_snap(core, 2, req=2))
-    assert (refused.msg.req, refused.msg.size) == (2, 0) and "still being written" in refused.msg.error
+    assert writer.submit(_snap(core, 1, request=1)) == []
+    (refused,) = writer.submit(_snap(core, 2, request=2))
+    assert (refused.msg.request, refused.msg.size) == (2, 0) and "still being written" in refused.msg.error
     assert writer.finished() == []
     release.set()
     (first,) = writer.finished(wait_s=30)
-    assert (first.msg.req, first.msg.error) == (1, "") and first.msg.size > 0
+    assert (first.msg.request, first.msg.error) == (1, "") and first.msg.size > 0
 
 
 def test_a_state_saved_before_a_job_setting_existed_restores_at_its_default():

@@ -175,7 +175,7 @@ def test_job_refuses_an_unknown_wire_dtype():
 
 def narrow_push(w, rank, step, values, batch=4):
     data = np.asarray(values, np.float32)
-    return Push(rank=rank, step=step, ver=step, batch=batch, gen=0, data=narrowed(w, data))
+    return Push(rank=rank, step=step, version=step, batch=batch, gen=0, data=narrowed(w, data))
 
 
 @pytest.mark.parametrize("w", NARROW, ids=lambda w: w.name)
@@ -191,10 +191,10 @@ def test_bsp_narrow_pushes_update_as_their_float32_values_would(w, seed, orders,
     for step, order in enumerate(orders):
         grads = [narrowed(w, rng.standard_normal(7).astype(np.float32)) for _ in range(3)]
         for r in order:
-            out = narrow.handle(PEERS[r], Push(rank=r, step=step, ver=step, batch=batches[r], gen=0,
+            out = narrow.handle(PEERS[r], Push(rank=r, step=step, version=step, batch=batches[r], gen=0,
                                                data=grads[r]), 1.0)
         for r in reversed(order):
-            exact.handle(PEERS[r], Push(rank=r, step=step, ver=step, batch=batches[r], gen=0,
+            exact.handle(PEERS[r], Push(rank=r, step=step, version=step, batch=batches[r], gen=0,
                                         data=widened(w, grads[r])), 1.0)
         assert narrow.values.tobytes() == exact.values.tobytes() and narrow.version == step + 1
         assert [o.to for o in out] == PEERS
@@ -202,7 +202,7 @@ def test_bsp_narrow_pushes_update_as_their_float32_values_would(w, seed, orders,
             assert not o.snapshot and o.msg.data.dtype == w.dtype
             assert o.msg.data.tobytes() == narrowed(w, narrow.values).tobytes()
         round_trip(out)
-    (pulled,) = narrow.handle(SCHED, Pull(req=1), 2.0)  # pulls (evaluation, start, rewind) stay exact
+    (pulled,) = narrow.handle(SCHED, Pull(request=1), 2.0)  # pulls (evaluation, start, rewind) stay exact
     assert pulled.snapshot and pulled.msg.data.dtype == np.float32
     assert pulled.msg.data.tobytes() == narrow.values.tobytes()
 
@@ -212,8 +212,8 @@ def test_asp_applies_a_float16_push_as_its_float32_values(mode):
     x0 = np.array([1, -2, 3, 0.5], np.float32)
     narrow, exact = make_core(mode=mode, n=4, init=x0, wire_dtype="float16"), make_core(mode=mode, n=4, init=x0)
     g = narrowed(F16, np.array([0.1, -0.2, 1e-5, 3.0], np.float32))
-    (a,) = narrow.handle(PEERS[1], Push(rank=1, step=0, ver=0, batch=8, gen=0, data=g), 0.0)
-    exact.handle(PEERS[1], Push(rank=1, step=0, ver=0, batch=8, gen=0, data=widened(F16, g)), 0.0)
+    (a,) = narrow.handle(PEERS[1], Push(rank=1, step=0, version=0, batch=8, gen=0, data=g), 0.0)
+    exact.handle(PEERS[1], Push(rank=1, step=0, version=0, batch=8, gen=0, data=widened(F16, g)), 0.0)
     assert narrow.values.tobytes() == exact.values.tobytes() and narrow.version == 1
     assert a.msg.data.tobytes() == narrowed(F16, narrow.values).tobytes()
 
@@ -228,13 +228,13 @@ def narrow_mid_barrier(request):
 
 
 @pytest.mark.parametrize("peer, make, code", [
-    (PEERS[2], lambda w: Push(rank=2, step=0, ver=0, batch=4, gen=0, data=np.ones(4, np.float32)), "bad_dtype"),
+    (PEERS[2], lambda w: Push(rank=2, step=0, version=0, batch=4, gen=0, data=np.ones(4, np.float32)), "bad_dtype"),
     (PEERS[2], lambda w: narrow_push(F16 if w is BF16 else BF16, 2, 0, [1, 1, 1, 1]), "bad_dtype"),
     (PEERS[2], lambda w: narrow_push(w, 2, 0, [1, 1, 1]), "bad_length"),
     (PEERS[1], lambda w: narrow_push(w, 1, 0, [9, 9, 9, 9]), "duplicate"),  # the pending values stay
     (PEERS[2], lambda w: narrow_push(w, 2, 0, [1, np.nan, 1, 1]), "non_finite"),
     (PEERS[2], lambda w: narrow_push(w, 2, 0, [1, 1, -np.inf, 1]), "non_finite"),
-    (PEERS[2], lambda w: Push(rank=2, step=0, ver=0, batch=4, gen=0,  # overflowed to inf by a sender
+    (PEERS[2], lambda w: Push(rank=2, step=0, version=0, batch=4, gen=0,  # overflowed to inf by a sender
                               data=narrowed(w, np.array([1, 1e39 if w is BF16 else 7e4, 1, 1], np.float32))),
      "non_finite"),
 ])
@@ -246,7 +246,7 @@ def test_narrow_refusals_change_nothing(narrow_mid_barrier, peer, make, code):
         out = core.handle(PEERS[r], narrow_push(w, r, 0, [2, 2, 2, 2]), 2.0)
     want = make_core(n=4, global_batch=12, init=[1, 2, 3, 4])  # the step, as if the refused push never came
     for r, g in ((0, 2), (1, 1), (2, 2)):
-        want.handle(PEERS[r], Push(rank=r, step=0, ver=0, batch=4, gen=0, data=np.full(4, g, np.float32)), 1.0)
+        want.handle(PEERS[r], Push(rank=r, step=0, version=0, batch=4, gen=0, data=np.full(4, g, np.float32)), 1.0)
     assert len(out) == 3 and core.values.tobytes() == want.values.tobytes()
 
 
@@ -265,7 +265,7 @@ def test_a_reply_after_a_restore_carries_the_restored_values():
     for core in (a, b):
         core.handle(PEERS[1], narrow_push(BF16, 1, 0, [1, 1, 1], batch=8), 0.0)
     b.restore(a.state())
-    (reply,) = b.handle(PEERS[1], Push(rank=1, step=1, ver=1, batch=0, gen=0, data=np.zeros(0, np.float32)), 1.0)
+    (reply,) = b.handle(PEERS[1], Push(rank=1, step=1, version=1, batch=0, gen=0, data=np.zeros(0, np.float32)), 1.0)
     assert reply.msg.version == 1 and reply.msg.data.tobytes() == narrowed(BF16, a.values).tobytes()
 
 

@@ -26,7 +26,7 @@ def training(**kw) -> WorkerCore:
 
 
 def rewind(step=10, batches=(4, 12)) -> Rewind:
-    return Rewind(steps=[step, step], positions=[80, 96], plan=BatchPlan(3, list(batches)).to_wire(),
+    return Rewind(steps=[step, step], positions=[80, 96], plan=BatchPlan(3, tuple(batches)),
                   servers=["tcp://a:1", "tcp://b:2"])
 
 
@@ -58,7 +58,7 @@ def test_a_probing_worker_waits_for_the_start_plan_and_takes_it():
     assert c.state is State.PROBING and c.next(0.0) == SendProbe()
     c.probed(1.0)
     assert c.next(2.0) == Listen()
-    c.heard(Plan(gen=1, batches=[3, 13]), 3.0)
+    c.heard(Plan(plan=BatchPlan(1, (3, 13))), 3.0)
     assert c.next(3.0) == Step(0, 13, 0) and c.state is State.TRAINING
 
 
@@ -190,14 +190,14 @@ def test_a_worker_removed_from_the_plan_or_sent_a_bad_rewind_ends_about_the_sche
     c.stepped(8, BatchPlan(1, [16, 0]))
     assert c.next(0.0) == Fail("worker 1 is no longer in the batch plan: the scheduler removed it", "scheduler")
     c = training()
-    c.heard(Rewind(steps=[1], positions=[0], plan=BatchPlan(3, [4, 12]).to_wire(), servers=["tcp://a:1"]), 1.0)
+    c.heard(Rewind(steps=[1], positions=[0], plan=BatchPlan(3, (4, 12)), servers=["tcp://a:1"]), 1.0)
     assert c.next(1.0) == Fail("a rewind for 1 workers, the job has 2", "scheduler")
 
 
 def test_a_start_plan_that_comes_before_our_probe_left_is_kept_and_the_probe_still_sent():
     c = core(probes=True)
     c.next(0.0)
-    c.heard(Plan(gen=1, batches=[3, 13]), 0.5)  # during the first pull: the scheduler dropped us as late
+    c.heard(Plan(plan=BatchPlan(1, (3, 13))), 0.5)  # during the first pull: the scheduler dropped us as late
     c.joined(0, None, 1.0)
     assert c.next(1.0) == SendProbe()
     c.probed(2.0)

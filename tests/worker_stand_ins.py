@@ -12,6 +12,7 @@ import zmq
 
 from omnips import codec, data, models, transport
 from omnips.batching import BatchPlan
+from omnips.cluster import ClusterMap, WorkerStart
 from omnips.flat import FlatModel
 from omnips.job import JobSpec
 from omnips.protocol import Ack, Error, Heartbeat, Init, Params, Pull, Push, Register, Welcome
@@ -49,19 +50,19 @@ class StandInServer:
                 self.values[:] = msg.data
                 reply = Ack()
             elif isinstance(msg, Pull):
-                reply = self._params(msg.req)
+                reply = self._params(request=msg.request)
             elif isinstance(msg, Push) and msg.step in self.refuse:
                 self.version = self.refuse.pop(msg.step)
-                reply = Error(code=self.code, text=f"push computed on version {msg.ver}, shard is at "
+                reply = Error(code=self.code, text=f"push computed on version {msg.version}, shard is at "
                                                        f"{self.version}")
             else:
-                self.pushes.append((msg.step, msg.ver))
+                self.pushes.append((msg.step, msg.version))
                 self.version += 1
-                reply = self._params(msg.step)
+                reply = self._params(step=msg.step)
             transport.send(self.sock, reply, to=peer)
 
-    def _params(self, req: int) -> Params:
-        return Params(req=req, version=self.version, held_s=0.0, plan=None, data=self.values)
+    def _params(self, request: int = -1, step: int = -1) -> Params:
+        return Params(request=request, step=step, version=self.version, held_s=0.0, plan=None, data=self.values)
 
 
 @dataclass
@@ -86,7 +87,8 @@ class StandInScheduler:
             self.peer, msg = frames[0].bytes, codec.decode(frames[1:])
             if isinstance(msg, Register):
                 self.send(Ack())
-                self.send(Welcome(rank=0, job=self.job.to_dict(), cluster=self.cluster()))
+                self.send(Welcome(rank=0, job=self.job, cluster=ClusterMap(self.n, ((0, self.n),), tuple(self.servers), 30.0, 0.2),
+                                  worker=WorkerStart(BatchPlan(0, (self.job.global_batch,)), self.job.max_steps)))
             elif isinstance(msg, Heartbeat):
                 if msg.phase and (not self.phases or self.phases[-1] != msg.phase):
                     self.phases.append(msg.phase)
@@ -96,12 +98,6 @@ class StandInScheduler:
 
     def send(self, msg) -> None:
         transport.send(self.sock, msg, to=self.peer)
-
-    def cluster(self) -> dict:
-        return {"servers": self.servers, "ranges": [[0, self.n]], "num_params": self.n,
-                "total_steps": self.job.max_steps, "plan": BatchPlan(0, [self.job.global_batch]).to_wire(),
-                "dead_after_s": 30.0, "heartbeat_s": 0.2, "join_gen": -1, "resumed": False, "start_step": 0,
-                "start_position": 0}
 
 
 class WorkerThread:

@@ -172,7 +172,7 @@ class WorkerCore:
             return  # a newer rewind came meanwhile
         msg, self.applying = self.applying, None
         self.step, self.position = msg.steps[self.rank], msg.positions[self.rank]
-        self.plan = BatchPlan.from_wire(msg.plan, self.num_workers)  # (checked when it came)
+        self.plan = msg.plan  # (its size checked when it came)
         self.state, self.since = State.TRAINING, now
 
     def tick(self, now: float) -> None:
@@ -236,7 +236,7 @@ class WorkerCore:
             self._end(Fail(f"a rewind for {len(msg.steps)} workers, the job has {self.num_workers}", "scheduler"))
             return
         try:
-            BatchPlan.from_wire(msg.plan, self.num_workers)
+            msg.plan.sized(self.num_workers)
         except ValueError as exc:
             self._end(Fail(f"the scheduler sent a bad rewind: {exc}", "scheduler"))
             return
@@ -244,8 +244,7 @@ class WorkerCore:
 
     def _start_plan(self, msg: Plan) -> None:
         try:
-            self.start_plan = BatchPlan.from_wire({"gen": msg.gen, "batches": msg.batches, "stop": msg.stop},
-                                                  self.num_workers)
+            self.start_plan = msg.plan.sized(self.num_workers)
         except ValueError as exc:
             self._end(Fail(f"the scheduler sent a bad start plan: {exc}", "scheduler"))
 

@@ -61,7 +61,7 @@ class Pusher:
         """A new step's gradient is about to be computed."""
         self._servers = servers
         wire = self.flat.grads if self._wire_grads is None else self._wire_grads
-        self._head = Push(rank=rank, step=step, ver=0, batch=batch, gen=gen, data=wire,
+        self._head = Push(rank=rank, step=step, version=0, batch=batch, gen=gen, data=wire,
                           reply_part=self.plan.bucket_values)
         self.plan.start()
         self.finite = True

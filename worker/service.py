@@ -12,12 +12,10 @@ import zmq
 from omnips import data, fingerprint, models, routes
 from omnips.batching import PROBE_BATCHES, PROBE_ROUNDS, BatchPlan, probe_agrees, probe_times
 from omnips.flat import FlatModel
-from omnips.job import JobSpec
 from omnips.leaving import Leaving
 from omnips.link import LinkError, SchedulerLink
 from omnips.protocol import MAX_REASON, Failed, Leave, Probe, Register, Report, Rewind
 from omnips.servers import ServerError, ServerGroup
-from omnips.sharding import shard_ranges
 from omnips.wire import WireDtype
 
 from . import memory, threads
@@ -47,24 +45,19 @@ def run(opts: WorkerOptions, leaving: Leaving | None = None) -> int:
                      threads=opts.threads, pid=os.getpid(), rank=opts.rank,  # 0: chosen at the welcome
                      memory_limit=opts.memory_limit, token=opts.token),
             opts.ack_timeout_s, opts.welcome_timeout_s)
-        cluster = link.cluster_fields(welcome, servers=list, ranges=list, num_params=int, total_steps=int,
-                                      plan=dict, dead_after_s=float, heartbeat_s=float, join_gen=int, resumed=bool,
-                                      start_step=int, start_position=int)
-        job = JobSpec.from_dict(welcome.job)
-        _check_seat(welcome.rank, job, cluster)
+        job, cluster = welcome.job, welcome.cluster
         if not opts.threads:
-            _choose_threads(welcome.rank, cluster)
-        link.dead_after_s, link.heartbeat_s = cluster["dead_after_s"], cluster["heartbeat_s"]
+            _choose_threads(welcome.rank, welcome.worker.host_workers)
+        link.dead_after_s, link.heartbeat_s = cluster.dead_after_s, cluster.heartbeat_s
         try:
-            session = _Session(job, welcome.rank, cluster, device, opts, link, core)
+            session = _Session(job, welcome.rank, cluster, welcome.worker, device, opts, link, core)
             session.leaving = leaving or Leaving()
             # on_wait twice per heartbeat interval: what a waiting worker's heartbeats say is that fresh
             session.connect = lambda servers, local: ServerGroup(
-                ctx, routes.endpoints(servers, local, opts.transport), cluster["ranges"], opts.server_timeout_s,
+                ctx, routes.endpoints(servers, local, opts.transport), cluster.ranges, opts.server_timeout_s,
                 on_wait=session.on_wait, on_refusal=session.on_refusal, tick_s=min(1.0, link.heartbeat_s / 2),
                 keys=opts.keys, wire=session.wire)
-            # a scheduler that sends no "ipc" knows no unix sockets: tcp only
-            session.servers = session.connect(cluster["servers"], cluster.get("ipc", []))
+            session.servers = session.connect(cluster.servers, cluster.ipc)
             return session.train()
         except LinkError:  # about the scheduler (silent, or it ended us): nothing to tell it
             raise
@@ -81,20 +74,18 @@ def run(opts: WorkerOptions, leaving: Leaving | None = None) -> int:
         ctx.destroy(linger=1000)
 
 
-def _choose_threads(rank: int, cluster: dict) -> None:
-    """An equal share of this host's cores among the job's workers on it (worker/threads.py)."""
-    here = cluster.get("host_workers")
-    here = here if isinstance(here, int) and here >= 1 else 1  # a scheduler that sends none: alone
+def _choose_threads(rank: int, here: int) -> None:
+    """An equal share of this host's cores among the job's `here` workers on it (worker/threads.py)."""
     cores = threads.usable_cores()
     torch.set_num_threads(threads.share(cores, here))
     log.info("worker %d: %d torch thread(s): %d core(s) shared by %d worker(s) of this job on this host "
              "(--threads N to choose)", rank, torch.get_num_threads(), cores, here)
 
 
-def _check_fingerprints(theirs, model: str, dataset: str) -> None:
+def _check_fingerprints(theirs: dict | None, model: str, dataset: str) -> None:
     """The scheduler's digests of the model and data set (omnips.fingerprint) against ours: the
     same code must run everywhere; a scheduler that sends none is not checked against."""
-    if not isinstance(theirs, dict):
+    if theirs is None:
         return
     for what, ours in (("data set", dataset), ("model", model)):
         key = "data" if what == "data set" else "model"
@@ -104,37 +95,27 @@ def _check_fingerprints(theirs, model: str, dataset: str) -> None:
                              "(module types, parameter names, shapes and dtypes, or samples)")
 
 
-def _check_seat(rank: int, job: JobSpec, cluster: dict) -> None:
-    """The rank and shard ranges of a welcome: the scheduler's word, but read from the network."""
-    if not 0 <= rank < job.num_workers:
-        raise LinkError(f"malformed welcome from the scheduler: rank {rank} in a job of {job.num_workers} workers")
-    expected = [list(r) for r in shard_ranges(cluster["num_params"], job.num_servers)]
-    if cluster["ranges"] != expected:
-        raise LinkError(f"malformed welcome from the scheduler: shard ranges {cluster['ranges']!r:.80} are not "
-                        f"{cluster['num_params']} values over {job.num_servers} servers")
-
-
 class _Session:
     """The driver of a WorkerCore: it does what the core says next and tells it what happened."""
 
-    def __init__(self, job, rank, cluster, device, opts, link, core: WorkerCore):
+    def __init__(self, job, rank, cluster, start, device, opts, link, core: WorkerCore):
         self.job, self.rank, self.opts, self.link, self.core = job, rank, opts, link, core
         self.servers: ServerGroup | None = None
         self.connect = None  # (tcp endpoints, [host, ipc endpoint] pairs) -> a ServerGroup on them
         # join_gen -1: there from the start; resumed: servers restored a checkpoint, go on from its
         # step and sample position
-        self.join_gen, self.resumed = cluster["join_gen"], cluster["resumed"]
-        plan = BatchPlan.from_wire(cluster["plan"], job.num_workers)
+        self.join_gen, self.resumed = start.join_gen, start.resumed
+        plan = start.plan
         self.step: int | None = None  # the step in flight, for our heartbeats
         # our heartbeats name each phase, however long it takes on a loaded host
         with link.in_phase("loading the data set"):
             train, test = data.load(job.dataset, job.dataset_args)
         with link.in_phase("building the model"):
             self.flat = FlatModel(models.build(job.model, job.model_args, train, job.seed), device)
-        if self.flat.size != cluster["num_params"]:
+        if self.flat.size != cluster.num_params:
             raise ValueError(f"this worker's model has {self.flat.size} values, the scheduler's "
-                             f"{cluster['num_params']}: the model or its code differs between machines")
-        _check_fingerprints(cluster.get("fingerprints"), fingerprint.model(self.flat.module),
+                             f"{cluster.num_params}: the model or its code differs between machines")
+        _check_fingerprints(start.fingerprints, fingerprint.model(self.flat.module),
                             fingerprint.data(train, test))
         self.wire = WireDtype(job.wire_dtype)
         batcher = data.Batcher(train)
@@ -146,10 +127,10 @@ class _Session:
         # dynamic batching plans the first step from every worker's timed passes (a joiner
         # and a resumed job go on with the plan they are given)
         probes = job.batching == "dynamic" and job.probe and self.join_gen < 0 and not self.resumed
-        core.welcomed(rank, job.num_workers, job.mode == "bsp", cluster["total_steps"], plan, cluster["start_step"],
-                      cluster["start_position"], probes)
+        core.welcomed(rank, job.num_workers, job.mode == "bsp", start.total_steps, plan, start.step,
+                      start.position, probes)
         live = device.type == "cpu" and not opts.emulation.active
-        self.pusher = Pusher(self.flat, cluster["ranges"], bucket_values(opts.bucket_bytes), live, self.wire)
+        self.pusher = Pusher(self.flat, cluster.ranges, bucket_values(opts.bucket_bytes), live, self.wire)
         self.trainer.on_final_pass, self.trainer.on_retry = self.pusher.final_pass, self.pusher.settle
         # ASP: a stream per worker; one that joins later draws a stream of its own, not its rank's old one
         incarnation = 0 if self.join_gen < 0 else 1 + self.join_gen
@@ -308,9 +289,9 @@ class _Session:
             time.sleep(target - real_s)  # the emulated slower device: the delay is the feature
         return max(target, real_s)
 
-    def _plan(self, wire: dict | None) -> BatchPlan | None:
-        """The plan a server's reply carried, if any (ValueError: a bad one)."""
-        return None if wire is None else BatchPlan.from_wire(wire, self.job.num_workers)
+    def _plan(self, plan: BatchPlan | None) -> BatchPlan | None:
+        """The plan a server's reply carried, if any (ValueError: one of another size)."""
+        return None if plan is None else plan.sized(self.job.num_workers)
 
     def _scheduler_quiet(self, step: int) -> bool:
         """A scheduler silent for HOLD_BEATS heartbeat intervals may be dead: a step taken now
