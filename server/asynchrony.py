@@ -102,8 +102,9 @@ class Correction:
 
     def check_state(self, saved, arrays: dict, workers: int) -> None:
         """ValueError unless `saved` and `arrays` are state()'s and arrays()' of this
-        correction at this size, for a job of `workers` workers; `saved` None: a checkpoint written before corrections
-        existed (or before they kept arrays), which must then hold none."""
+        correction at this size in a job of `workers` workers; `saved` None: a checkpoint
+        written before corrections existed (or before they kept arrays), which must then
+        hold none."""
         if saved is None:
             if arrays:
                 raise ValueError(f"the saved shard holds correction arrays without their record: {sorted(arrays)}")
