@@ -243,7 +243,7 @@ def update_cost(n: int, rounds: int) -> list[str]:
     lines = [f"{n / 1e6:g} M values, {rounds} rounds, corrections interleaved; median of each",
              "", "| correction | update (check + step + reply) | x none | memory: shard-sized buffers added |",
              "|---|---:|---:|---:|"]
-    extra = {"none": "0", "momentum": "0", "dana": "2 + 1 per worker", "lookahead": "1", "dc": "1 + 1 per worker", "gap": "3 + 1 per worker"}
+    extra = {"none": "0", "momentum": "0", "dana": "1 per worker", "lookahead": "1", "dc": "1 + 1 per worker", "gap": "3 + 1 per worker"}
     for name in ASYNC_CORRECTIONS:
         med = statistics.median(times[name])
         lines.append(f"| {name} | {1000 * med:.1f} ms | {med / base:.3f} | {extra[name]} |")

@@ -54,16 +54,13 @@ class SGD:
         self._momentum = self.momentum if decay is None else decay
         self._stepped = True
 
-    def apply(self, grads: list[tuple[int, torch.Tensor]], buf: torch.Tensor | None = None) -> None:
-        """The step on `grads`; with `buf`, a momentum buffer of the parameter's size kept
-        elsewhere (one per worker: server/asynchrony.py's Dana) in place of the optimizer's."""
-        buf = self.buf if buf is None else buf
+    def apply(self, grads: list[tuple[int, torch.Tensor]]) -> None:
         for lo, grad in grads:
             hi = lo + grad.numel()
             buffered = self.momentum and self._momentum  # the kernel takes no buffer at momentum 0
             if self.momentum and not buffered:  # what the buffer holds after a step at momentum 0
-                torch.add(grad, self.param[lo:hi], alpha=self.weight_decay, out=buf[lo:hi])
-            torch._fused_sgd_([self.param[lo:hi]], [grad], [buf[lo:hi]] if buffered else [],
+                torch.add(grad, self.param[lo:hi], alpha=self.weight_decay, out=self.buf[lo:hi])
+            torch._fused_sgd_([self.param[lo:hi]], [grad], [self.buf[lo:hi]] if buffered else [],
                               weight_decay=self.weight_decay, momentum=self._momentum, lr=self._lr, dampening=0.0,
                               nesterov=self.nesterov, maximize=False, is_first_step=self._first_now)
 

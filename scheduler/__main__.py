@@ -46,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
                    help="asp/ssp: 'inverse' divides an update's learning rate by 1 + its staleness")
     p.add_argument("--async-correction", choices=ASYNC_CORRECTIONS, default=d.async_correction,
                    help="asp/ssp: how a server allows for the staleness of each update: dana keeps SGD's "
-                        "momentum in one buffer per worker and replies with the values moved ahead along them "
+                        "momentum in one buffer per worker and keeps the values moved ahead along them "
                         "(with Adam: momentum's update); momentum lowers the momentum by the implicit momentum "
                         "of the measured staleness; lookahead, dc (delay compensation) and gap (gap-aware "
                         "damping) keep a shard-sized buffer (dc, gap: one per worker); none: the plain update "

@@ -8,8 +8,8 @@ correction works on one shard alone, from what that shard sees (no traffic betwe
 shards per update):
 
 - `dana` (DANA-Zero, Hakimi et al. 2019): SGD's momentum kept in one buffer per worker,
-  each decaying once per update of its own worker, and replies moved ahead along all of
-  them (Dana); with Adam, `momentum`'s update;
+  each decaying once per update of its own worker, and the shard kept at the point
+  moved ahead along all of them (Dana); with Adam, `momentum`'s update;
 - `momentum`: an update's momentum (SGD) or beta1 (Adam) is the recipe's less the
   implicit momentum s / (1 + s), at least 0, and its learning rate keeps most of the
   step BSP takes per sample (MomentumCorrection);
@@ -100,10 +100,11 @@ class Correction:
         """What state() leaves out, as copies of shard-sized arrays (saved as "async.<name>")."""
         return {}
 
-    def check_state(self, saved, arrays: dict) -> None:
+    def check_state(self, saved, arrays: dict, workers: int) -> None:
         """ValueError unless `saved` and `arrays` are state()'s and arrays()' of this
-        correction at this size; `saved` None: a checkpoint written before corrections
-        existed (or before they kept arrays), which must then hold none."""
+        correction at this size in a job of `workers` workers; `saved` None: a checkpoint
+        written before corrections existed (or before they kept arrays), which must then
+        hold none."""
         if saved is None:
             if arrays:
                 raise ValueError(f"the saved shard holds correction arrays without their record: {sorted(arrays)}")
@@ -112,9 +113,9 @@ class Correction:
         if not (type(stale) in (int, float) and math.isfinite(stale) and stale >= 0
                 and type(saved.get("seen")) is int and saved["seen"] >= 0):
             raise ValueError("the saved shard's staleness record is malformed")
-        self._check_arrays(saved, arrays)
+        self._check_arrays(saved, arrays, workers)
 
-    def _check_arrays(self, saved: dict, arrays: dict) -> None:
+    def _check_arrays(self, saved: dict, arrays: dict, workers: int) -> None:
         if arrays:
             raise ValueError(f"the saved shard holds arrays the {type(self).__name__} correction does not keep: "
                              f"{sorted(arrays)}")
@@ -149,9 +150,9 @@ class MomentumCorrection(Correction):
         return lr * share * max(1.0, KEEP_STEP * opt.gain(recipe) / opt.gain(lowered)), lowered
 
 
-class _Ahead(_Remedy):
-    """A correction whose replies carry the values moved ahead: the look-ahead of one
-    version, computed once and sent to every worker that pushed against it."""
+class LookAhead(_Remedy):
+    """Replies carry the values moved ahead: the look-ahead of one version, computed once
+    and sent to every worker that pushed against it."""
 
     moves_replies = True
 
@@ -161,23 +162,20 @@ class _Ahead(_Remedy):
         self._version: int | None = None  # the version _ahead holds
 
     def reply(self, values, opt, version):
-        if not (self.staleness and self.trained and self._moves(opt)):
+        if not (self.staleness and self.trained and opt.decay):  # nothing to look ahead along
             return values
         if self._version != version:
             if self._ahead.size != values.size:
                 self._ahead = aligned_empty(values.size)
-            t = self.trained
-            self._ahead_of(torch.from_numpy(values[:t]), torch.from_numpy(self._ahead[:t]), opt)
+            t, decay = self.trained, opt.decay
+            # a further update with no new gradient moves by decay * the last one's step, then decay^2 ...
+            reach = decay * (1 - decay ** self.staleness) / (1 - decay)
+            out = torch.from_numpy(self._ahead[:t])
+            opt.direction(out)
+            torch.sub(torch.from_numpy(values[:t]), out, alpha=reach, out=out)
             np.copyto(self._ahead[t:], values[t:])
             self._version = version
         return self._ahead
-
-    def _moves(self, opt) -> bool:
-        """Whether there is anything to look ahead along."""
-        return bool(opt.decay)
-
-    def _ahead_of(self, values: torch.Tensor, out: torch.Tensor, opt) -> None:
-        raise NotImplementedError
 
     def detach(self):
         self._ahead = aligned_empty(self._ahead.size)
@@ -188,16 +186,7 @@ class _Ahead(_Remedy):
             self._version = None
 
 
-class LookAhead(_Ahead):
-    def _ahead_of(self, values, out, opt):
-        decay = opt.decay
-        # a further update with no new gradient moves by decay * the last one's step, then decay^2 ...
-        reach = decay * (1 - decay ** self.staleness) / (1 - decay)
-        opt.direction(out)
-        torch.sub(values, out, alpha=reach, out=out)
-
-
-class Dana(_Ahead):
+class Dana(_Remedy):
     """DANA-Zero (Hakimi et al. 2019) for SGD with momentum: a momentum buffer per worker.
 
     Worker i's update is the recipe's SGD step (momentum, Nesterov, weight decay) at its
@@ -205,9 +194,19 @@ class Dana(_Ahead):
     buffer decays once per update of its own worker, so over a round in which every
     worker pushes once the values move as BSP's do with the recipe's momentum, instead of
     decaying N times a round as one shared buffer does (which, with the momentum
-    asynchrony adds, overshoots). A reply carries x - momentum * sum_j eta_j * v_j: where
-    the values will be once every worker's momentum has taken its next step, so a
-    gradient is computed about where it will be applied.
+    asynchrony adds, overshoots). Workers compute their gradients at the look-ahead point
+    x^ = x - momentum * sum_j eta_j * v_j: where the parameters x will be once every
+    worker's momentum has taken its next step, so a gradient is computed about where it
+    will be applied.
+
+    The shard holds x^ itself, as torch's Nesterov SGD holds its look-ahead iterate, so
+    replies, pulls and checkpoints carry it and an update is one pass: with the recipe's
+    plain momentum, v_i = m v_i + g and x^ -= eta_i (g + m v_i), the fused Nesterov
+    kernel; with --nesterov, x^ -= 2 eta_i g + (2m - 1) eta_i v_i. Weight decay is taken
+    at x^, where the gradient was computed. A buffer is kept in parameter units (eta_i *
+    v_i): when eta_i changes (the batch plan moved) v_i is rescaled first, so x^ stays
+    consistent. A worker that leaves takes its buffer but not its pending momentum step:
+    x^ stays as it is, as if that step were taken once.
 
     Adam's steps are normalised per value, and a buffer per worker would need its own
     normaliser: with Adam (and with SGD without momentum) the update is the momentum
@@ -216,57 +215,68 @@ class Dana(_Ahead):
     def __init__(self, trained: int):
         super().__init__(trained)
         self._v: dict[int, tuple[np.ndarray, float]] = {}  # rank -> (its buffer, the eta it last moved by)
-        self._sum = aligned_zeros(trained)  # sum of eta * buffer over the workers
-        self._eta = 0.0
+        self._eta = 0.0  # this update's
+        self._scale: float | None = None  # this update's rescale of its worker's buffer; None: not applied yet
+        self._folded = aligned_empty(0)  # --nesterov with weight decay: the gradient with it, at x^
 
-    def _moves(self, opt):
+    def _moves(self, opt) -> bool:
         return isinstance(opt, SGD) and bool(opt.momentum)
 
     def step(self, lr, share, opt):
         if not self._moves(opt):
             return MomentumCorrection.step(self, lr, share, opt)  # (it reads only the staleness measured)
-        self._eta = lr * share
+        self._eta, self._scale = lr * share, None
         return super().step(lr, share, opt)
 
     def apply(self, rank, grads, values, opt):
         if not (self.staleness and self._moves(opt)):  # no delay yet: the optimizer's own step, bit for bit
             return super().apply(rank, grads, values, opt)
-        v, eta = self._v.get(rank) or (aligned_zeros(self.trained), 0.0)
-        buf, total = torch.from_numpy(v), torch.from_numpy(self._sum)
+        if self._scale is None:  # the update's first range (ready() writes one in several)
+            v, eta = self._v.get(rank) or (aligned_zeros(self.trained), self._eta)
+            self._scale = eta / self._eta
+            self._v[rank] = (v, self._eta)
+        buf, x = torch.from_numpy(self._v[rank][0]), torch.from_numpy(values)
+        m, wd, eta = opt.momentum, opt.weight_decay, self._eta
         for lo, grad in grads:
             hi = lo + grad.size
-            total[lo:hi].sub_(buf[lo:hi], alpha=eta)
-            opt.apply([(lo, torch.from_numpy(grad))], buf=buf)
-            total[lo:hi].add_(buf[lo:hi], alpha=self._eta)
-        self._v[rank] = (v, self._eta)
-
-    def _ahead_of(self, values, out, opt):
-        torch.add(values, torch.from_numpy(self._sum), alpha=-opt.momentum, out=out)
+            v, g = buf[lo:hi], torch.from_numpy(grad)
+            if self._scale != 1:
+                v.mul_(self._scale)
+            if not opt.nesterov:
+                _fused_sgd(x[lo:hi], g, v, m, eta, wd, nesterov=True)
+                continue
+            if wd:  # every pass takes the same gradient: weight decay at x^ before it moves
+                if self._folded.size != self.trained:
+                    self._folded = aligned_empty(self.trained)
+                g = torch.add(g, x[lo:hi], alpha=wd, out=torch.from_numpy(self._folded[lo:hi]))
+            _fused_sgd(x[lo:hi], g, v, m, (2 * m - 1) * eta, 0.0, nesterov=False)
+            x[lo:hi].sub_(g, alpha=2 * eta)
 
     def forget(self, rank=None):
-        super().forget(rank)
         if rank is None:
             self._v.clear()
-            self._sum.fill(0)
-        elif rank in self._v:
-            v, eta = self._v.pop(rank)
-            torch.from_numpy(self._sum).sub_(torch.from_numpy(v), alpha=eta)
+        else:
+            self._v.pop(rank, None)
 
     def state(self):
-        # (per worker, the eta its buffer last moved the values by: the sum's weights)
+        # (per worker, the eta its buffer last moved the values by)
         return {**super().state(), "etas": {str(rank): eta for rank, (_, eta) in self._v.items()}}
 
     def arrays(self):
-        if not self._v:
-            return {}
-        return {"sum": self._sum.copy(), **{f"v{rank}": v.copy() for rank, (v, _) in self._v.items()}}
+        return {f"v{rank}": v.copy() for rank, (v, _) in self._v.items()}
 
-    def _check_arrays(self, saved, arrays):
+    def _check_arrays(self, saved, arrays, workers):
         etas = saved.get("etas", {})
-        if not (isinstance(etas, dict) and all(k.isdigit() and type(e) in (int, float) and math.isfinite(e)
+        if not (isinstance(etas, dict) and all(k.isdigit() and type(e) in (int, float) and math.isfinite(e) and e > 0
                                                for k, e in etas.items())):
             raise ValueError("the saved shard's per-worker momentum record is malformed")
-        names = {f"v{rank}" for rank in etas} | ({"sum"} if etas else set())
+        if any(int(rank) >= workers for rank in etas):
+            raise ValueError(f"the saved shard's per-worker momentum record names ranks {sorted(etas, key=int)}, "
+                             f"the job has {workers} workers")
+        if "sum" in arrays:
+            raise ValueError("the saved shard holds dana's older form (the values x and their momentum sum "
+                             "async.sum), which this omnips does not restore: it keeps the look-ahead values")
+        names = {f"v{rank}" for rank in etas}
         if set(arrays) != names:
             raise ValueError(f"the saved shard's per-worker momentum buffers are {sorted(arrays)}, "
                              f"its record names {sorted(names)}")
@@ -275,12 +285,17 @@ class Dana(_Ahead):
 
     def load_state(self, saved, arrays):
         super().load_state(saved, arrays)
-        if saved is not None and saved.get("etas"):
-            np.copyto(self._sum, arrays["sum"])
-            for rank, eta in saved["etas"].items():
-                v = aligned_empty(self.trained)
-                np.copyto(v, arrays[f"v{rank}"])
-                self._v[int(rank)] = (v, float(eta))
+        for rank, eta in (saved or {}).get("etas", {}).items():
+            v = aligned_empty(self.trained)
+            np.copyto(v, arrays[f"v{rank}"])
+            self._v[int(rank)] = (v, float(eta))
+
+
+def _fused_sgd(x, g, v, momentum, lr, weight_decay, nesterov):
+    """One pass of torch's fused SGD kernel (torch.optim.SGD(fused=True)) over x, its
+    gradient g and momentum buffer v."""
+    torch._fused_sgd_([x], [g], [v], weight_decay=weight_decay, momentum=momentum, lr=lr, dampening=0.0,
+                      nesterov=nesterov, maximize=False, is_first_step=False)
 
 
 class _Gapped(_Remedy):

@@ -338,7 +338,7 @@ class ShardCore:
             raise ValueError("a shard with requests in flight cannot be restored")
         m, buffers, kept = check_saved(state, self.job, self.n, self.trained, next_steps)
         correction = self.store.correction
-        correction.check_state(m.get("asynchrony"), kept)
+        correction.check_state(m.get("asynchrony"), kept, self.job.num_workers)
         self.store.opt.load_state(m["optimizer"], buffers)  # checks before it changes anything
         correction.load_state(m.get("asynchrony"), kept)
         self.store.load(state.arrays["values"])

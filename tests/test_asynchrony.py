@@ -7,7 +7,8 @@ import pytest
 from omnips.batching import BatchPlan
 from omnips.protocol import Params, Plan
 from omnips.server.asynchrony import DC_LAMBDA, KEEP_STEP, MEAN_SPAN
-from shard_helpers import PEERS, make_core, push, round_trip
+from omnips.server.segments import ALIGN
+from shard_helpers import PEERS, assert_same_state, make_core, push, round_trip, snapshot
 
 X0 = np.array([1, -2, 3, 0.5, 7, 8], dtype=np.float32)  # 4 trained slots, 2 buffer slots
 # (rank, step, ver): pushes in arrival order, each computed on an older version
@@ -110,24 +111,64 @@ def test_lookahead_replies_with_the_values_moved_along_the_momentum_and_keeps_th
     np.testing.assert_allclose(core.values[:4], p, rtol=1e-6, atol=1e-6)
 
 
+class DanaZero:
+    """DANA-Zero's definitions in float64: the parameters x, a buffer v_j per worker that
+    moved x by eta_j * v_j, and the look-ahead point x^ = x - MU * sum_j eta_j v_j that
+    the workers compute their gradients at (and weight decay is taken at)."""
+
+    def __init__(self, x, wd, nesterov):
+        self.x, self.wd, self.nesterov, self.v = x, wd, nesterov, {}
+
+    def ahead(self):
+        return self.x - MU * sum(eta * v for v, eta in self.v.values())
+
+    def update(self, rank, g, eta):
+        d = g + self.wd * self.ahead()
+        v, old = self.v.get(rank, (0.0, eta))
+        v = MU * (v * old / eta) + d  # a buffer carries its momentum in parameter units when its eta changes
+        self.x = self.x - eta * (d + MU * v if self.nesterov else v)
+        self.v[rank] = (v, eta)
+
+    def leave(self, rank):
+        v, eta = self.v.pop(rank)
+        self.x = self.x - MU * eta * v  # its pending momentum step, taken once: x^ does not move
+
+
+# two workers, each push one or two versions stale, the batch plan moving in the middle
+DUO = [(0, 0, 0, 12), (1, 0, 0, 12), (0, 1, 1, 12), (1, 1, 2, 12), (0, 2, 3, 16), (1, 2, 4, 8), (0, 3, 5, 16),
+       (1, 3, 5, 8), (0, 4, 7, 16)]
+
+
 @pytest.mark.parametrize("nesterov", [False, True])
-def test_dana_keeps_a_momentum_buffer_per_worker_and_replies_ahead_of_all_of_them(nesterov):
-    gs, (core, replies, stale) = grads(len(ARRIVALS)), recipe_run("dana", nesterov)
-    p, u = X0[:4].astype(np.float64), {}
-    for (rank, _, _), g, mean, reply in zip(ARRIVALS, gs, running_means(stale), replies):
-        g = g[:4].astype(np.float64)
-        if mean == 0:  # no delay seen yet: the optimizer's own step at BSP's step per sample
-            p, _ = sgd(p, None, g, STEP, MU, nesterov=nesterov)
-            np.testing.assert_allclose(reply[:4], p, rtol=1e-6, atol=1e-6)
-            continue
-        d = g + WD * p
-        u[rank] = MU * u.get(rank, 0) + STEP * d
-        p = p - (MU * u[rank] + STEP * d if nesterov else u[rank])
-        np.testing.assert_allclose(reply[:4], p - MU * sum(u.values()), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(core.values[:4], p, rtol=1e-5, atol=1e-6)
-    # a worker that leaves takes its buffer out of the look-ahead
-    core.set_plan(Plan(plan=BatchPlan(1, (12, 12, 0)), departed=((2, 0),)), 0.0)
-    np.testing.assert_allclose(core.store.correction._sum, u[0] + u[1], rtol=1e-5, atol=1e-6)
+@pytest.mark.parametrize("wd", [0.0, WD])
+def test_dana_holds_the_look_ahead_point_of_a_momentum_buffer_per_worker(nesterov, wd):
+    core = make_core(mode="asp", n=6, num_trained=4, num_workers=2, global_batch=24, lr=LR, momentum=MU,
+                     weight_decay=wd, init=X0, async_correction="dana", nesterov=nesterov)
+    gs = grads(len(DUO) + 1)
+    ref, stale = None, []
+    for (rank, step, ver, batch), g in zip(DUO, gs):
+        stale.append(core.version - ver)
+        out = core.handle(PEERS[rank], push(rank, step, g, batch=batch, version=ver), 5.0)
+        round_trip(out)
+        g, eta = g[:4].astype(np.float64), LR * batch / 24
+        if ref is None:  # no delay seen yet: the optimizer's own step, BSP's step per sample
+            ref = DanaZero(sgd(X0[:4].astype(np.float64), None, g, eta, MU, wd=wd, nesterov=nesterov)[0], wd,
+                           nesterov)
+        else:
+            ref.update(rank, g, eta)
+        assert out[0].msg.data is core.values  # replies carry the shard: x^ itself
+        np.testing.assert_allclose(core.values[:4], ref.ahead(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(core.values[4:], out[0].msg.data[4:])
+    assert stale == [0, 1, 1, 1, 1, 1, 1, 2, 1]
+    # a worker that leaves takes its buffer, not the values: they stay, and the other's updates go on from them
+    before = core.values.copy()
+    core.set_plan(Plan(plan=BatchPlan(1, (24, 0)), departed=((1, 3),)), 0.0)
+    ref.leave(1)
+    np.testing.assert_array_equal(core.values, before)
+    assert sorted(core.store.correction.arrays()) == ["v0"]
+    core.handle(PEERS[0], push(0, 5, gs[-1], batch=24, version=core.version - 1), 5.0)
+    ref.update(0, gs[-1][:4].astype(np.float64), LR)
+    np.testing.assert_allclose(core.values[:4], ref.ahead(), rtol=1e-5, atol=1e-6)
 
 
 def test_dana_with_adam_is_the_momentum_correction():
@@ -210,7 +251,7 @@ def test_danas_buffers_survive_a_checkpoint_and_a_mismatched_record_is_refused()
     core = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=X0, async_correction="dana")
     drive(core)
     state = core.state()
-    assert sorted(state.arrays) == ["async.sum", "async.v0", "async.v1", "async.v2", "opt.momentum_buffer", "values"]
+    assert sorted(state.arrays) == ["async.v0", "async.v1", "async.v2", "opt.momentum_buffer", "values"]
     twin = make_core(mode="asp", n=6, num_trained=4, global_batch=24, async_correction="dana")
     twin.restore(state)
     assert {k: v.tobytes() for k, v in twin.state().arrays.items()} == {k: v.tobytes() for k, v in state.arrays.items()}
@@ -221,9 +262,37 @@ def test_danas_buffers_survive_a_checkpoint_and_a_mismatched_record_is_refused()
         with pytest.raises(ValueError, match=text):
             bad.restore(type(state)(state.meta, {k: v for k, v in broken.items() if v is not None}))
         assert not bad.initialized and not bad.store.correction.arrays()
+    record = state.meta["asynchrony"]
+    older = {**state.arrays, "async.sum": np.zeros(4, np.float32)}  # dana's older form: the values x, and their sum
+    beyond = {**state.arrays, "async.v3": np.zeros(4, np.float32)}
+    for meta, arrays, text in [(state.meta, older, "older form"),
+                               ({**state.meta, "asynchrony": {**record, "etas": {**record["etas"], "3": 0.1}}}, beyond,
+                                r"names ranks \['0', '1', '2', '3'\], the job has 3 workers")]:
+        bad = make_core(mode="asp", n=6, num_trained=4, global_batch=24, init=-X0, async_correction="dana")
+        drive(bad, ARRIVALS[:4])
+        before = snapshot(bad), bad.store.correction.arrays()
+        with pytest.raises(ValueError, match=text):
+            bad.restore(type(state)(meta, arrays))
+        assert_same_state(snapshot(bad), before[0])
+        assert {k: v.tobytes() for k, v in bad.store.correction.arrays().items()} == \
+            {k: v.tobytes() for k, v in before[1].items()}
     other = make_core(mode="asp", n=6, num_trained=4, global_batch=24, async_correction="momentum")
     with pytest.raises(ValueError):  # another correction's checkpoint: another job
         other.restore(state)
+
+
+def test_dana_rescales_a_buffer_once_per_update_when_the_update_is_written_in_ranges():
+    x0 = np.linspace(-1, 1, 3 * ALIGN, dtype=np.float32)
+    eager, lazy = (make_core(mode="asp", n=x0.size, num_workers=2, global_batch=24, init=x0, async_correction="dana")
+                   for _ in range(2))
+    g = grads(1, seed=7)[0]
+    for k, (rank, step, ver, batch) in enumerate(DUO):  # worker 0's eta changes at its third push
+        data = np.resize(g, x0.size) * (k + 1)
+        eager.handle(PEERS[rank], push(rank, step, data, batch=batch, version=ver), 0.0)
+        lazy.handle(PEERS[rank], push(rank, step, data, batch=batch, version=ver), 0.0, lazy=True)
+        for hi in (ALIGN, 2 * ALIGN, 3 * ALIGN):
+            lazy.ready(hi)
+        assert lazy.values.tobytes() == eager.values.tobytes()
 
 
 def test_a_restore_refused_for_its_optimizer_state_leaves_the_staleness_record_alone():
@@ -257,12 +326,11 @@ def test_after_a_restore_look_ahead_replies_derive_from_the_restored_values_neve
         core.rewind()
         core.restore(saved)
         out = core.handle(PEERS[0], push(0, 3, np.zeros(0), batch=0, version=core.version), 5.0)  # a dropped push
-        if correction == "dana" and optimizer == "sgd":  # the buffers are saved: a's own look-ahead
-            expected = dropped[0].msg.data
-            assert not np.array_equal(expected, a.values)
-        else:  # no step since the restore: no direction to look ahead along, the restored values as they are
-            expected = a.values
-        np.testing.assert_array_equal(out[0].msg.data, expected)
+        # lookahead: no step since the restore, no direction to look ahead along; dana: the shard holds its
+        # look-ahead point, as a's own reply carried. Either way the restored values as they are
+        np.testing.assert_array_equal(out[0].msg.data, a.values)
+        if correction == "dana":
+            np.testing.assert_array_equal(dropped[0].msg.data, a.values)
 
 
 def test_a_departed_worker_leaves_no_copy_of_the_values_sent_to_it():

@@ -37,13 +37,14 @@ def core_for(mode, opt, n=6, num_trained=4, init=True):
 
 
 def run_steps(core, rng, steps, first=0):
-    """`steps` rounds of pushes from all three workers; returns every reply."""
+    """`steps` rounds of pushes from all three workers, their batches changing every round
+    (dana's buffers are rescaled to a new eta); returns every reply."""
     out = []
     for step in range(first, first + steps):
         for r in (2, 0, 1):
             ver = core.version if core.job.mode == "bsp" else max(0, core.version - r)
             out += core.handle(PEERS[r], push(r, step, rng.standard_normal(core.n).astype(np.float32),
-                                              batch=4 + r, version=ver), 1.0)
+                                              batch=4 + r + step % 2, version=ver), 1.0)
     return out
 
 
