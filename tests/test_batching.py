@@ -238,8 +238,8 @@ def test_integerize_with_time_models_known_split():
        slopes=st.lists(st.integers(1, 2), min_size=24, max_size=24), extra=st.integers(-3, 3),
        use_lines=st.booleans())
 def test_integerize_spends_the_spare_samples_in_key_order_ties_included(quarters, slopes, extra, use_lines):
-    """Against a plain sort of every worker by (time after one more sample, remainder,
-    rank): real batches in quarters and integer lines make ties common."""
+    """Against a plain sort of every worker by (time after one more sample, remainder, the
+    faster line, rank): real batches in quarters and integer lines make ties common."""
     real = np.array(quarters) / 4.0
     n = len(real)
     lines = [(float(s % 2), float(s)) for s in slopes[:n]]
@@ -252,7 +252,8 @@ def test_integerize_spends_the_spare_samples_in_key_order_ties_included(quarters
     def key(i):
         a, c = lines[i]
         when = (a + c * (base[i] + 1) if step > 0 else -(a + c * base[i]),) if use_lines else ()
-        return when + (-(real[i] - base[i]) if step > 0 else real[i] - base[i], i)
+        faster = (step * c, step * a) if use_lines else ()  # (taking samples off: the slower line first)
+        return when + (-(real[i] - base[i]) if step > 0 else real[i] - base[i],) + faster + (i,)
 
     room = [i for i in range(n) if step > 0 or base[i] > 1]
     expected = base.copy()
