@@ -145,8 +145,10 @@ def launch(argv) -> int:
     env = {"OMNIPS_TOKEN": args.token, "OMNIPS_TRANSPORT": args.transport}
     cluster = LocalCluster(run_dir, scheduler_args, args.num_servers, workers, env=env,
                            keys=args.keys.path if args.keys else None)
-    # a supervisor's stop or a closed terminal: as Ctrl-C (the children, in their own process group, see none)
-    handlers = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # a supervisor's stop or a closed terminal: as Ctrl-C (the children, in their own process group, see none);
+    # SIGINT itself too: a launcher started in the background of a script inherits it ignored
+    handlers = {sig: signal.signal(sig, signal.default_int_handler)
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         cluster.start()
         if cluster.status_url:
