@@ -29,6 +29,7 @@ class SoloWorker:
                                     ranks=1)
         self.keys = Keys.load(keys, listens=False) if keys else None
         self.steps = 0
+        self.link: SchedulerLink | None = None
 
     def start(self, num_params: int) -> ServerGroup:
         """Start the scheduler and the servers, register, and connect to the servers (over
@@ -76,10 +77,14 @@ class SoloWorker:
                 raise RuntimeError("the scheduler did not shut the job down")
             if self.link.sock.poll(int(left * 1000)) and isinstance(self.link.receive(), Shutdown):
                 break
+        self.link.close()
         self.cluster.stop(grace_s=15.0)
         codes = self.cluster.exit_codes()
         if any(code != 0 for code in codes.values()):
             raise RuntimeError(f"cluster processes exited with {codes} (logs in {self.cluster.run_dir / 'logs'})")
 
     def stop(self) -> None:
+        """Before the context ends, on every way out: the link's thread owns a socket of it."""
+        if self.link is not None:
+            self.link.close()  # (a second call does nothing)
         self.cluster.stop(grace_s=0.0)  # no-op when everything already exited
