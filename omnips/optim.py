@@ -22,6 +22,14 @@ import torch
 from .job import JobSpec
 
 
+def fused_sgd(param: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor | None, momentum: float, lr: float,
+              weight_decay: float, nesterov: bool, first: bool = False) -> None:
+    """One pass of torch's fused SGD kernel (the one behind torch.optim.SGD(fused=True))
+    over `param`, its gradient and its momentum buffer (None: none, at momentum 0)."""
+    torch._fused_sgd_([param], [grad], [] if buf is None else [buf], weight_decay=weight_decay, momentum=momentum,
+                      lr=lr, dampening=0.0, nesterov=nesterov, maximize=False, is_first_step=first)
+
+
 class SGD:
     """SGD with momentum (dampening 0), Nesterov and L2 weight decay.
 
@@ -60,9 +68,8 @@ class SGD:
             buffered = self.momentum and self._momentum  # the kernel takes no buffer at momentum 0
             if self.momentum and not buffered:  # what the buffer holds after a step at momentum 0
                 torch.add(grad, self.param[lo:hi], alpha=self.weight_decay, out=self.buf[lo:hi])
-            torch._fused_sgd_([self.param[lo:hi]], [grad], [self.buf[lo:hi]] if buffered else [],
-                              weight_decay=self.weight_decay, momentum=self._momentum, lr=self._lr, dampening=0.0,
-                              nesterov=self.nesterov, maximize=False, is_first_step=self._first_now)
+            fused_sgd(self.param[lo:hi], grad, self.buf[lo:hi] if buffered else None, self._momentum, self._lr,
+                      self.weight_decay, self.nesterov, first=self._first_now)
 
     def direction(self, out: torch.Tensor) -> None:
         """The last step's change of each value, less its sign: lr * the momentum buffer (0

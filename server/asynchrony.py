@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from omnips.flat import aligned_empty, aligned_zeros
-from omnips.optim import SGD
+from omnips.optim import SGD, fused_sgd
 
 KEEP_STEP = 0.7  # of the recipe's long-run step per sample that the momentum correction keeps
 MEAN_SPAN = 32  # updates the running mean of staleness averages over, about
@@ -243,13 +243,13 @@ class Dana(_Remedy):
             if self._scale != 1:
                 v.mul_(self._scale)
             if not opt.nesterov:
-                _fused_sgd(x[lo:hi], g, v, m, eta, wd, nesterov=True)
+                fused_sgd(x[lo:hi], g, v, m, eta, wd, nesterov=True)
                 continue
             if wd:  # every pass takes the same gradient: weight decay at x^ before it moves
                 if self._folded.size != self.trained:
                     self._folded = aligned_empty(self.trained)
                 g = torch.add(g, x[lo:hi], alpha=wd, out=torch.from_numpy(self._folded[lo:hi]))
-            _fused_sgd(x[lo:hi], g, v, m, (2 * m - 1) * eta, 0.0, nesterov=False)
+            fused_sgd(x[lo:hi], g, v, m, (2 * m - 1) * eta, 0.0, nesterov=False)
             x[lo:hi].sub_(g, alpha=2 * eta)
 
     def forget(self, rank=None):
@@ -289,13 +289,6 @@ class Dana(_Remedy):
             v = aligned_empty(self.trained)
             np.copyto(v, arrays[f"v{rank}"])
             self._v[int(rank)] = (v, float(eta))
-
-
-def _fused_sgd(x, g, v, momentum, lr, weight_decay, nesterov):
-    """One pass of torch's fused SGD kernel (torch.optim.SGD(fused=True)) over x, its
-    gradient g and momentum buffer v."""
-    torch._fused_sgd_([x], [g], [v], weight_decay=weight_decay, momentum=momentum, lr=lr, dampening=0.0,
-                      nesterov=nesterov, maximize=False, is_first_step=False)
 
 
 class _Gapped(_Remedy):
