@@ -232,13 +232,8 @@ class WorkerCore:
 
     # -- helpers ------------------------------------------------------------------
     def _rewind_heard(self, msg: Rewind, now: float) -> None:
-        if len(msg.steps) != self.num_workers:
+        if len(msg.steps) != self.num_workers:  # (its plan has one batch per step: Rewind.check)
             self._end(Fail(f"a rewind for {len(msg.steps)} workers, the job has {self.num_workers}", "scheduler"))
-            return
-        try:
-            msg.plan.sized(self.num_workers)
-        except ValueError as exc:
-            self._end(Fail(f"the scheduler sent a bad rewind: {exc}", "scheduler"))
             return
         self.state, self.rewind, self.applying, self.since = State.REWINDING, msg, None, now
 
