@@ -524,10 +524,12 @@ def test_a_stream_of_stray_replies_does_not_keep_the_wait_from_checking_on_the_s
     g.push(0, 0, 4, Push(rank=0, step=5, version=0, batch=1, gen=0, data=np.ones(4, dtype=np.float32)))
     peer = router.recv_multipart()[0]
     stop = threading.Event()
+    sent = []
 
     def stray():  # answers to an earlier request, read and dropped, faster than the tick
         while not stop.is_set():
             router.send_multipart([peer, *codec.encode(_params(np.arange(4), step=4))])
+            sent.append(1)
             stop.wait(0.005)
 
     sender = threading.Thread(target=stray, daemon=True)
@@ -540,7 +542,7 @@ def test_a_stream_of_stray_replies_does_not_keep_the_wait_from_checking_on_the_s
         sender.join(10)
         ctx.destroy(linger=0)
     assert not sender.is_alive() and len(checks) >= 3  # about every 0.05 s of the 0.5 s
-
+    assert len(sent) >= 10  # the strays did flow (a sender that failed in its thread sent none)
 
 
 def _watched(g, **callbacks) -> ServerGroup:

@@ -87,17 +87,24 @@ class StandInScheduler:
             self.peer, msg = frames[0].bytes, codec.decode(frames[1:])
             if isinstance(msg, Register):
                 self.send(Ack())
-                self.send(Welcome(rank=0, job=self.job, cluster=ClusterMap(self.n, ((0, self.n),), tuple(self.servers), 30.0, 0.2),
-                                  worker=WorkerStart(BatchPlan(0, (self.job.global_batch,)), self.job.max_steps)))
+                cluster = ClusterMap(self.n, ((0, self.n),), tuple(self.servers), 30.0, 0.2)
+                start = WorkerStart(BatchPlan(0, (self.job.global_batch,)), self.job.max_steps)
+                self.send(Welcome(rank=0, job=self.job, cluster=cluster, worker=start))
             elif isinstance(msg, Heartbeat):
                 if msg.phase and (not self.phases or self.phases[-1] != msg.phase):
                     self.phases.append(msg.phase)
-                self.send(Heartbeat(echo=msg.echo))
+                self.send(Heartbeat(echo=msg.echo), dropped_if_gone=True)
             else:
                 self.heard.append(msg)
 
-    def send(self, msg) -> None:
-        transport.send(self.sock, msg, to=self.peer)
+    def send(self, msg, dropped_if_gone: bool = False) -> None:
+        """To the worker; an echo of a heartbeat read just before the worker ended goes nowhere,
+        as a real scheduler's does (its socket refuses a peer that is gone)."""
+        try:
+            transport.send(self.sock, msg, to=self.peer)
+        except zmq.ZMQError as exc:
+            if not (dropped_if_gone and exc.errno == zmq.EHOSTUNREACH):
+                raise
 
 
 class WorkerThread:
