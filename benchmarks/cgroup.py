@@ -10,8 +10,8 @@ spans tens of the quota's 10 ms periods, as a real job's second-long steps span 
 container's 100 ms ones: a step of a few periods takes one period more or less by chance
 (the default cnn: 23 to 70 ms for one worker at one batch), the quota's granularity, not
 the machine's speed. (A larger global batch would do the same, but digits' epochs would
-shrink to a few steps, and each epoch's evaluation disturbs the steps around it.) The workers' quotas
-share --cores (default: the machine's cores less half a core for the scheduler and the
+shrink to a few steps, and each epoch's evaluation disturbs the steps around it.) The
+workers' quotas share --cores (default: the machine's cores less half a core for the scheduler and the
 server) in the paper's heterogeneity levels, the speeds of benchmarks/heterogeneity.py
 (HL1 12/12/12/12, HL2 12/12/8/16, HL4 9/9/6/24, HL8 6/6/4/32). Besides the levels:
 

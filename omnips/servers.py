@@ -202,7 +202,8 @@ class ServerGroup:
                                           f"at {self.versions[s]}", "bad_version")
                     self._accept_part(s, msg, self._upto[s])
                     continue
-                if got is None or s in got or not isinstance(msg, want) or (answers is not None and _answers(msg) != answers):
+                if (got is None or s in got or not isinstance(msg, want)
+                        or answers is not None and _answers(msg) != answers):
                     continue  # a late answer to an earlier, abandoned request: read and dropped
                 if isinstance(msg, Params):
                     if msg.version < self.versions[s]:  # a shard's versions only grow, unless restored

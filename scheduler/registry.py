@@ -7,8 +7,8 @@ in registration order once all servers (all workers) are in.
 Servers are welcomed as soon as all of them are in (they need only their shard
 range); workers once every server and --min-workers workers are in (they need
 every server's address): the registry then says the cluster is complete, and the
-scheduler welcomes them with the first plan (the plan is scheduler/planning.py's). Later a worker takes a vacant rank: one never filled, or
-one whose worker was lost. A resumed job's welcomes name the checkpoint servers
+scheduler welcomes them with the first plan (the plan is scheduler/planning.py's).
+Later a worker takes a vacant rank: one never filled, or one whose worker was lost. A resumed job's welcomes name the checkpoint servers
 restore their shard from and the step and sample position workers continue at.
 A registration whose job token differs from the scheduler's is refused before
 anything else.

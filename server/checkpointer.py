@@ -91,4 +91,5 @@ class ShardWriter:
         outcome.update(size=info.size, sha256=info.sha256, write_s=time.monotonic() - start)
 
     def _answer(self, snap: Snapshot, outcome: dict) -> Outgoing:
-        return Outgoing(snap.to, Saved(request=snap.request, step=snap.step, version=snap.state.meta["version"], **outcome))
+        return Outgoing(snap.to, Saved(request=snap.request, step=snap.step, version=snap.state.meta["version"],
+                                       **outcome))

@@ -356,7 +356,8 @@ class ShardCore:
 
     def _refuse(self, peer, msg: Pull | Checkpoint, code, text):
         if isinstance(msg, Checkpoint):  # answered in kind: the scheduler counts the checkpoint's answers
-            return Outgoing(peer, Saved(request=msg.request, step=msg.step, version=self.version, error=f"{code}: {text}"))
+            return Outgoing(peer, Saved(request=msg.request, step=msg.step, version=self.version,
+                                        error=f"{code}: {text}"))
         return _error(peer, code, text)
 
     def _reply(self, peer, push: Push, held_s) -> Outgoing:

@@ -196,6 +196,7 @@ class _Session:
         self.link.send(Probe(rank=self.rank, batches=sizes, seconds=seconds,
                              mem_free=memory.free_bytes(self.flat.device), sample_bytes=self.sample_bytes))
         self.core.probed(time.monotonic())
+
     def _probe(self, sizes: list[int]) -> list[float]:
         """Seconds of one forward and backward pass over the first `size` samples, for each
         of `sizes`, as this worker's (emulated) device takes them: the fastest of
