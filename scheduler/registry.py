@@ -104,7 +104,7 @@ class Registry:
             self.by_peer.update({m.peer: m for m in self.servers})
             out += [(m.peer, self.server_welcome(m)) for m in self.servers]
         if servers_in and len(self.waiting) >= self.job.start_workers:
-            out += self._complete()
+            self._complete()
         return out
 
     def missing(self) -> str:
@@ -129,13 +129,13 @@ class Registry:
             return Error(code="rank_taken", text=f"another {reg.role} has rank {reg.rank}")
         return None
 
-    def _complete(self):
+    def _complete(self) -> None:
+        """Seat the waiting workers; the scheduler welcomes them with the first plan."""
         self.workers = {m.rank: m for m in _ranked(self.waiting, self.job.num_workers)}
         self.workers = dict(sorted(self.workers.items()))
         self.waiting = []
         self.by_peer.update({m.peer: m for m in self.workers.values()})
         self.complete = True
-        return []
 
     def _seat(self, peer: bytes, reg: Register) -> list[tuple[bytes, Message]]:
         """A worker registering after the start takes a vacant rank (the one it asks for, or
