@@ -135,9 +135,8 @@ class BatchControl:
         else:
             self._full.discard(rank)
         predicted, last = self._predicted[rank], window[-CHANGE_STEPS:]
-        # (a nan prediction, untrusted, misses nothing; CHANGE first: the tolerance costs more)
-        if len(last) == CHANGE_STEPS and all(abs(t - predicted) > CHANGE * predicted for t in last) and all(
-                abs(t - predicted) > self._windows.noise.tolerance(rank) * predicted for t in last):
+        # (a nan prediction, untrusted, misses nothing)
+        if len(last) == CHANGE_STEPS and all(self._windows.noise.far(rank, t, predicted) for t in last):
             self._changing.add(rank)
         else:
             self._changing.discard(rank)

@@ -62,6 +62,12 @@ class StepNoise:
         self._recent[rank].clear()
         self._spread[rank] = 0.0
 
+    def far(self, rank: int, seconds: float, typical: float) -> bool:
+        """Whether `seconds` is further off `typical` than the worker's tolerance (its spread
+        computed only past CHANGE, where it matters); a nan `typical` is near everything."""
+        off = abs(seconds - typical)
+        return off > CHANGE * typical and off > self.tolerance(rank) * typical
+
     def tolerance(self, rank: int) -> float:
         """How far, relative, a step may be off the worker's window and still belong to it."""
         return max(CHANGE, SPREAD_K * self._estimate(rank))
@@ -111,8 +117,7 @@ class Windows:
         # after a move the models' prediction is what the window is there to check)
         typical = self.median[rank] if steps else np.nan
         self.noise.add(rank, seconds)
-        off = abs(seconds - typical)
-        if off > CHANGE * typical and off > self.noise.tolerance(rank) * typical:  # (a nan misses nothing)
+        if self.noise.far(rank, seconds, typical):
             if suspects and (suspects[-1] > typical) != (seconds > typical):
                 suspects.clear()
             suspects.append(seconds)
