@@ -47,6 +47,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -242,6 +243,8 @@ def main(argv=None) -> int:
     p.add_argument("--keep-runs", action="store_true")
     p.add_argument("--out", type=Path, default=HERE / "results" / "cgroup.md")
     args = p.parse_args(argv)
+    # a stopped benchmark still ends its jobs and removes its cgroups (the ExitStack unwinds)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     why = available()
     if why:
         print(f"cgroup benchmark skipped: {why}", file=sys.stderr)
