@@ -12,8 +12,9 @@ the quota's 10 ms periods, as a real job's second-long steps span a container's 
 ones. A step of a few periods takes one period more or less by chance, the quota's
 granularity, not the machine's speed: at the smaller sizes
 (benchmarks/results/cgroup-scale1.md, cgroup-scale2.md) even the plan the quotas call for,
-and at HL1 the uniform plan (the ideal one there), reached less of the ideal. (A larger global batch would lengthen the steps too, but digits' epochs
-would shrink to a few steps, and each epoch's evaluation disturbs the steps around it.) The
+and at HL1 the uniform plan (the ideal one there), reached less of the ideal. (A larger
+global batch would lengthen the steps too, but digits' epochs would shrink to a few
+steps, and each epoch's evaluation disturbs the steps around it.) The
 workers' quotas share --cores (default: the machine's cores less half a core for the scheduler and the
 server) in the paper's heterogeneity levels, the speeds of benchmarks/heterogeneity.py
 (HL1 12/12/12/12, HL2 12/12/8/16, HL4 9/9/6/24, HL8 6/6/4/32). Besides the levels:
@@ -148,7 +149,7 @@ def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int, 
     # static: each worker declares its quota's share as its capacity, the plan a known speed calls for
     specs = [WorkerSpec(capacity=float(s) if variant == "static" else 1.0) for s in c.speeds]
     cluster = LocalCluster(run_dir, job_args(variant, steps, seed, size), 1, specs,
-                           env={"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])})
+                           env={"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))})
     shares = [cores * s / sum(c.speeds) for s in c.speeds]
     stop = threading.Event()
     with contextlib.ExitStack() as stack:
@@ -220,8 +221,8 @@ def verdicts(results: list[dict]) -> list[str]:
     # the same plan differ here, and what efficiency this host allows any plan
     same = [g for g in runs if g["affine"]["case"] == "HL1"]
     if same:
-        noise = max(max(g["static"]["wall_s"], g["uniform"]["wall_s"]) / min(g["static"]["wall_s"], g["uniform"]["wall_s"])
-                    for g in same)
+        walls = [(g["static"]["wall_s"], g["uniform"]["wall_s"]) for g in same]
+        noise = max(max(w) / min(w) for w in walls)
         ceiling = max(max(g["static"]["efficiency"], g["uniform"]["efficiency"]) for g in same)
         out.append(f"- at HL1 the uniform and the static runs have the same plan, the ideal one: their times differ "
                    f"by up to {noise:.3f}x (run-to-run noise), and their efficiency, what this host allows any "
