@@ -9,25 +9,31 @@ import numpy as np
 # memory with): two sizes, so that their difference cancels what does not grow with the batch
 PROBE_BATCHES = (2, 4)
 PROBE_ROUNDS = 3  # each probe size is timed this many times, the sizes in turn; the fastest counts
-PROBE_NOISE = 0.2  # how far the two sizes' times may stray from what a line allows
-PROBE_RETRIES = 2  # more rounds of PROBE_ROUNDS while they disagree beyond it
+PROBE_NOISE = 0.2  # how much faster than the smaller size's pass the larger's may be (noise)
+PROBE_RETRIES = 2  # more rounds of PROBE_ROUNDS while the larger pass is too fast for a line
 
 
-def probe_agrees(sizes, seconds) -> bool:
-    """Whether the fastest passes of two probe sizes fit a worker's line t = a + c*b with a, c
-    >= 0, up to PROBE_NOISE: the larger no faster than the smaller, nor slower by more than
-    their ratio. (On a busy host one pass of a few samples can take 5x its time.)"""
-    (small, large), (t_small, t_large) = sizes, seconds
-    return t_small * (1 - PROBE_NOISE) <= t_large <= t_small * large / small * (1 + PROBE_NOISE)
+def probe_too_flat(seconds) -> bool:
+    """Whether the fastest pass of the larger probe size is faster than the smaller's by more
+    than PROBE_NOISE: no speed explains it (a line t = a + c*b has a, c >= 0), only noise that
+    slowed every smaller pass (on a busy host one pass of a few samples can take 5x its time),
+    and a line through them would take the worker for fast at large batches (its first step
+    planned far too big). The other disagreement, the larger slower than their ratio allows,
+    is what a CPU quota gives passes a few of its periods long, the same in every round
+    (under cgroup quotas every throttled worker's passes were so, to the last retry, which
+    took seconds of a short job's start): the scheduler takes their mean throughput then
+    (omnips/timemodel.py), and its first window corrects the plan."""
+    t_small, t_large = seconds
+    return t_large < t_small * (1 - PROBE_NOISE)
 
 
 def probe_times(timed, sizes) -> tuple[list[float], int]:
     """The probe: `timed(size)` seconds for a pass of each size, PROBE_ROUNDS times in turn, the
     fastest of each counting (noise only adds time); more rounds, PROBE_RETRIES at most, while
-    the two disagree. Also how many rounds it took."""
+    the larger is too fast for a line. Also how many rounds it took."""
     best = [math.inf] * len(sizes)
     rounds = 0
-    while rounds == 0 or (not probe_agrees(sizes, best) and rounds < PROBE_ROUNDS * (1 + PROBE_RETRIES)):
+    while rounds == 0 or (probe_too_flat(best) and rounds < PROBE_ROUNDS * (1 + PROBE_RETRIES)):
         for _ in range(PROBE_ROUNDS):
             best = [min(t, timed(size)) for t, size in zip(best, sizes)]
         rounds += PROBE_ROUNDS

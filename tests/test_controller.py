@@ -947,6 +947,18 @@ def test_a_plan_handed_in_drops_the_windows_it_moved():
     assert adj.times == (1.0, 1.0, 1.0) and adj.batches == (25, 20, 15)
 
 
+def test_a_probe_too_steep_for_a_line_plans_the_worker_at_its_mean_throughput():
+    """A quota-throttled worker's passes (the larger slower than their ratio allows) are not
+    a line with a negative fixed time: its mean throughput over both, which gives it a
+    share between those of its two passes' throughputs."""
+    ctl = control(num_workers=2, global_batch=100)
+    adj, _ = ctl.probed({0: ([2, 4], [0.029, 0.080]), 1: ([2, 4], [0.010, 0.020])}, {})
+    slow = ctl.plan.batches[0]
+    # worker 1's 5 ms a sample against worker 0's 14.5 ms (its 2-sample pass) to 20 ms (its 4-sample one)
+    assert 100 * 5 / (5 + 14.5) >= slow >= 100 * 5 / (5 + 20) and sum(ctl.plan.batches) == 100
+    assert adj.reason == "probe"
+
+
 def test_probe_points_give_the_start_plan_within_memory_and_a_short_first_window():
     ctl = control(num_workers=3, global_batch=60, adjust_every=4)
     a, c = [0.005, 0.005, 0.005], [0.001, 0.002, 0.004]  # the equal-time plan: about 34 / 17 / 9

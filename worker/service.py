@@ -10,7 +10,7 @@ import torch
 import zmq
 
 from omnips import data, fingerprint, models, routes
-from omnips.batching import PROBE_BATCHES, PROBE_ROUNDS, BatchPlan, probe_agrees, probe_times
+from omnips.batching import PROBE_BATCHES, PROBE_ROUNDS, BatchPlan, probe_times, probe_too_flat
 from omnips.flat import FlatModel
 from omnips.leaving import Leaving
 from omnips.link import LinkError, SchedulerLink
@@ -201,8 +201,8 @@ class _Session:
         """Seconds of one forward and backward pass over the first `size` samples, for each
         of `sizes`, as this worker's (emulated) device takes them: the fastest of
         PROBE_ROUNDS passes, taken in turn, since on a busy host noise only adds time (one
-        slow pass of a few samples moved a whole start plan), and more while the two sizes
-        disagree (omnips/batching.probe_times). Nothing is pushed (the
+        slow pass of a few samples moved a whole start plan), and more while the larger is too
+        fast for a line (omnips/batching.probe_times). Nothing is pushed (the
         pusher is unhooked), the model's buffers (normalisation statistics the passes move)
         and the random state are left as the pull set them, and the gradient the passes
         leave is zeroed by the first step."""
@@ -217,7 +217,8 @@ class _Session:
             if rounds > PROBE_ROUNDS:
                 log.info("worker %d: probe passes of %s samples took %s s in %d rounds%s", self.rank, sizes,
                          [round(t, 4) for t in seconds], rounds,
-                         "" if probe_agrees(sizes, seconds) else " and still disagree (a busy host?)")
+                         " and the larger is still too fast for a line (a busy host?)"
+                         if probe_too_flat(seconds) else "")
             return seconds
         finally:
             self.trainer.on_final_pass, self.trainer.on_retry = hooks
