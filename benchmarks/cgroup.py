@@ -52,6 +52,7 @@ import signal
 import subprocess
 import sys
 import threading
+from statistics import mean
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,13 +211,23 @@ def verdicts(results: list[dict]) -> list[str]:
     neighbour = [g for g in runs if g["affine"]["case"] == "neighbour"]
     out = [f"- dynamic / uniform, worst run: {worst:.3f} (target <= {TARGET_RATIO}): "
            f"{'met' if worst <= TARGET_RATIO else 'missed'}"]
+    # efficiency per case is the mean over its repeats (one run of a case moves by 2-4 points from
+    # the next); the worst single run is shown beside it
     for name, chosen, target in (("the controller's efficiency at HL2-HL8", levels, TARGET_EFF),
                                  ("with a noisy neighbour", neighbour, TARGET_NEIGHBOUR_EFF)):
         if chosen:
-            eff = min(g["affine"]["efficiency"] for g in chosen)
-            share = min(g["affine"]["efficiency"] / g["static"]["efficiency"] for g in chosen)
-            out.append(f"- {name}: min {eff:.3f} (target >= {target}): {'met' if eff >= target else 'missed'}; "
-                       f"of the static plan's on the same host, min {share:.3f}")
+            cases = {g["affine"]["case"]: [] for g in chosen}
+            for g in chosen:
+                cases[g["affine"]["case"]].append(g)
+            means = {c: mean(g["affine"]["efficiency"] for g in gs) for c, gs in cases.items()}
+            worst_case = min(means, key=means.get)
+            eff = means[worst_case]
+            share = min(mean(g["affine"]["efficiency"] / g["static"]["efficiency"] for g in gs)
+                        for gs in cases.values())
+            single = min(g["affine"]["efficiency"] for g in chosen)
+            out.append(f"- {name}: mean over repeats, lowest case {worst_case} {eff:.3f} (target >= {target}): "
+                       f"{'met' if eff >= target else 'missed'} (lowest single run {single:.3f}); of the static "
+                       f"plan's on the same host, min {share:.3f}")
     # at HL1 the uniform and the static run have one plan, the ideal one: how far two runs of
     # the same plan differ here, and what efficiency this host allows any plan
     same = [g for g in runs if g["affine"]["case"] == "HL1"]
