@@ -36,7 +36,9 @@ the slowest worker's compute summed over steps (communication left out); the dyn
 efficiency over the static one's (what of the reachable the controller reaches: the
 communication, the host's noise per step and the evaluations bound both); the final plan,
 adjustments, and the periods in which the slowest worker ran out of quota (that the
-quota is what made it slow).
+quota is what made it slow). The efficiency verdicts take each case's mean over its
+repeats (one run of a case moves by 2-4 points from the next), the lowest single run
+beside it; dynamic / uniform is judged on the worst run.
 
     python benchmarks/cgroup.py [--quick] [--cases HL2,HL8,neighbour] [--steps 150] [--repeats 1]
         [--cores 1.5] [--channels 64,128] [--global-batch 128] [--keep-runs] [--out FILE]
@@ -48,6 +50,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -277,8 +280,9 @@ def main(argv=None) -> int:
                     print(f"{name} #{rep + 1} {variant}: {r['wall_s']:.2f} s, efficiency {r['efficiency']:.3f}, "
                           f"final {r['final']}", flush=True)
                     results.append(r)
+    command = " ".join(["benchmarks/cgroup.py", *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     lines = ["# Dynamic batching on CPU quotas (real compute)", "",
-             "Produced by `benchmarks/cgroup.py`" + (" --quick" if args.quick else "") + "; see its docstring.", "",
+             f"Produced by `{command}`; see its docstring.", "",
              *machine_lines(),
              f"- load average (1 min) at the end: {os.getloadavg()[0]:.1f}",
              f"- workers' quotas share {args.cores:g} cores (cgroup periods of 10 ms); {size}, BSP, "
