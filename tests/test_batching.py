@@ -487,7 +487,7 @@ def test_a_probe_is_too_flat_only_where_its_larger_pass_is_faster(seconds, flat)
     assert probe_too_flat(seconds) is flat
 
 
-def test_the_probe_takes_more_rounds_while_its_sizes_disagree():
+def test_the_probe_takes_more_rounds_while_its_larger_pass_is_too_fast():
     slow = {2: [0.05] * 4 + [0.01] * 2, 4: [0.012] * 6}  # the 2-sample pass slowed 5x for 4 passes
     calls = []
 
