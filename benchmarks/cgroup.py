@@ -40,7 +40,7 @@ quota is what made it slow). The efficiency verdicts take each case's mean over 
 repeats (one run of a case moves by 2-4 points from the next), the lowest single run
 beside it; dynamic / uniform is judged on the worst run.
 
-    python benchmarks/cgroup.py [--quick] [--cases HL2,HL8,neighbour] [--steps 150] [--repeats 1]
+    python benchmarks/cgroup.py [--quick] [--cases HL2,HL8,neighbour] [--steps 150] [--repeats 2]
         [--cores 1.5] [--channels 64,128] [--global-batch 128] [--keep-runs] [--out FILE]
 
 Writes benchmarks/results/cgroup.md. Needs root and cgroup cpu quotas (benchmarks/quota.py).
@@ -248,7 +248,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--repeats", type=int, help="runs of each case (default 2; --quick: 1)")
     p.add_argument("--cores", type=float, default=max(0.5, len(os.sched_getaffinity(0)) - 0.5),
                    help="CPU the four workers' quotas share")
     p.add_argument("--channels", default="64,128", help="the cnn's channels (default %(default)s)")
@@ -269,11 +269,14 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown cases {unknown}; choose from {', '.join(CASES)}")
     steps = 45 if args.quick else args.steps
+    if args.repeats is not None and args.repeats < 1:
+        p.error(f"--repeats must be >= 1, not {args.repeats}")
+    repeats = args.repeats or (1 if args.quick else 2)
     size = Size([int(c) for c in args.channels.split(",")], args.global_batch, args.scale)
     results = []
     with runs_dir("omnips-cgroup-", args.keep_runs) as root:
         for name in names:
-            for rep in range(args.repeats):
+            for rep in range(repeats):
                 order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
                 for variant in order:
                     r = run(root, case(name), variant, steps, args.cores, rep, size)
@@ -287,7 +290,7 @@ def main(argv=None) -> int:
              f"- load average (1 min) at the end: {os.getloadavg()[0]:.1f}",
              f"- workers' quotas share {args.cores:g} cores (cgroup periods of 10 ms); {size}, BSP, "
              f"4 workers, 1 server, {steps} steps", "",
-             *table(results, args.repeats), "", *verdicts(results)]
+             *table(results, repeats), "", *verdicts(results)]
     publish(lines, args.out)
     return 0
 
