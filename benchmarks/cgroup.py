@@ -55,9 +55,10 @@ import signal
 import subprocess
 import sys
 import threading
-from statistics import mean
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import mean
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -214,12 +215,11 @@ def verdicts(results: list[dict]) -> list[str]:
     neighbour = [g for g in runs if g["affine"]["case"] == "neighbour"]
     out = [f"- dynamic / uniform, worst run: {worst:.3f} (target <= {TARGET_RATIO}): "
            f"{'met' if worst <= TARGET_RATIO else 'missed'}"]
-    # efficiency per case is the mean over its repeats (one run of a case moves by 2-4 points from
-    # the next); the worst single run is shown beside it
+    # efficiency per case: the mean over its repeats (see the docstring), the worst single run beside it
     for name, chosen, target in (("the controller's efficiency at HL2-HL8", levels, TARGET_EFF),
                                  ("with a noisy neighbour", neighbour, TARGET_NEIGHBOUR_EFF)):
         if chosen:
-            cases = {g["affine"]["case"]: [] for g in chosen}
+            cases = defaultdict(list)
             for g in chosen:
                 cases[g["affine"]["case"]].append(g)
             means = {c: mean(g["affine"]["efficiency"] for g in gs) for c, gs in cases.items()}
