@@ -27,7 +27,7 @@ from omnips.batching import BatchPlan, Decision, decide, initial_batches, spread
 from omnips.job import JobSpec
 from omnips.timemodel import CHANGE, TimeModels
 
-from .regret import REGRET, PlanMemory, Seen
+from .regret import BACK_WINDOWS, REGRET, PlanMemory, Seen
 from .windows import CHANGE_STEPS, Windows
 
 # steps in the first window of a worker never measured in real steps: the median of three
@@ -223,14 +223,20 @@ class BatchControl:
     def _regret(self, decision: Decision, reason: str, rule: str, ranks: np.ndarray,
                 step_s: float) -> tuple[Decision, str, str]:
         """Measured times outrank the models: the plan in force, measured REGRET slower than
-        the best plan measured, goes back to that one; a plan measured that much slower is not
-        taken again; and where the models are for staying, the uniform split may be better."""
+        the best plan measured lately, goes back to that one; a plan measured that much slower
+        than the best remembered is not taken again; and where the models are for staying, the
+        uniform split may be better."""
         current = self.plan.batches
-        best = self.ran.best(lambda plan: bool(np.all(np.asarray(plan)[ranks] <= self._bounds[ranks])))
-        if best is not None and best[0] != current and step_s > best[1] * (1 + REGRET):
-            return (Decision(best[0], decision.targets, best[1]), "regret",
+
+        def fits(plan):
+            return bool(np.all(np.asarray(plan)[ranks] <= self._bounds[ranks]))
+
+        back = self.ran.best(fits, BACK_WINDOWS)
+        if back is not None and back[0] != current and step_s > back[1] * (1 + REGRET):
+            return (Decision(back[0], decision.targets, back[1]), "regret",
                     f"measured {1000 * step_s:.1f} ms, more than {REGRET:.0%} slower than "
-                    f"{list(best[0])} measured {1000 * best[1]:.1f} ms: back to it")
+                    f"{list(back[0])} measured {1000 * back[1]:.1f} ms: back to it")
+        best = self.ran.best(fits)
         proposed = decision.batches
         if proposed is not None and best is not None and self.ran.worse(proposed, best[1]):
             return (Decision(None, decision.targets, step_s), "regret",

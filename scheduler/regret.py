@@ -5,9 +5,9 @@ The controller's time models can be wrong the same way window after window (sust
 noise, a worker whose time is not a line in the batch, one slow step taken for a worker's
 speed): then they propose, and hold, a plan slower than one the job has already run.
 Measured step times outrank predictions: a plan measured REGRET slower than the best one
-measured for the same workers is left at the next decision for that one, and a plan
-measured that much slower in two windows (one can fall in a noise that passes) is not
-taken again while it is remembered. A measurement is forgotten FORGET_WINDOWS windows
+measured lately (BACK_WINDOWS) for the same workers is left at the next decision for that
+one, and a plan measured that much slower in two windows (one can fall in a noise that
+passes) is not taken again while it is remembered. A measurement is forgotten FORGET_WINDOWS windows
 after it was taken (the noise that made a plan slow, or a good one look good, passes), so
 that the models may try it again.
 
@@ -22,6 +22,10 @@ from omnips.timemodel import CHANGE, MIN_SPREAD
 
 REGRET = 0.10  # a plan this much slower than the best measured is measurably worse (a window's noise is a few %)
 FORGET_WINDOWS = 24  # windows a measurement is kept (240 steps at --adjust-every 10)
+# windows back a plan to go back to may have been measured: under a slow drift (a few % a window,
+# below any window-to-window check) older times flatter the plans that ran then (simulated, 4096
+# workers, 1 % a window: each window went back to one, and the plan settled 19 % off the oracle's)
+BACK_WINDOWS = 4
 
 
 @dataclass(frozen=True)
@@ -61,9 +65,11 @@ class PlanMemory:
         ran = self._ran.get(plan)
         return None if ran is None else ran.step_s
 
-    def best(self, fits=lambda plan: True) -> tuple[tuple[int, ...], float] | None:
-        """The fastest plan remembered among those `fits` accepts, with its time."""
-        for step_s, plan in sorted((r.step_s, plan) for plan, r in self._ran.items()):
+    def best(self, fits=lambda plan: True, within: int = FORGET_WINDOWS) -> tuple[tuple[int, ...], float] | None:
+        """The fastest plan remembered among those `fits` accepts and measured in the last
+        `within` windows, with its time."""
+        for step_s, plan in sorted((r.step_s, plan) for plan, r in self._ran.items()
+                                   if self.window - r.window < within):
             if fits(plan):
                 return plan, step_s
         return None
