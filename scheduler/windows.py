@@ -23,7 +23,10 @@ import numpy as np
 
 from omnips.timemodel import CHANGE
 
-CHANGE_STEPS = 3  # consecutive far-off steps that are a change of speed (fewer are outliers) and re-plan early
+# consecutive far-off steps that are a change of speed (fewer are outliers) and re-plan early: far
+# off is beyond the worker's own noise, so two in a row by chance are rare, and each step waited
+# for is one more on the old plan (a neighbour's CPU hog made a worker's steps 2.5x slower)
+CHANGE_STEPS = 2
 
 RECENT = 16  # reports kept per worker
 MIN_REPORTS = 5  # fewer say nothing of the spread: the last estimate (or none) stands

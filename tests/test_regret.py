@@ -293,3 +293,16 @@ def test_a_slow_drift_does_not_send_the_plan_back_to_plans_measured_before_it():
         true = np.max(f * (a + c * np.asarray(plans[step])))
         late.append(true / np.max(f * (a + c * np.asarray(oracle(f * a, f * c, 32 * n)))))
     assert np.mean(late) < 1.15, np.mean(late)
+
+
+def test_a_far_step_is_an_outlier_and_change_steps_in_a_row_to_one_side_a_change():
+    from omnips.scheduler.windows import Windows
+    w = Windows(1)
+    w.add(0, 16, 0.5)  # the first step at a size: warm-up, not measured
+    for t in (0.100, 0.102, 0.098, 0.101):
+        assert w.add(0, 16, t)
+    assert not w.add(0, 16, 0.300) and w[0] == [0.100, 0.102, 0.098, 0.101]  # one: an outlier
+    assert w.add(0, 16, 0.099)  # the next step back in line: the outlier is forgotten
+    slow = [0.250 + 0.001 * k for k in range(CHANGE_STEPS)]
+    assert not any(w.add(0, 16, t) for t in slow[:-1])
+    assert w.add(0, 16, slow[-1]) and w[0] == slow  # CHANGE_STEPS in a row: the window restarts from them
