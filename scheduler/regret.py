@@ -7,9 +7,9 @@ speed): then they propose, and hold, a plan slower than one the job has already 
 Measured step times outrank predictions: a plan measured REGRET slower than the best one
 measured lately (BACK_WINDOWS) for the same workers is left at the next decision for that
 one, and a plan measured that much slower in two windows (one can fall in a noise that
-passes) is not taken again while it is remembered. A measurement is forgotten FORGET_WINDOWS windows
-after it was taken (the noise that made a plan slow, or a good one look good, passes), so
-that the models may try it again.
+passes) is not taken again while it is remembered. A measurement is forgotten
+FORGET_WINDOWS windows after it was taken (the noise that made a plan slow, or a good one
+look good, passes), so that the models may try it again.
 
 Pure logic: windows are counted by the caller (one `record` per full window).
 """

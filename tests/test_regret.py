@@ -90,7 +90,7 @@ def test_the_newest_window_counts_and_two_that_agree_make_a_plan_worse():
 def test_measurements_are_forgotten_after_forget_windows():
     ran = PlanMemory()
     ran.record((1, 2), 0.5)
-    for k in range(FORGET_WINDOWS - 1):
+    for _ in range(FORGET_WINDOWS - 1):
         ran.record((2, 1), 0.1)
     assert (1, 2) in ran
     ran.record((2, 1), 0.1)
@@ -102,7 +102,7 @@ def test_measurements_are_forgotten_after_forget_windows():
 def test_the_plan_to_go_back_to_is_one_measured_lately():
     ran = PlanMemory()
     ran.record((1, 2), 0.1)
-    for k in range(BACK_WINDOWS - 1):
+    for _ in range(BACK_WINDOWS - 1):
         ran.record((2, 1), 0.5)
     assert ran.best(within=BACK_WINDOWS) == ((1, 2), 0.1)
     ran.record((2, 1), 0.5)
