@@ -9,12 +9,14 @@ heterogeneity levels the same way, with container CPU limits.
         q.throttled()                        # periods in which it ran out of quota
 """
 
+import math
 import os
 from pathlib import Path
 
 V1 = Path("/sys/fs/cgroup/cpu")
 V2 = Path("/sys/fs/cgroup")
 PERIOD_US = 10_000  # short periods: a step of tens of ms spans several, so a quota slows it smoothly
+MIN_QUOTA_US = 1_000  # the kernel's least quota a period: a smaller share lengthens the period instead
 
 
 class QuotaError(RuntimeError):
@@ -53,8 +55,6 @@ class CpuQuota:
             (V2 / "cgroup.subtree_control").write_text("+cpu")
         self.path.mkdir()
         try:
-            if not self.v2:
-                (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             self.set(self.cores)
         except OSError:
             self.path.rmdir()
@@ -62,10 +62,14 @@ class CpuQuota:
         return self
 
     def set(self, cores: float) -> None:
-        quota = max(1000, round(cores * PERIOD_US))  # (the kernel's least: 1 ms)
+        """Cap the group at `cores`: PERIOD_US periods, or longer ones where the quota of one
+        would fall below MIN_QUOTA_US (under a tenth of a core)."""
+        period = max(PERIOD_US, math.ceil(MIN_QUOTA_US / cores))
+        quota = round(cores * period)
         if self.v2:
-            (self.path / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+            (self.path / "cpu.max").write_text(f"{quota} {period}")
         else:
+            (self.path / "cpu.cfs_period_us").write_text(str(period))
             (self.path / "cpu.cfs_quota_us").write_text(str(quota))
         self.cores = cores
 

@@ -43,3 +43,24 @@ def test_a_worker_with_a_quarter_of_the_cpu_gets_the_smaller_batch(tmp_path):
     assert b0 > b1 and b0 + b1 == 64, s["final_batches"]
     # (the probe's passes of 2 and 4 samples fit inside one quota period: a step's time jumps
     # only where the quota runs out, so the windows, not the probe, find the slow worker)
+
+
+@pytest.mark.skipif(WHY is not None, reason=f"CPU quotas cannot be set here: {WHY}")
+def test_a_share_under_a_tenth_of_a_core_lengthens_the_period():
+    """The kernel takes no quota under 1 ms a period: a share of 4 % keeps its ratio in a longer
+    period instead of being raised to 10 %, halving it lengthens the period again, and a tenth
+    of a core or more keeps the 10 ms periods."""
+    def share(q):
+        if q.v2:
+            quota_us, period_us = map(int, (q.path / "cpu.max").read_text().split())
+        else:
+            quota_us, period_us = (int((q.path / f).read_text()) for f in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
+        return quota_us, period_us
+
+    with quota.CpuQuota(f"omnips-test-{os.getpid()}-small", 0.04) as q:
+        assert share(q) == (1000, 25000)
+        q.set(0.02)
+        assert share(q) == (1000, 50000)
+        q.set(0.25)
+        assert share(q) == (2500, quota.PERIOD_US)
+    assert not q.path.exists()
