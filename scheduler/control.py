@@ -19,6 +19,7 @@ operations over all workers: the models' predictions at the plan's batches are k
 one decision to the next for the per-report change check.
 """
 
+import statistics
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,6 +156,8 @@ class BatchControl:
         measured = np.flatnonzero(self._windows.lengths())
         times = np.zeros(n)
         times[measured] = self._windows.median[measured]
+        if self._changing:
+            self._share_change(measured, times)
         self._check_models(measured, times[measured])
         self._stepped[measured] = True
         step_s = float(times.max()) if len(measured) == len(self._active) else None
@@ -192,6 +195,19 @@ class BatchControl:
         else:
             self._expect()  # the models moved: so do the predictions
         return Adjustment(decision, tuple(times.tolist()), tuple(batches), reason, rule or "equal time")
+
+    def _share_change(self, measured: np.ndarray, times: np.ndarray) -> None:
+        """Some workers' speed changed: another whose latest steps are off its window the same
+        way, fewer of them than make a change, changed too. A slowdown of the whole host
+        crosses one worker's tolerance a step before another's (under CPU quotas: 1.19 s, then
+        1.48, after steps of 1.10), and that worker's window, measured before it, made it look
+        30 % faster than the others: the plan gave it 4 samples of theirs."""
+        changing = sorted(self._changing)
+        slower = np.mean(self._windows.median[changing] > self._predicted[changing]) >= 0.5
+        for rank in measured.tolist():
+            pending = self._windows.pending(rank)
+            if pending and rank not in self._changing and (pending[-1] > self._windows.median[rank]) == slower:
+                times[rank] = statistics.median(pending)
 
     def _check_models(self, measured: np.ndarray, times: np.ndarray) -> None:
         """Feed a window to the models. A worker whose window agreed with its model's prediction

@@ -6,6 +6,8 @@ them. A plan the workers cannot run raises ValueError with the reason."""
 
 import logging
 
+import numpy as np
+
 from omnips.batching import BatchPlan, memory_batch
 from omnips.job import JobSpec
 from omnips.protocol import Probe, Report
@@ -28,6 +30,7 @@ class Planner:
         self._probes: dict[int, tuple[list, list]] = {}  # rank -> its probe's (batches, seconds)
         self._probe_memory: dict[int, int] = {}  # rank -> the batch its free memory holds, from its probe
         self._memory_warned: set[int] = set()  # ranks whose memory estimate could not be applied
+        self._reported = np.full(job.num_workers, -1)  # rank -> the last step it reported
 
     @property
     def plan(self) -> BatchPlan | None:
@@ -88,6 +91,7 @@ class Planner:
         checkpoint write, so its time says nothing of its speed): a new plan to send, or
         None inside the deadband."""
         control, before = self.control, self.control.plan
+        self._reported[r.rank] = r.step
         if not disturbed:
             control.on_step(r.rank, r.batch, r.compute_s)
         adjustment = None
@@ -99,7 +103,7 @@ class Planner:
             applied, adjustment = control.estimate(r.rank, estimate)
             if not applied:
                 self._memory_not_applied(r.rank, estimate)
-        if adjustment is None and control.ready:
+        if adjustment is None and control.ready and self._step_in(r.step):
             try:
                 adjustment = control.replan()
             except ValueError as exc:
@@ -110,6 +114,13 @@ class Planner:
                      compute_s=list(adjustment.times),
                      throughput=[b / t if t > 0 else None for b, t in zip(adjustment.batches, adjustment.times)])
         return control.plan
+
+    def _step_in(self, step: int) -> bool:
+        """BSP: whether every worker in the plan has reported `step`. A decision waits for the
+        step's last report, so that it sees every worker's latest step: a slowdown of the whole
+        host shows in one worker's report of a step before another's. ASP and SSP workers are
+        each at a step of their own: at once."""
+        return self.job.mode != "bsp" or bool(self._reported[self.control.active].min() >= step)
 
     def membership(self, active: list[int], change: str, step: int) -> BatchPlan:
         """The plan for the workers `active` after a join or a departure (`change`) at `step`."""

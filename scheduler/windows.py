@@ -94,6 +94,10 @@ class Windows:
     def __getitem__(self, rank: int) -> list[float]:
         return self._steps[rank]
 
+    def pending(self, rank: int) -> list[float]:
+        """`rank`'s latest steps far off its window to one side, fewer than make a change (or none)."""
+        return self._suspects[rank]
+
     def lengths(self) -> np.ndarray:
         return np.fromiter(map(len, self._steps), dtype=np.int64, count=len(self._steps))
 

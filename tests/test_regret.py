@@ -306,3 +306,27 @@ def test_a_far_step_is_an_outlier_and_change_steps_in_a_row_to_one_side_a_change
     slow = [0.250 + 0.001 * k for k in range(CHANGE_STEPS)]
     assert not any(w.add(0, 16, t) for t in slow[:-1])
     assert w.add(0, 16, slow[-1]) and w[0] == slow  # CHANGE_STEPS in a row: the window restarts from them
+
+
+def test_a_slowdown_of_the_whole_host_seen_a_step_later_on_one_worker_moves_no_samples():
+    """Four equal workers at 32 samples under CPU quotas (benchmarks/cgroup.py, HL1): the host
+    slowed from about 1.08 s a step to 1.45. Workers 0, 1 and 3 crossed their tolerance two steps
+    running, worker 2 only on the second (1.19 s, then 1.48): its window, measured before the
+    slowdown, made it look 30 % faster than the others, and the plan gave it their samples."""
+    job = JobSpec(num_workers=4, global_batch=128, batching="dynamic", adjust_every=ADJUST_EVERY, max_steps=1000)
+    ctl = BatchControl(job, BatchPlan(0, (32,) * 4))
+    ctl.probed({r: ([2, 4], [0.1, 0.165]) for r in range(4)}, {})
+    assert ctl.plan.batches == (32,) * 4
+    rng = np.random.default_rng(0)
+    for _ in range(3 * ADJUST_EVERY):  # steady windows: the models learn 1.08 s at 32 samples
+        for rank, t in enumerate(1.08 * (1 + rng.uniform(-0.02, 0.02, 4))):
+            ctl.on_step(rank, 32, float(t))
+        if ctl.ready:
+            ctl.replan()
+    assert ctl.plan.batches == (32,) * 4 and not ctl.ready
+    for times in ([1.32, 1.47, 1.19, 1.36], [1.44, 1.43, 1.48, 1.46]):
+        for rank in range(4):
+            ctl.on_step(rank, 32, times[rank])
+    assert ctl.ready  # a change of speed: decided at once
+    ctl.replan()
+    assert max(abs(b - 32) for b in ctl.plan.batches) <= 1, ctl.plan.batches

@@ -253,3 +253,37 @@ def test_asp_reads_the_model_for_its_final_evaluation_once_every_worker_is_done(
     for now in range(1, 121, 10):  # from the first tick on the servers have --server-timeout (120 s) to answer
         assert not [i for i in c.tick(float(now)) if isinstance(i, Finish)]
     assert c.tick(1.0 + 121.0)[-1] == Finish("failed: servers did not answer the final evaluation pull within 120 s")
+
+
+def test_bsp_decides_a_change_of_speed_once_every_worker_has_reported_the_step(make):
+    """The host slowed from 1.08 s a step to 1.45 (under CPU quotas, four equal workers):
+    worker 0's second slow step is a change of speed at its first report of the step. Decided
+    there, worker 2's slow step, reported later, was not in: its window, measured before,
+    made it look 30 % faster and the plan gave it the others' samples. The decision waits for
+    the step's last report."""
+    c = make(num_workers=4, global_batch=128, max_steps=1000)
+    for rank in range(4):
+        register(c, b"W%d" % rank, "worker", rank)
+    for rank in range(4):
+        probe(c, b"W%d" % rank, rank, 0.035, 0.0325)
+    assert c.planner.plan.batches == (32,) * 4
+    rng = np.random.default_rng(0)
+    control = c.planner.control
+
+    def report(step, rank, seconds):
+        return c.handle(b"W%d" % rank, Report(rank=rank, step=step, batch=c.planner.plan.batches[rank],
+                                              compute_s=seconds, network_s=0.0, wait_s=0.0, loss=1.0), 1.5 * step)
+
+    for step in range(30):
+        for rank, t in enumerate(1.08 * (1 + rng.uniform(-0.02, 0.02, 4))):
+            report(step, rank, float(t))
+    assert c.planner.plan.batches == (32,) * 4 and not control.ready
+    for rank, t in enumerate([1.32, 1.47, 1.19, 1.36]):
+        report(30, rank, t)
+    report(31, 0, 1.44)
+    assert control.ready  # worker 0 changed speed: the decision waits for the others' step 31
+    for rank, t in ((1, 1.43), (2, 1.48)):
+        assert events(report(31, rank, t), "assign") == [] and control.ready
+    report(31, 3, 1.46)
+    assert not control.ready  # decided
+    assert max(abs(b - 32) for b in c.planner.plan.batches) <= 1, c.planner.plan.batches
