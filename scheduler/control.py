@@ -8,11 +8,12 @@ still at an older batch (ASP workers switch at their next reply) are ignored.
 
 On real, noisy machines three rules keep one bad measurement from locking a bad plan
 in: a step far off the worker's window (how far: its own noise, scheduler/windows.py) is an
-outlier until CHANGE_STEPS in a row say its speed changed; a worker goes to the minimum
-batch (where it is measured at nothing larger again) only on repeated measurements: its
-last window agreed with what its model predicted, else it goes to half its batch; and
-measured step times outrank the models (scheduler/regret.py): the plan goes back to a
-plan measured faster.
+outlier until CHANGE_STEPS in a row say its speed changed (and then the others' latest steps
+count with it: a slowdown of the whole host shows on some workers a step before others); a
+worker goes to the minimum batch (where it is measured at nothing larger again) only on
+repeated measurements: its last window agreed with what its model predicted, else it goes
+to half its batch; and measured step times outrank the models (scheduler/regret.py): the
+plan goes back to a plan measured faster.
 
 A report costs O(1) (the scheduler asks `ready` after each), a decision a few numpy
 operations over all workers: the models' predictions at the plan's batches are kept from
@@ -29,7 +30,7 @@ from omnips.job import JobSpec
 from omnips.timemodel import CHANGE, TimeModels
 
 from .regret import BACK_WINDOWS, REGRET, PlanMemory, Seen
-from .windows import CHANGE_STEPS, Windows
+from .windows import CHANGE_STEPS, Windows, host_pace
 
 # steps in the first window of a worker never measured in real steps: the median of three
 # outvotes one slow step (a probe plan moved to [63, 1] on one 6x step and held)
@@ -70,6 +71,7 @@ class BatchControl:
         self._confirmed = np.zeros(n, dtype=bool)  # its last window agreed with its model's prediction
         self._seen = Seen(n)
         self._even: tuple[tuple[bytes, bytes], tuple[int, ...] | None] | None = None  # (ranks and bounds, the split)
+        self._pace = 1.0  # how much slower the host runs than the models' times (windows.host_pace)
         self.adjustments = 0
         self.ran = PlanMemory()
         self._plan: BatchPlan | None = None
@@ -103,7 +105,7 @@ class BatchControl:
         self._predicted = np.full(len(batches), np.nan)
         ranks = np.flatnonzero(self.models.measured(np.arange(len(batches))) & (batches > 0))
         trusted = ranks[self.models.trusted_at(ranks, batches[ranks])]
-        self._predicted[trusted] = self.models.predict(trusted, batches[trusted])
+        self._predicted[trusted] = self.models.predict(trusted, batches[trusted]) * self._pace
         self._full: set[int] = set()
         self._changing: set[int] = set()
         for rank in np.flatnonzero(self._windows.lengths()).tolist():
@@ -158,9 +160,12 @@ class BatchControl:
         times[measured] = self._windows.median[measured]
         if self._changing:
             self._share_change(measured, times)
-        self._check_models(measured, times[measured])
+        trusted = measured[np.isfinite(self._predicted[measured])]
+        self._pace *= host_pace(times[trusted] / self._predicted[trusted])
+        norm = times / self._pace  # the models' and the plans' times: the host's pace taken out
+        self._check_models(measured, norm[measured])
         self._stepped[measured] = True
-        step_s = float(times.max()) if len(measured) == len(self._active) else None
+        step_s = float(norm.max()) if len(measured) == len(self._active) else None
         if step_s is not None:
             self.ran.record(batches, step_s)
         self._windows.clear()
@@ -194,14 +199,14 @@ class BatchControl:
             self.plan = BatchPlan(self.plan.gen + 1, decision.batches)
         else:
             self._expect()  # the models moved: so do the predictions
-        return Adjustment(decision, tuple(times.tolist()), tuple(batches), reason, rule or "equal time")
+        shown = Decision(decision.batches, decision.targets, decision.predicted_s * self._pace)  # at today's pace
+        return Adjustment(shown, tuple(times.tolist()), tuple(batches), reason, rule or "equal time")
 
     def _share_change(self, measured: np.ndarray, times: np.ndarray) -> None:
         """Some workers' speed changed: another whose latest steps are off its window the same
         way, fewer of them than make a change, changed too. A slowdown of the whole host
-        crosses one worker's tolerance a step before another's (under CPU quotas: 1.19 s, then
-        1.48, after steps of 1.10), and that worker's window, measured before it, made it look
-        30 % faster than the others: the plan gave it 4 samples of theirs."""
+        crosses one worker's tolerance a step before another's (1.19 s, then 1.48, after 1.10
+        under a CPU quota), whose window from before made it look 30 % faster."""
         changing = sorted(self._changing)
         slower = np.mean(self._windows.median[changing] > self._predicted[changing]) >= 0.5
         for rank in measured.tolist():
@@ -242,7 +247,7 @@ class BatchControl:
         the best plan measured lately, goes back to that one; a plan measured that much slower
         than the best remembered is not taken again; and where the models are for staying, the
         uniform split may be better."""
-        current = self.plan.batches
+        current, pace = self.plan.batches, self._pace  # (times shown at the host's pace now)
 
         def fits(plan):
             return bool(np.all(np.asarray(plan)[ranks] <= self._bounds[ranks]))
@@ -250,13 +255,13 @@ class BatchControl:
         back = self.ran.best(fits, BACK_WINDOWS)
         if back is not None and back[0] != current and step_s > back[1] * (1 + REGRET):
             return (Decision(back[0], decision.targets, back[1]), "regret",
-                    f"measured {1000 * step_s:.1f} ms, more than {REGRET:.0%} slower than "
-                    f"{list(back[0])} measured {1000 * back[1]:.1f} ms: back to it")
+                    f"measured {1000 * pace * step_s:.1f} ms, more than {REGRET:.0%} slower than "
+                    f"{list(back[0])} measured {1000 * pace * back[1]:.1f} ms: back to it")
         best = self.ran.best(fits)
         proposed = decision.batches
         if proposed is not None and best is not None and self.ran.worse(proposed, best[1]):
             return (Decision(None, decision.targets, step_s), "regret",
-                    f"{list(proposed)} measured {1000 * self.ran.step_s(proposed):.1f} ms, more than "
+                    f"{list(proposed)} measured {1000 * pace * self.ran.step_s(proposed):.1f} ms, more than "
                     f"{REGRET:.0%} slower than {list(best[0])}: not taken again for now")
         if proposed is None or proposed == current:
             return self._uniform_instead(decision, reason, rule, ranks, step_s)
@@ -273,8 +278,9 @@ class BatchControl:
         uniform_s = float(np.max(self.models.predict(ranks, np.asarray(uniform)[ranks])))
         if step_s > uniform_s * (1 + REGRET):
             return (Decision(uniform, decision.targets, uniform_s), "regret",
-                    f"measured {1000 * step_s:.1f} ms, more than {REGRET:.0%} slower than the uniform "
-                    f"split predicted ({1000 * uniform_s:.1f} ms): the uniform split, to measure it")
+                    f"measured {1000 * self._pace * step_s:.1f} ms, more than {REGRET:.0%} slower than the "
+                    f"uniform split predicted ({1000 * self._pace * uniform_s:.1f} ms): the uniform split, to "
+                    "measure it")
         return decision, reason, rule
 
     def _uniform(self, ranks: np.ndarray) -> tuple[int, ...] | None:

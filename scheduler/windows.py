@@ -28,6 +28,12 @@ from omnips.timemodel import CHANGE
 # for is one more on the old plan (a neighbour's CPU hog made a worker's steps 2.5x slower)
 CHANGE_STEPS = 2
 
+# the host's pace: a window whose times all part the same way from the models' predictions, by
+# PACE_MOVE on PACE_SHARE of the workers (PACE_WORKERS at least), ran on a slower or faster host
+PACE_MOVE = 0.1
+PACE_SHARE = 0.75
+PACE_WORKERS = 3
+
 RECENT = 16  # reports kept per worker
 MIN_REPORTS = 5  # fewer say nothing of the spread: the last estimate (or none) stands
 SPREAD_K = 3.0  # robust standard deviations off the window that make a step far off
@@ -40,6 +46,24 @@ def relative_spread(times) -> float:
     if med <= 0:
         return 0.0
     return MAD_SIGMA * statistics.median(abs(t - med) for t in times) / med
+
+
+def host_pace(ratios: np.ndarray) -> float:
+    """How much slower the host ran a window than the models predicted, from the workers'
+    measured over predicted times (those whose models are trusted at their batch): their
+    median where they moved together, else 1. A slowdown of the whole host (on a shared
+    machine, of every job's processes) scales every worker's time alike and leaves the
+    equal-time plan as it is. Read as the workers' own change it tilted the plan: under CPU
+    quotas four equal workers' times went 1.20, 1.31, 1.27 and 1.24 times their models', the
+    three past CHANGE had their models rescaled, the one just under it averaged with its
+    past, and the plan gave it 37 samples of 128. A median over fewer
+    than PACE_WORKERS, or over workers that did not all move, would take one worker's own
+    change for the host's (two of four slowed by 1.3x: each half then moved by 13 %, under
+    CHANGE, and the plan followed neither)."""
+    if len(ratios) < PACE_WORKERS:
+        return 1.0
+    moved = max(np.count_nonzero(ratios > 1 + PACE_MOVE), np.count_nonzero(ratios < 1 / (1 + PACE_MOVE)))
+    return float(np.median(ratios)) if moved >= PACE_SHARE * len(ratios) else 1.0
 
 
 class StepNoise:

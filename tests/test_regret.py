@@ -9,6 +9,7 @@ from omnips.batching import BatchPlan, equal_time, integerize
 from omnips.job import JobSpec
 from omnips.scheduler.control import CHANGE_STEPS, BatchControl
 from omnips.scheduler.regret import BACK_WINDOWS, FORGET_WINDOWS, REGRET, PlanMemory
+from omnips.scheduler.windows import host_pace
 
 ADJUST_EVERY = 10
 
@@ -330,3 +331,33 @@ def test_a_slowdown_of_the_whole_host_seen_a_step_later_on_one_worker_moves_no_s
     assert ctl.ready  # a change of speed: decided at once
     ctl.replan()
     assert max(abs(b - 32) for b in ctl.plan.batches) <= 1, ctl.plan.batches
+
+
+def test_a_window_the_whole_host_ran_slower_leaves_the_plan_of_equal_workers():
+    """Four equal workers, and a window in which the host ran 19-25 % slower: worker 0's time
+    stays just under the 20 % that rescales a model, the others' just over it (their steps
+    far off only every other step, so no change of speed is seen). Read as the workers' own
+    speeds, worker 0 looked faster and was given the others' samples; it is the host's pace."""
+    job = JobSpec(num_workers=4, global_batch=128, batching="dynamic", adjust_every=ADJUST_EVERY, max_steps=1000)
+    ctl = BatchControl(job, BatchPlan(0, (32,) * 4))
+    ctl.probed({r: ([2, 4], [0.1, 0.165]) for r in range(4)}, {})
+    for _ in range(3):
+        window(ctl, [1.08] * 4)
+    assert ctl.plan.batches == (32,) * 4
+    for step in range(ADJUST_EVERY):
+        for rank in range(4):
+            ctl.on_step(rank, 32, 1.08 * (1.19 if rank == 0 else 1.25 if step % 2 else 1.18))
+    assert ctl.ready
+    ctl.replan()
+    assert max(abs(b - 32) for b in ctl.plan.batches) <= 1, ctl.plan.batches
+
+
+@pytest.mark.parametrize("ratios, pace", [
+    ([1.2, 1.31, 1.27, 1.24], 1.255),  # the whole host slower
+    ([0.8, 0.85, 0.82, 0.88], 0.835),  # and faster again
+    ([1.3, 1.0, 1.02, 0.98], 1.0),  # one worker's own change
+    ([1.3, 1.3, 1.0, 1.0], 1.0),  # two workers' own
+    ([1.3, 1.3], 1.0),  # too few to tell
+])
+def test_the_host_s_pace_is_the_median_only_where_the_workers_moved_together(ratios, pace):
+    assert host_pace(np.asarray(ratios)) == pytest.approx(pace)
