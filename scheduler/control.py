@@ -21,7 +21,7 @@ one decision to the next for the per-report change check.
 """
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -199,7 +199,7 @@ class BatchControl:
             self.plan = BatchPlan(self.plan.gen + 1, decision.batches)
         else:
             self._expect()  # the models moved: so do the predictions
-        shown = Decision(decision.batches, decision.targets, decision.predicted_s * self._pace)  # at today's pace
+        shown = replace(decision, predicted_s=decision.predicted_s * self._pace)  # at the host's pace now
         return Adjustment(shown, tuple(times.tolist()), tuple(batches), reason, rule or "equal time")
 
     def _share_change(self, measured: np.ndarray, times: np.ndarray) -> None:
@@ -247,7 +247,7 @@ class BatchControl:
         the best plan measured lately, goes back to that one; a plan measured that much slower
         than the best remembered is not taken again; and where the models are for staying, the
         uniform split may be better."""
-        current, pace = self.plan.batches, self._pace  # (times shown at the host's pace now)
+        current = self.plan.batches
 
         def fits(plan):
             return bool(np.all(np.asarray(plan)[ranks] <= self._bounds[ranks]))
@@ -255,13 +255,13 @@ class BatchControl:
         back = self.ran.best(fits, BACK_WINDOWS)
         if back is not None and back[0] != current and step_s > back[1] * (1 + REGRET):
             return (Decision(back[0], decision.targets, back[1]), "regret",
-                    f"measured {1000 * pace * step_s:.1f} ms, more than {REGRET:.0%} slower than "
-                    f"{list(back[0])} measured {1000 * pace * back[1]:.1f} ms: back to it")
+                    f"measured {self._ms(step_s)}, more than {REGRET:.0%} slower than "
+                    f"{list(back[0])} measured {self._ms(back[1])}: back to it")
         best = self.ran.best(fits)
         proposed = decision.batches
         if proposed is not None and best is not None and self.ran.worse(proposed, best[1]):
             return (Decision(None, decision.targets, step_s), "regret",
-                    f"{list(proposed)} measured {1000 * pace * self.ran.step_s(proposed):.1f} ms, more than "
+                    f"{list(proposed)} measured {self._ms(self.ran.step_s(proposed))}, more than "
                     f"{REGRET:.0%} slower than {list(best[0])}: not taken again for now")
         if proposed is None or proposed == current:
             return self._uniform_instead(decision, reason, rule, ranks, step_s)
@@ -278,10 +278,13 @@ class BatchControl:
         uniform_s = float(np.max(self.models.predict(ranks, np.asarray(uniform)[ranks])))
         if step_s > uniform_s * (1 + REGRET):
             return (Decision(uniform, decision.targets, uniform_s), "regret",
-                    f"measured {1000 * self._pace * step_s:.1f} ms, more than {REGRET:.0%} slower than the "
-                    f"uniform split predicted ({1000 * self._pace * uniform_s:.1f} ms): the uniform split, to "
-                    "measure it")
+                    f"measured {self._ms(step_s)}, more than {REGRET:.0%} slower than the uniform split "
+                    f"predicted ({self._ms(uniform_s)}): the uniform split, to measure it")
         return decision, reason, rule
+
+    def _ms(self, seconds: float) -> str:
+        """A time of the models or the plans' memory, in words at the host's pace now."""
+        return f"{1000 * self._pace * seconds:.1f} ms"
 
     def _uniform(self, ranks: np.ndarray) -> tuple[int, ...] | None:
         """Equal batches for `ranks` within their bounds, or None where the bounds allow none

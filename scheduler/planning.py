@@ -30,7 +30,9 @@ class Planner:
         self._probes: dict[int, tuple[list, list]] = {}  # rank -> its probe's (batches, seconds)
         self._probe_memory: dict[int, int] = {}  # rank -> the batch its free memory holds, from its probe
         self._memory_warned: set[int] = set()  # ranks whose memory estimate could not be applied
-        self._reported = np.full(job.num_workers, -1)  # rank -> the last step it reported
+        # rank -> the last step it reported (Progress keeps it too, per worker object: an array makes
+        # the check for a step's last report one numpy operation at thousands of workers)
+        self._reported = np.full(job.num_workers, -1)
 
     @property
     def plan(self) -> BatchPlan | None:

@@ -309,14 +309,20 @@ def test_a_far_step_is_an_outlier_and_change_steps_in_a_row_to_one_side_a_change
     assert w.add(0, 16, slow[-1]) and w[0] == slow  # CHANGE_STEPS in a row: the window restarts from them
 
 
+def equal_workers() -> BatchControl:
+    """Four workers probed alike, at 32 samples each of 128."""
+    job = JobSpec(num_workers=4, global_batch=128, batching="dynamic", adjust_every=ADJUST_EVERY, max_steps=1000)
+    ctl = BatchControl(job, BatchPlan(0, (32,) * 4))
+    ctl.probed({r: ([2, 4], [0.1, 0.165]) for r in range(4)}, {})
+    return ctl
+
+
 def test_a_slowdown_of_the_whole_host_seen_a_step_later_on_one_worker_moves_no_samples():
     """Four equal workers at 32 samples under CPU quotas (benchmarks/cgroup.py, HL1): the host
     slowed from about 1.08 s a step to 1.45. Workers 0, 1 and 3 crossed their tolerance two steps
     running, worker 2 only on the second (1.19 s, then 1.48): its window, measured before the
     slowdown, made it look 30 % faster than the others, and the plan gave it their samples."""
-    job = JobSpec(num_workers=4, global_batch=128, batching="dynamic", adjust_every=ADJUST_EVERY, max_steps=1000)
-    ctl = BatchControl(job, BatchPlan(0, (32,) * 4))
-    ctl.probed({r: ([2, 4], [0.1, 0.165]) for r in range(4)}, {})
+    ctl = equal_workers()
     assert ctl.plan.batches == (32,) * 4
     rng = np.random.default_rng(0)
     for _ in range(3 * ADJUST_EVERY):  # steady windows: the models learn 1.08 s at 32 samples
@@ -338,9 +344,7 @@ def test_a_window_the_whole_host_ran_slower_leaves_the_plan_of_equal_workers():
     stays just under the 20 % that rescales a model, the others' just over it (their steps
     far off only every other step, so no change of speed is seen). Read as the workers' own
     speeds, worker 0 looked faster and was given the others' samples; it is the host's pace."""
-    job = JobSpec(num_workers=4, global_batch=128, batching="dynamic", adjust_every=ADJUST_EVERY, max_steps=1000)
-    ctl = BatchControl(job, BatchPlan(0, (32,) * 4))
-    ctl.probed({r: ([2, 4], [0.1, 0.165]) for r in range(4)}, {})
+    ctl = equal_workers()
     for _ in range(3):
         window(ctl, [1.08] * 4)
     assert ctl.plan.batches == (32,) * 4
