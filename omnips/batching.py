@@ -8,7 +8,7 @@ import numpy as np
 # the batch sizes a worker times before its first step under dynamic batching (and sizes its
 # memory with): two sizes, so that their difference cancels what does not grow with the batch
 PROBE_BATCHES = (2, 4)
-PROBE_ROUNDS = 3  # each probe size is timed this many times, the sizes in turn; the fastest counts
+PROBE_ROUNDS = 2  # each probe size is timed this many times, the sizes in turn; the fastest counts
 PROBE_NOISE = 0.2  # how much faster than the smaller size's pass the larger's may be (noise)
 PROBE_RETRIES = 2  # more rounds of PROBE_ROUNDS while the larger pass is too fast for a line
 
@@ -30,7 +30,11 @@ def probe_too_flat(seconds) -> bool:
 def probe_times(timed, sizes) -> tuple[list[float], int]:
     """The probe: `timed(size)` seconds for a pass of each size, PROBE_ROUNDS times in turn, the
     fastest of each counting (noise only adds time); more rounds, PROBE_RETRIES at most, while
-    the larger is too fast for a line. Also how many rounds it took."""
+    the larger is too fast for a line. Also how many rounds it took. Two rounds, not three: the
+    slowest worker's passes delay every worker's first step (under a CPU quota of 0.08 cores a
+    round took 0.55 s and a step 1.4 s), and its first measured step corrects the plan. (A
+    third round where a size's two passes differ by PROBE_NOISE took every round allowed under
+    quotas: passes a few quota periods long differ by more than that from round to round.)"""
     best = [math.inf] * len(sizes)
     rounds = 0
     while rounds == 0 or (probe_too_flat(best) and rounds < PROBE_ROUNDS * (1 + PROBE_RETRIES)):

@@ -488,14 +488,14 @@ def test_a_probe_is_too_flat_only_where_its_larger_pass_is_faster(seconds, flat)
 
 
 def test_the_probe_takes_more_rounds_while_its_larger_pass_is_too_fast():
-    slow = {2: [0.05] * 4 + [0.01] * 2, 4: [0.012] * 6}  # the 2-sample pass slowed 5x for 4 passes
+    slow = {2: [0.05] * 3 + [0.01] * 3, 4: [0.012] * 6}  # the 2-sample pass slowed 5x for 3 passes
     calls = []
 
     def timed(size):
         calls.append(size)
         return slow[size].pop(0)
     seconds, rounds = probe_times(timed, (2, 4))
-    assert seconds == [0.01, 0.012] and rounds == 2 * PROBE_ROUNDS
+    assert seconds == [0.01, 0.012] and rounds == 2 * PROBE_ROUNDS == 4
     assert calls == [2, 4] * rounds  # the sizes in turn
 
 
@@ -515,3 +515,4 @@ def test_the_probe_gives_up_after_its_retries():
     seconds, rounds = probe_times(lambda size: 0.01 if size == 4 else 0.05, (2, 4))
     assert seconds == [0.05, 0.01] and rounds == PROBE_ROUNDS * (1 + PROBE_RETRIES)
     assert probe_times(lambda size: 0.001 * size, (2, 4)) == ([0.002, 0.004], PROBE_ROUNDS)
+    assert PROBE_ROUNDS == 2  # where the passes make a line, two rounds: the probe delays the first step

@@ -201,8 +201,8 @@ class _Session:
         """Seconds of one forward and backward pass over the first `size` samples, for each
         of `sizes`, as this worker's (emulated) device takes them: the fastest of
         PROBE_ROUNDS passes, taken in turn, since on a busy host noise only adds time (one
-        slow pass of a few samples moved a whole start plan), and more while the larger is too
-        fast for a line (omnips/batching.probe_times). Nothing is pushed (the
+        slow pass of a few samples moved a whole start plan), and more while they disagree or
+        the larger is too fast for a line (omnips/batching.probe_times). Nothing is pushed (the
         pusher is unhooked), the model's buffers (normalisation statistics the passes move)
         and the random state are left as the pull set them, and the gradient the passes
         leave is zeroed by the first step."""
