@@ -6,44 +6,43 @@ the controller (omnips/batching.py) for the next batch vector. A worker's first
 step at a new batch size is not measured (it pays for warming up). Reports
 still at an older batch (ASP workers switch at their next reply) are ignored.
 
-On real, noisy machines three rules keep one bad measurement from locking a bad plan
-in: a step far off the worker's window (how far: its own noise, scheduler/windows.py) is an
-outlier until CHANGE_STEPS in a row say its speed changed (and then the others' latest steps
-count with it: a slowdown of the whole host shows on some workers a step before others); a
-worker goes to the minimum batch (where it is measured at nothing larger again) only on
-repeated measurements: its last window agreed with what its model predicted, else it goes
-to half its batch; and measured step times outrank the models (scheduler/regret.py): the
-plan goes back to a plan measured faster.
+On real, noisy machines three rules keep one bad measurement from locking a bad plan in: a
+step far off the worker's window (how far: its own noise, scheduler/windows.py) is an outlier
+until CHANGE_STEPS in a row say its speed changed (and then the others' latest steps count
+with it: a slowdown of the whole host shows on some workers a step before others); a worker
+goes to the minimum batch (where it is measured at nothing larger again) only on repeated
+measurements: its last window agreed with what its model predicted, else it goes to half its
+batch; and measured step times outrank the models (scheduler/regret.py): the plan goes back
+to a plan measured faster.
 
 A report costs O(1) (the scheduler asks `ready` after each), a decision a few numpy
 operations over all workers: the models' predictions at the plan's batches are kept from
 one decision to the next for the per-report change check.
 """
 
-import statistics
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from omnips.batching import BatchPlan, Decision, decide, initial_batches, spread
 from omnips.job import JobSpec
-from omnips.timemodel import CHANGE, TimeModels
+from omnips.timemodel import CHANGE, FAR, TimeModels
 
 from .regret import BACK_WINDOWS, REGRET, PlanMemory, Seen
 from .windows import CHANGE_STEPS, Windows, host_pace
 
-# steps in the first window of a worker never measured in real steps: the median of three
-# outvotes one slow step (a probe plan moved to [63, 1] on one 6x step and held)
+# steps in the first window of a worker never measured in real steps: their median outvotes one slow
+# step (a probe plan went to [63, 1] on a 6x step). A first step off its model's guess by CHANGE to FAR
+# re-plans at once, as a change of speed does (under CPU quotas the probe was 0.7-1.9x off)
 FIRST_WINDOW = 3
 SHRINK = 0.5  # a worker goes to the minimum batch on one window's word only from below 1 / SHRINK times it
 # a plan the deadband holds back, proposed by this many decisions running and predicted this
 # much faster, is taken: the deadband stops noise from churning the plan, not a lasting gain
 PERSIST = 3
 MIN_GAIN = 0.01
-# as are held-back plans predicted this much faster that many decisions running, whichever they
-# are: from tens of workers on, the worst of many models' errors moves a sample or two from one
-# decision to the next, so that the same plan rarely comes up twice (at 64 workers the plan
-# stayed 2 % off the best one for good)
+# as are held-back plans predicted this much faster that many decisions running, whichever they are:
+# from tens of workers on, the worst of many models' errors moves a sample or two from one decision
+# to the next, and the same plan rarely comes up twice (at 64 workers it stayed 2 % off for good)
 WIDE_GAIN = 0.02
 
 
@@ -68,6 +67,9 @@ class BatchControl:
         self._bounds = np.full(n, hi, dtype=np.int64)  # the lower of the two, kept current
         self._windows = Windows(n)
         self._stepped = np.zeros(n, dtype=bool)  # measured in a window of real steps (not only probed)
+        # until a full window has decided, the plan in force is a guess (the probe's, the declared split,
+        # or decided on first steps): the deadband does not hold it (a sample off held 50 steps at HL1)
+        self._rough = False
         self._confirmed = np.zeros(n, dtype=bool)  # its last window agreed with its model's prediction
         self._seen = Seen(n)
         self._even: tuple[tuple[bytes, bytes], tuple[int, ...] | None] | None = None  # (ranks and bounds, the split)
@@ -102,10 +104,12 @@ class BatchControl:
         """Each worker's predicted time at its planned batch, where the model is trusted
         there (nan elsewhere), and which windows are full or show a change."""
         batches = self._batches
-        self._predicted = np.full(len(batches), np.nan)
+        self._guess = np.full(len(batches), np.nan)  # the models' time at the plan's batch, trusted or not
         ranks = np.flatnonzero(self.models.measured(np.arange(len(batches))) & (batches > 0))
+        self._guess[ranks] = self.models.predict(ranks, batches[ranks]) * self._pace
+        self._predicted = np.full(len(batches), np.nan)
         trusted = ranks[self.models.trusted_at(ranks, batches[ranks])]
-        self._predicted[trusted] = self.models.predict(trusted, batches[trusted]) * self._pace
+        self._predicted[trusted] = self._guess[trusted]
         self._full: set[int] = set()
         self._changing: set[int] = set()
         for rank in np.flatnonzero(self._windows.lengths()).tolist():
@@ -123,23 +127,22 @@ class BatchControl:
             self._track(rank)
 
     def _track(self, rank: int) -> None:
-        """Whether `rank`'s window is full (one measured step for a worker never measured
-        yet), and whether it shows a change of speed: its last CHANGE_STEPS measurements
-        all miss its model's trusted prediction by more than its tolerance."""
+        """Whether `rank`'s window is full (FIRST_WINDOW measured steps for a worker never measured
+        yet), and whether it shows a change of speed: its last CHANGE_STEPS measurements all miss
+        its model's trusted prediction by more than its tolerance (or see FIRST_WINDOW)."""
         window = self._windows[rank]
-        # a worker never measured in real steps (the job's start, a joiner) is judged on its
-        # first FIRST_WINDOW measured steps: the plan it is on is a guess (at best from probe
-        # passes far smaller than its batch), and its first move is large
         need = self.job.adjust_every - 1
-        if not self._stepped[rank]:
+        if not self._stepped[rank]:  # the job's start, a joiner: see FIRST_WINDOW
             need = min(need, FIRST_WINDOW)
         if len(window) >= need:
             self._full.add(rank)
         else:
             self._full.discard(rank)
         predicted, last = self._predicted[rank], window[-CHANGE_STEPS:]
-        # (a nan prediction, untrusted, misses nothing)
-        if len(last) == CHANGE_STEPS and all(self._windows.noise.far(rank, t, predicted) for t in last):
+        guess = self._guess[rank]  # (a nan prediction, untrusted, misses nothing)
+        if (len(last) == CHANGE_STEPS and all(self._windows.noise.far(rank, t, predicted) for t in last)) or (
+                not self._stepped[rank] and len(window) == 1 and CHANGE < abs(window[0] / guess - 1)
+                and guess / FAR <= window[0] <= guess * FAR):
             self._changing.add(rank)
         else:
             self._changing.discard(rank)
@@ -159,11 +162,12 @@ class BatchControl:
         times = np.zeros(n)
         times[measured] = self._windows.median[measured]
         if self._changing:
-            self._share_change(measured, times)
+            self._windows.share_change(sorted(self._changing), self._predicted, measured, times)
         trusted = measured[np.isfinite(self._predicted[measured])]
         self._pace *= host_pace(times[trusted] / self._predicted[trusted])
         norm = times / self._pace  # the models' and the plans' times: the host's pace taken out
         self._check_models(measured, norm[measured])
+        rough, self._rough = self._rough, not self._stepped[measured].all()
         self._stepped[measured] = True
         step_s = float(norm.max()) if len(measured) == len(self._active) else None
         if step_s is not None:
@@ -174,15 +178,15 @@ class BatchControl:
         # the deadband says
         over = bool(np.any(self._batches[ranks] > self._bounds[ranks]))
         free = over or reason in ("memory", "membership")
+        band = 0.0 if free or rough else self.job.deadband
         sub = decide(self._batches[ranks], self._lines(ranks), self.job.global_batch, self.min_batch,
-                     self._bounds[ranks], 0.0 if free else self.job.deadband)
+                     self._bounds[ranks], band)
         rule = "inside the deadband" if sub.batches is None else ""
         pinned = self._unfounded_pins(ranks, sub, reason)
         if pinned.any():  # decided again, those workers at half their batch at least
             lo = np.full(len(ranks), self.min_batch, dtype=np.int64)
             lo[pinned] = np.minimum(np.ceil(SHRINK * self._batches[ranks][pinned]), self._bounds[ranks][pinned])
-            sub = decide(self._batches[ranks], self._lines(ranks), self.job.global_batch, lo, self._bounds[ranks],
-                         0.0 if free else self.job.deadband)
+            sub = decide(self._batches[ranks], self._lines(ranks), self.job.global_batch, lo, self._bounds[ranks], band)
             rule = (f"worker(s) {ranks[pinned].tolist()} not put at the minimum batch on one window's "
                     "measurement: half their batch for now")
         if self._persists(sub) and not self.ran.ran_slower(spread(sub.held, ranks, n), batches, MIN_GAIN):
@@ -202,18 +206,6 @@ class BatchControl:
         shown = replace(decision, predicted_s=decision.predicted_s * self._pace)  # at the host's pace now
         return Adjustment(shown, tuple(times.tolist()), tuple(batches), reason, rule or "equal time")
 
-    def _share_change(self, measured: np.ndarray, times: np.ndarray) -> None:
-        """Some workers' speed changed: another whose latest steps are off its window the same
-        way, fewer of them than make a change, changed too. A slowdown of the whole host
-        crosses one worker's tolerance a step before another's (1.19 s, then 1.48, after 1.10
-        under a CPU quota), whose window from before made it look 30 % faster."""
-        changing = sorted(self._changing)
-        slower = np.mean(self._windows.median[changing] > self._predicted[changing]) >= 0.5
-        for rank in measured.tolist():
-            pending = self._windows.pending(rank)
-            if pending and rank not in self._changing and (pending[-1] > self._windows.median[rank]) == slower:
-                times[rank] = statistics.median(pending)
-
     def _check_models(self, measured: np.ndarray, times: np.ndarray) -> None:
         """Feed a window to the models. A worker whose window agreed with its model's prediction
         is confirmed: its time rests on two measurements, not one. A worker whose time at an
@@ -229,6 +221,9 @@ class BatchControl:
             agreed[at] = np.abs(times[at] - predicted) <= CHANGE * predicted
         if self._seen.changed(measured, batches, times):
             self.ran.clear()
+        # a model from the probe alone that missed the first real step: its points, passes far smaller
+        # than the batch, go (kept, they bent the slope: a plan a sample off the equal split held)
+        self.models.reset(measured[~self._stepped[measured] & ~agreed])
         self.models.observe(measured, batches, times)
         self._confirmed[measured] = agreed
 
@@ -323,9 +318,7 @@ class BatchControl:
         for j in range(min(len(b) for b, _ in sizes)):
             self.models.observe(ranks, [b[j] for b, _ in sizes], [t[j] for _, t in sizes])
         refused = [rank for rank, bound in sorted(memory.items()) if not self._bound_memory(rank, bound)]
-        adjustment = self.replan("probe")
-        self._held_back = (None, 0, 0)  # the workers start on its plan: the windows count from there
-        return adjustment, refused
+        return self.replan("probe"), refused
 
     def resize(self, active: list[int]) -> Adjustment:
         """Workers left or joined: re-plan for `active` at once. A worker new to its rank
@@ -361,10 +354,10 @@ class BatchControl:
         return self._enforce(rank)
 
     def estimate(self, rank: int, max_batch: int) -> tuple[bool, Adjustment | None]:
-        """A worker's free memory holds about `max_batch` samples: bound it there (up or
-        down), re-planning at once if its batch is over. An estimate that would leave the
-        workers unable to hold the global batch is not applied (False): the worker then
-        finds its real limit by running out of memory, and computes in chunks."""
+        """A worker's free memory holds about `max_batch` samples: bound it there (up or down),
+        re-planning at once if its batch is over. An estimate that would leave the workers unable
+        to hold the global batch is not applied (False): the worker then finds its real limit by
+        running out of memory, and computes in chunks."""
         applied = self._bound_memory(rank, max_batch)
         return applied, self._enforce(rank) if applied else None
 
@@ -384,10 +377,10 @@ class BatchControl:
         return self.replan("memory") if self.plan.batches[rank] > self._bounds[rank] else None
 
     def _lines(self, ranks: np.ndarray) -> np.ndarray:
-        """The time models of the workers at `ranks`, an (n, 2) array. One never measured (it
-        just joined) is taken to be as fast as the typical measured worker (the median line);
-        when none is measured, each is taken to need the same time for its current batch (the
-        plan is taken as balanced), or for an equal share of the global batch when it has none."""
+        """The time models of the workers at `ranks`, an (n, 2) array. One never measured (it just
+        joined) is taken to be as fast as the typical measured worker (the median line); when none
+        is, each to need the same time for its current batch (the plan is taken as balanced), or
+        for an equal share of the global batch when it has none."""
         measured = self.models.measured(ranks)
         lines = np.zeros((len(ranks), 2))
         if measured.any():

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from omnips.batching import BatchPlan, Decision, decide, equal_time, initial_batches, integerize
 from omnips.job import JobSpec
 from omnips import timemodel
-from omnips.timemodel import DRIFT, REPEAT, TimeModels
+from omnips.timemodel import CHANGE, DRIFT, FAR, REPEAT, TimeModels
 from omnips.scheduler.regret import FORGET_WINDOWS
 from omnips.scheduler.control import FIRST_WINDOW, MIN_GAIN, PERSIST, WIDE_GAIN, Adjustment, BatchControl
 
@@ -705,11 +705,17 @@ def test_control_loop_converges_on_affine_workers(controller):
 
 
 def held_back(a, c, off, total=120):
-    """A control whose models know the exact lines a + c*b (from probe passes), put on the
-    plan `off` (as the scheduler hands one out), and a function running one window of exact
-    times on the plan in force and deciding."""
+    """A control whose models know the exact lines a + c*b (from probe passes and two windows
+    on the probe's plan: past the first steps' decision), put on the plan `off` (as the
+    scheduler hands one out), and a function running one window of exact times on the plan
+    in force and deciding."""
     ctl = control(num_workers=len(a), global_batch=total)
     ctl.probed({r: ([2, 4], [a[r] + 2 * c[r], a[r] + 4 * c[r]]) for r in range(len(a))}, {})
+    for k in range(2):
+        run_window(ctl, [ai + ci * b for ai, ci, b in zip(a, c, ctl.plan.batches)], first=k == 0)
+        start = ctl.plan
+        ctl.replan()
+        assert ctl.plan == start
     ctl.plan = BatchPlan(ctl.plan.gen + 1, off)
 
     ran = [None]
@@ -819,19 +825,20 @@ def test_a_held_back_plan_that_ran_measured_slower_stays_held():
     assert max(times((16, 22, 21, 9))) < max(times((16, 23, 20, 9))) / (1 + MIN_GAIN)
 
 
-def test_the_probes_decision_does_not_count_towards_a_held_back_plan():
+def test_the_deadband_does_not_hold_the_plan_decided_on_first_steps():
     # lines 9, 10, 11 ms + 1 ms a sample: 41/40/39 runs 50 ms each, 2 % faster than the start's
-    # 40/40/40, a move inside the deadband: the probe's decision holds it back, and the count
-    # starts with the windows run on the start plan
+    # 40/40/40, a move inside the deadband: the probe's decision and the first steps' hold it
+    # back, and the next window, a full one, moves it (a first step's noise is not a window's)
     a, c = [0.009, 0.010, 0.011], [0.001] * 3
     ctl = control(num_workers=3, global_batch=120)
     adj, _ = ctl.probed({r: ([2, 4], [a[r] + 2 * c[r], a[r] + 4 * c[r]]) for r in range(3)}, {})
     assert adj.decision.batches is None and ctl.plan.batches == (40, 40, 40)
-    reasons = []
-    for k in range(PERSIST):
+    rules = []
+    for k in range(3):
         run_window(ctl, [ai + ci * b for ai, ci, b in zip(a, c, ctl.plan.batches)], first=k == 0)
-        reasons.append(ctl.replan().reason)
-    assert reasons == ["window"] * (PERSIST - 1) + ["held"] and ctl.plan.batches == (41, 40, 39)
+        rules.append(ctl.replan().rule)
+    assert rules == ["inside the deadband", "equal time", "inside the deadband"]
+    assert ctl.plan.batches == (41, 40, 39)
 
 
 def test_limit_lowers_the_bound_and_replans_at_once():
@@ -966,18 +973,51 @@ def test_probe_points_give_the_start_plan_within_memory_and_a_short_first_window
     adj, refused = ctl.probed(points, {})
     assert adj.reason == "probe" and refused == [] and ctl.adjustments == 0  # a start, not an adjustment
     assert list(ctl.plan.batches) == exact_plan(a, c, 60) and ctl.plan.gen == 1
-    # the lines came from passes of 2 and 4 samples: FIRST_WINDOW measured steps decide the next plan
-    ctl = control(num_workers=3, global_batch=60, adjust_every=10)
-    ctl.probed(points, {})
-    for rank in range(3):
-        ctl.on_step(rank, ctl.plan.batches[rank], 1.0)  # warm-up at the new size
-    for k in range(FIRST_WINDOW):
-        assert not ctl.ready
+    # the lines came from passes of 2 and 4 samples: FIRST_WINDOW measured steps decide the next
+    # plan, or the first alone where it missed their guess by more than CHANGE, up to FAR; one
+    # further off is an outlier once the next two say otherwise, and three more decide
+    for off, steps in ((1.0, FIRST_WINDOW), (1 + CHANGE * 0.9, FIRST_WINDOW), (1 + CHANGE * 1.1, 1),
+                       (1 - CHANGE * 1.1, 1), (1.9, 1), (FAR * 1.05, FIRST_WINDOW + 1),
+                       (1 / (FAR * 1.05), FIRST_WINDOW + 1), (6.0, FIRST_WINDOW + 1)):
+        ctl = control(num_workers=3, global_batch=60, adjust_every=10)
+        ctl.probed(points, {})
         for rank in range(3):
-            ctl.on_step(rank, ctl.plan.batches[rank], a[rank] + c[rank] * ctl.plan.batches[rank])
-    assert ctl.ready and ctl.replan().decision.batches is None  # the probe was exact: nothing to change
+            ctl.on_step(rank, ctl.plan.batches[rank], 1.0)  # warm-up at the new size
+        for k in range(steps):
+            assert not ctl.ready
+            for rank in range(3):
+                b = ctl.plan.batches[rank]
+                ctl.on_step(rank, b, (a[rank] + c[rank] * b) * (off if rank == 1 and not k else 1.0))
+        assert ctl.ready
+    ctl.replan()
+    assert ctl.plan.batches == tuple(exact_plan(a, c, 60))  # the 6x step left out
 
     bounded = control(num_workers=3, global_batch=60, adjust_every=4)
     _, refused = bounded.probed(points, {0: 25, 1: 12, 2: 10})  # the third would leave 47 places for 60 samples
     assert refused == [2] and bounded.max_batch == [25, 12, 60]
     assert bounded.plan.batches[:2] == (25, 12) and sum(bounded.plan.batches) == 60
+
+
+def test_a_probe_that_missed_the_first_step_leaves_the_model_and_the_deadband_does_not_hold_its_plan():
+    """Four equal workers (under CPU quotas the probe's guesses were 0.7-1.9x off): the probe
+    takes worker 3 for twice as fast, and its first measured step is 10 % fast. Its probe
+    points, kept, bent its line: the plans settled at [31, 32, 32, 33] and the deadband held it."""
+    a, c = 0.01, 0.03
+    ctl = control(num_workers=4, global_batch=128, adjust_every=10)
+    points = {r: ([2, 4], [a + c * 2, a + c * 4]) for r in range(3)}
+    points[3] = ([2, 4], [a + c * 2 / 2, a + c * 4 / 2])
+    ctl.probed(points, {})
+    assert ctl.plan.batches == (26, 25, 25, 52)
+    for off in (None, 0.9):  # the warm-up step, then the first measured one
+        for rank, b in enumerate(ctl.plan.batches):
+            ctl.on_step(rank, b, 2.0 if off is None else (a + c * b) * (off if rank == 3 else 1.0))
+    assert ctl.ready
+    ctl.replan()
+    assert ctl.plan.batches == (31, 31, 31, 35)  # from one step: its noise with it
+    # worker 3's model rests on that step alone, and the next window's plan is not held by the deadband
+    assert tuple(ctl.models.lines([3])[0]) == (0.0, pytest.approx(0.9 * (a + c * 52) / 52))
+    for _ in range(ctl.job.adjust_every):
+        for rank, b in enumerate(ctl.plan.batches):
+            ctl.on_step(rank, b, a + c * b)
+    adj = ctl.replan()
+    assert ctl.plan.batches == (32, 32, 32, 32) and adj.rule == "equal time"

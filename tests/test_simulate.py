@@ -2,6 +2,7 @@
 
 import math
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -156,13 +157,18 @@ def test_tiled_clusters_are_counted_both_ways(monkeypatch):
 
 def test_on_64_workers_held_back_plans_that_differ_are_taken_and_the_plan_settles_closer():
     """Noise alone (timer), 64 x 128: the same held-back plan never persists there; taking
-    those predicted WIDE_GAIN faster three decisions running leaves the plan 0.6 % over the
-    oracle's instead of 1.5 %, for 4 more plan changes in 240 steps."""
-    runs = {}
-    for same, context in simulate.as_it_is_and(simulate.same_plan_only):
-        with context():
-            runs["same" if same else "wide"] = simulate.simulate(64, 240, 0.05, "timer", 5, 0, (0.5, 2.5), 128)
-    settled = {rule: simulate.summarise(r)["settled"] for rule, r in runs.items()}
-    assert settled["wide"] < 1.01 and settled["same"] > settled["wide"] + 0.005, settled
-    assert 0 < len(runs["wide"]["changes"]) - len(runs["same"]["changes"]) <= 8
+    those predicted WIDE_GAIN faster three decisions running leaves the plan 1.3 % over the
+    oracle's instead of 1.9 % (the mean of four seeds: one seed's run goes either way by half
+    a point), for a few more plan changes in 240 steps."""
+    settled, changes = {"same": [], "wide": []}, {"same": 0, "wide": 0}
+    for seed in range(4):
+        for same, context in simulate.as_it_is_and(simulate.same_plan_only):
+            with context():
+                run = simulate.simulate(64, 240, 0.05, "timer", 5, seed, (0.5, 2.5), 128)
+            rule = "same" if same else "wide"
+            settled[rule].append(simulate.summarise(run)["settled"])
+            changes[rule] += len(run["changes"])
+    wide, same = statistics.mean(settled["wide"]), statistics.mean(settled["same"])
+    assert wide < 1.015 and same > wide + 0.004, settled
+    assert 0 < changes["wide"] - changes["same"] <= 4 * 8
     assert control.WIDE_GAIN == 0.02  # restored
