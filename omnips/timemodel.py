@@ -179,6 +179,21 @@ class TimeModels:
             raise ValueError("no measurement yet")
         return self._lines[ranks]
 
+    def planning_lines(self, ranks: np.ndarray, batches: np.ndarray, global_batch: int) -> np.ndarray:
+        """The lines to plan `ranks` by (their `batches` now), an (n, 2) array. One never measured
+        (it just joined) is taken to be as fast as the typical measured worker (the median line);
+        when none is, each to need the same time for its current batch (the plan is taken as
+        balanced), or for an equal share of `global_batch` when it has none."""
+        measured = self.measured(ranks)
+        lines = np.zeros((len(ranks), 2))
+        if measured.any():
+            lines[measured] = self.lines(ranks[measured])
+            if not measured.all():
+                lines[~measured] = np.median(lines[measured], axis=0)
+            return lines
+        lines[:, 1] = 1.0 / np.where(batches > 0, batches, global_batch / len(ranks))
+        return lines
+
     def predict(self, ranks, batches) -> np.ndarray:
         line = self.lines(ranks)
         return line[:, 0] + line[:, 1] * np.asarray(batches, dtype=np.float64)

@@ -33,7 +33,8 @@ from .windows import CHANGE_STEPS, Windows, host_pace
 
 # steps in the first window of a worker never measured in real steps: their median outvotes one slow
 # step (a probe plan went to [63, 1] on a 6x step). A first step off its model's guess by CHANGE to FAR
-# re-plans at once, as a change of speed does (under CPU quotas the probe was 0.7-1.9x off)
+# re-plans at once, as a change of speed does, and two such off by any factor (the probe was wrong,
+# not a step: under CPU quotas its guesses were 0.3-1.9x the steps, and each step waited for ran on them)
 FIRST_WINDOW = 3
 SHRINK = 0.5  # a worker goes to the minimum batch on one window's word only from below 1 / SHRINK times it
 # a plan the deadband holds back, proposed by this many decisions running and predicted this
@@ -67,9 +68,7 @@ class BatchControl:
         self._bounds = np.full(n, hi, dtype=np.int64)  # the lower of the two, kept current
         self._windows = Windows(n)
         self._stepped = np.zeros(n, dtype=bool)  # measured in a window of real steps (not only probed)
-        # until a full window has decided, the plan in force is a guess (the probe's, the declared split,
-        # or decided on first steps): the deadband does not hold it (a sample off held 50 steps at HL1)
-        self._rough = False
+        self._rough = False  # no full window has decided yet: the plan in force is a guess (see replan)
         self._confirmed = np.zeros(n, dtype=bool)  # its last window agreed with its model's prediction
         self._seen = Seen(n)
         self._even: tuple[tuple[bytes, bytes], tuple[int, ...] | None] | None = None  # (ranks and bounds, the split)
@@ -85,9 +84,9 @@ class BatchControl:
 
     @plan.setter
     def plan(self, plan: BatchPlan) -> None:
-        """A new plan (decided here, or handed out by the scheduler): a window measured at
-        another batch is dropped, and what the change check predicts is refreshed. The plan
-        in force handed out again (the scheduler sends each plan `replan` set) changes nothing."""
+        """A new plan (decided here, or handed out by the scheduler): a window measured at another
+        batch is dropped, and what the change check predicts is refreshed. The plan in force handed
+        out again (the scheduler sends each plan `replan` set) changes nothing."""
         if plan == self._plan:
             return
         batches = np.asarray(plan.batches)
@@ -111,7 +110,9 @@ class BatchControl:
         trusted = ranks[self.models.trusted_at(ranks, batches[ranks])]
         self._predicted[trusted] = self._guess[trusted]
         self._full: set[int] = set()
+        self._measuring: set[int] = set()  # workers with a step in their window
         self._changing: set[int] = set()
+        self._missed: set[int] = set()  # workers whose first measured step missed its guess by CHANGE
         for rank in np.flatnonzero(self._windows.lengths()).tolist():
             self._track(rank)  # (only a rank in the plan has a window)
 
@@ -134,23 +135,31 @@ class BatchControl:
         need = self.job.adjust_every - 1
         if not self._stepped[rank]:  # the job's start, a joiner: see FIRST_WINDOW
             need = min(need, FIRST_WINDOW)
+        (self._measuring.add if window else self._measuring.discard)(rank)
         if len(window) >= need:
             self._full.add(rank)
         else:
             self._full.discard(rank)
         predicted, last = self._predicted[rank], window[-CHANGE_STEPS:]
         guess = self._guess[rank]  # (a nan prediction, untrusted, misses nothing)
+        if not self._stepped[rank] and len(window) == 1 and CHANGE < abs(window[0] / guess - 1):
+            self._missed.add(rank)
+        else:
+            self._missed.discard(rank)
         if (len(last) == CHANGE_STEPS and all(self._windows.noise.far(rank, t, predicted) for t in last)) or (
-                not self._stepped[rank] and len(window) == 1 and CHANGE < abs(window[0] / guess - 1)
-                and guess / FAR <= window[0] <= guess * FAR):
+                rank in self._missed and guess / FAR <= window[0] <= guess * FAR):
             self._changing.add(rank)
         else:
             self._changing.discard(rank)
 
     @property
     def ready(self) -> bool:
-        """Every worker has a full window, or one worker's speed has clearly changed."""
-        return len(self._full) == len(self._active) or bool(self._changing)
+        """Every worker has a full window, or a worker's speed clearly changed (or two first steps
+        missed their guesses: FIRST_WINDOW) and every worker has a step in its window: a slower host
+        is the host's pace, not the change of the one worker whose window ran across it (the others'
+        restarted by a new plan: under CPU quotas the plan moved 10 samples off that worker)."""
+        return len(self._full) == len(self._active) or (
+            (bool(self._changing) or len(self._missed) > 1) and len(self._measuring) == len(self._active))
 
     def replan(self, reason: str = "window", active: list[int] | None = None) -> Adjustment:
         """Feed the windows to the time models and decide for the `active` ranks (default:
@@ -167,6 +176,8 @@ class BatchControl:
         self._pace *= host_pace(times[trusted] / self._predicted[trusted])
         norm = times / self._pace  # the models' and the plans' times: the host's pace taken out
         self._check_models(measured, norm[measured])
+        # until a full window has decided, the plan in force is a guess (the probe's, the declared split,
+        # or decided on first steps): the deadband does not hold it (a sample off held 50 steps at HL1)
         rough, self._rough = self._rough, not self._stepped[measured].all()
         self._stepped[measured] = True
         step_s = float(norm.max()) if len(measured) == len(self._active) else None
@@ -179,14 +190,15 @@ class BatchControl:
         over = bool(np.any(self._batches[ranks] > self._bounds[ranks]))
         free = over or reason in ("memory", "membership")
         band = 0.0 if free or rough else self.job.deadband
-        sub = decide(self._batches[ranks], self._lines(ranks), self.job.global_batch, self.min_batch,
+        lines = self.models.planning_lines(ranks, self._batches[ranks], self.job.global_batch)
+        sub = decide(self._batches[ranks], lines, self.job.global_batch, self.min_batch,
                      self._bounds[ranks], band)
         rule = "inside the deadband" if sub.batches is None else ""
         pinned = self._unfounded_pins(ranks, sub, reason)
         if pinned.any():  # decided again, those workers at half their batch at least
             lo = np.full(len(ranks), self.min_batch, dtype=np.int64)
             lo[pinned] = np.minimum(np.ceil(SHRINK * self._batches[ranks][pinned]), self._bounds[ranks][pinned])
-            sub = decide(self._batches[ranks], self._lines(ranks), self.job.global_batch, lo, self._bounds[ranks], band)
+            sub = decide(self._batches[ranks], lines, self.job.global_batch, lo, self._bounds[ranks], band)
             rule = (f"worker(s) {ranks[pinned].tolist()} not put at the minimum batch on one window's "
                     "measurement: half their batch for now")
         if self._persists(sub) and not self.ran.ran_slower(spread(sub.held, ranks, n), batches, MIN_GAIN):
@@ -375,19 +387,3 @@ class BatchControl:
 
     def _enforce(self, rank: int) -> Adjustment | None:
         return self.replan("memory") if self.plan.batches[rank] > self._bounds[rank] else None
-
-    def _lines(self, ranks: np.ndarray) -> np.ndarray:
-        """The time models of the workers at `ranks`, an (n, 2) array. One never measured (it just
-        joined) is taken to be as fast as the typical measured worker (the median line); when none
-        is, each to need the same time for its current batch (the plan is taken as balanced), or
-        for an equal share of the global batch when it has none."""
-        measured = self.models.measured(ranks)
-        lines = np.zeros((len(ranks), 2))
-        if measured.any():
-            lines[measured] = self.models.lines(ranks[measured])
-            if not measured.all():
-                lines[~measured] = np.median(lines[measured], axis=0)
-            return lines
-        batches = self._batches[ranks]
-        lines[:, 1] = 1.0 / np.where(batches > 0, batches, self.job.global_batch / len(ranks))
-        return lines

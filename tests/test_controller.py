@@ -991,6 +991,15 @@ def test_probe_points_give_the_start_plan_within_memory_and_a_short_first_window
         assert ctl.ready
     ctl.replan()
     assert ctl.plan.batches == tuple(exact_plan(a, c, 60))  # the 6x step left out
+    # two first steps off their guesses, by any factor: the probe was wrong, not one step
+    ctl = control(num_workers=3, global_batch=60, adjust_every=10)
+    ctl.probed(points, {})
+    for off in (None, 3.0):
+        for rank, b in enumerate(ctl.plan.batches):
+            ctl.on_step(rank, b, 1.0 if off is None else (a[rank] + c[rank] * b) * (off if rank < 2 else 1.0))
+    assert ctl.ready
+    ctl.replan()
+    assert ctl.plan.batches[2] > exact_plan(a, c, 60)[2]  # the third now the faster
 
     bounded = control(num_workers=3, global_batch=60, adjust_every=4)
     _, refused = bounded.probed(points, {0: 25, 1: 12, 2: 10})  # the third would leave 47 places for 60 samples
@@ -1021,3 +1030,28 @@ def test_a_probe_that_missed_the_first_step_leaves_the_model_and_the_deadband_do
             ctl.on_step(rank, b, a + c * b)
     adj = ctl.replan()
     assert ctl.plan.batches == (32, 32, 32, 32) and adj.rule == "equal time"
+
+
+def test_a_change_waits_for_a_step_of_every_worker_so_a_slower_host_is_not_one_workers_change():
+    """Under CPU quotas the host slowed every worker by a third two steps after a new plan: the
+    one worker whose batch stayed had two slow steps in its window, the others only their
+    first steps at their new batches (not measured), and the plan moved 10 samples off it."""
+    a, c = 0.01, 0.03
+    ctl = control(num_workers=4, global_batch=128, adjust_every=10)
+    ctl.probed({r: ([2, 4], [a + c * 2, a + c * 4]) for r in range(4)}, {})
+    for k in range(2):  # measured in real steps: past the first steps' decision
+        run_window(ctl, [a + c * 32] * 4, first=k == 0)
+        ctl.replan()
+    ctl.plan = BatchPlan(ctl.plan.gen + 1, (32, 33, 31, 32))  # worker 0's batch stays
+    for rank in (1, 2):
+        ctl.on_step(rank, ctl.plan.batches[rank], 1.0)  # the first step at a new batch: not measured
+    for rank in (0, 3):  # the host slows down: 1.35x
+        ctl.on_step(rank, 32, 1.35 * (a + c * 32))
+        ctl.on_step(rank, 32, 1.35 * (a + c * 32))
+    assert not ctl.ready  # workers 1 and 2 have no measured step yet
+    for rank in (1, 2):
+        ctl.on_step(rank, ctl.plan.batches[rank], 1.35 * (a + c * ctl.plan.batches[rank]))
+    assert ctl.ready
+    ctl.replan()
+    # the host's pace: the plan stays within a sample of the equal split (the deadband's)
+    assert ctl.plan.batches[0] == ctl.plan.batches[3] == 32 and off_by(ctl.plan.batches, [32] * 4) <= 1
