@@ -141,7 +141,7 @@ class BatchControl:
         else:
             self._full.discard(rank)
         predicted, last = self._predicted[rank], window[-CHANGE_STEPS:]
-        guess = self._guess[rank]  # (a nan prediction, untrusted, misses nothing)
+        guess = self._guess[rank]  # (a nan prediction or guess, untrusted or none, misses nothing)
         if not self._stepped[rank] and len(window) == 1 and CHANGE < abs(window[0] / guess - 1):
             self._missed.add(rank)
         else:
