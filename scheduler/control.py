@@ -171,7 +171,7 @@ class BatchControl:
         times = np.zeros(n)
         times[measured] = self._windows.median[measured]
         if self._changing:
-            self._windows.share_change(sorted(self._changing), self._predicted, measured, times)
+            self._windows.share_change(self._changing, self._predicted, measured, times)
         trusted = measured[np.isfinite(self._predicted[measured])]
         self._pace *= host_pace(times[trusted] / self._predicted[trusted])
         norm = times / self._pace  # the models' and the plans' times: the host's pace taken out

@@ -118,18 +118,18 @@ class Windows:
     def __getitem__(self, rank: int) -> list[float]:
         return self._steps[rank]
 
-    def share_change(self, changing: list[int], predicted: np.ndarray, measured: np.ndarray,
+    def share_change(self, changing: set[int], predicted: np.ndarray, measured: np.ndarray,
                      times: np.ndarray) -> None:
         """The workers `changing` changed speed (their models predicted `predicted`): another whose
         latest steps are off its window the same way, fewer than make a change, changed too, and
         its time in `times` is theirs. A slowdown of the whole host crosses one worker's tolerance
         a step before another's (1.19 s, then 1.48, after 1.10 under a CPU quota), whose window
         from before made it look 30 % faster."""
-        slower = np.mean(self.median[changing] > predicted[changing]) >= 0.5
-        changed = set(changing)
+        ranks = sorted(changing)
+        slower = np.mean(self.median[ranks] > predicted[ranks]) >= 0.5
         for rank in measured.tolist():
             pending = self._suspects[rank]
-            if pending and rank not in changed and (pending[-1] > self.median[rank]) == slower:
+            if pending and rank not in changing and (pending[-1] > self.median[rank]) == slower:
                 times[rank] = statistics.median(pending)
 
     def lengths(self) -> np.ndarray:

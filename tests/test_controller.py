@@ -601,6 +601,12 @@ def test_no_plan_goes_below_the_jobs_min_batch():
             assert min(ctl.plan.batches) == ctl.plan.batches[2] == slowest and sum(ctl.plan.batches) == 60
 
 
+def step_all(ctl, seconds):
+    """One step of every worker at its batch in the plan, taking `seconds(rank, batch)`."""
+    for rank, b in enumerate(ctl.plan.batches):
+        ctl.on_step(rank, b, seconds(rank, b))
+
+
 def run_window(ctl, times, first=True):
     """Each worker reports adjust_every - 1 measured steps (plus the unmeasured first)."""
     for rank, t in enumerate(times):
@@ -981,22 +987,18 @@ def test_probe_points_give_the_start_plan_within_memory_and_a_short_first_window
                        (1 / (FAR * 1.05), FIRST_WINDOW + 1), (6.0, FIRST_WINDOW + 1)):
         ctl = control(num_workers=3, global_batch=60, adjust_every=10)
         ctl.probed(points, {})
-        for rank in range(3):
-            ctl.on_step(rank, ctl.plan.batches[rank], 1.0)  # warm-up at the new size
+        step_all(ctl, lambda rank, b: 1.0)  # warm-up at the new size
         for k in range(steps):
             assert not ctl.ready
-            for rank in range(3):
-                b = ctl.plan.batches[rank]
-                ctl.on_step(rank, b, (a[rank] + c[rank] * b) * (off if rank == 1 and not k else 1.0))
+            step_all(ctl, lambda rank, b: (a[rank] + c[rank] * b) * (off if rank == 1 and not k else 1.0))
         assert ctl.ready
     ctl.replan()
     assert ctl.plan.batches == tuple(exact_plan(a, c, 60))  # the 6x step left out
     # two first steps off their guesses, by any factor: the probe was wrong, not one step
     ctl = control(num_workers=3, global_batch=60, adjust_every=10)
     ctl.probed(points, {})
-    for off in (None, 3.0):
-        for rank, b in enumerate(ctl.plan.batches):
-            ctl.on_step(rank, b, 1.0 if off is None else (a[rank] + c[rank] * b) * (off if rank < 2 else 1.0))
+    step_all(ctl, lambda rank, b: 1.0)  # warm-up
+    step_all(ctl, lambda rank, b: (a[rank] + c[rank] * b) * (3.0 if rank < 2 else 1.0))
     assert ctl.ready
     ctl.replan()
     assert ctl.plan.batches[2] > exact_plan(a, c, 60)[2]  # the third now the faster
@@ -1017,17 +1019,15 @@ def test_a_probe_that_missed_the_first_step_leaves_the_model_and_the_deadband_do
     points[3] = ([2, 4], [a + c * 2 / 2, a + c * 4 / 2])
     ctl.probed(points, {})
     assert ctl.plan.batches == (26, 25, 25, 52)
-    for off in (None, 0.9):  # the warm-up step, then the first measured one
-        for rank, b in enumerate(ctl.plan.batches):
-            ctl.on_step(rank, b, 2.0 if off is None else (a + c * b) * (off if rank == 3 else 1.0))
+    step_all(ctl, lambda rank, b: 2.0)  # the warm-up step, then the first measured one
+    step_all(ctl, lambda rank, b: (a + c * b) * (0.9 if rank == 3 else 1.0))
     assert ctl.ready
     ctl.replan()
     assert ctl.plan.batches == (31, 31, 31, 35)  # from one step: its noise with it
     # worker 3's model rests on that step alone, and the next window's plan is not held by the deadband
     assert tuple(ctl.models.lines([3])[0]) == (0.0, pytest.approx(0.9 * (a + c * 52) / 52))
     for _ in range(ctl.job.adjust_every):
-        for rank, b in enumerate(ctl.plan.batches):
-            ctl.on_step(rank, b, a + c * b)
+        step_all(ctl, lambda rank, b: a + c * b)
     adj = ctl.replan()
     assert ctl.plan.batches == (32, 32, 32, 32) and adj.rule == "equal time"
 
