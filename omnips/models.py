@@ -69,15 +69,26 @@ def resnet(input_shape, num_classes, width=16, stages=(1, 1, 1)):
 BUILTIN = {"mlp": mlp, "cnn": cnn, "resnet": resnet}
 
 
+def labels(train) -> torch.Tensor:
+    """Every label of a dataset of (input, label) pairs, as one integer tensor."""
+    tensors = getattr(train, "tensors", None)
+    if tensors is not None:
+        return torch.as_tensor(tensors[1]).long()
+    return torch.tensor([int(train[i][1]) for i in range(len(train))])
+
+
 def dataset_shape(train) -> tuple[tuple, int]:
     """(input shape, number of classes) read off a dataset of (input, label) pairs."""
     x, _ = train[0]
-    tensors = getattr(train, "tensors", None)
-    if tensors is not None:
-        num_classes = int(tensors[1].max()) + 1
-    else:
-        num_classes = max(int(train[i][1]) for i in range(len(train))) + 1
-    return tuple(torch.as_tensor(x).shape), num_classes
+    return tuple(torch.as_tensor(x).shape), int(labels(train).max()) + 1
+
+
+def chance_loss(train) -> float:
+    """The training loss of a model that learnt nothing but the label frequencies (their
+    entropy, in nats): ln 10 for ten balanced classes."""
+    p = torch.bincount(labels(train)).double()
+    p = p[p > 0] / p.sum()
+    return float(-(p * p.log()).sum())
 
 
 def build(name: str, args: dict, train, seed: int) -> nn.Module:

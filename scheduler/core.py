@@ -12,6 +12,7 @@ between them.
 """
 
 import logging
+import math
 from pathlib import Path
 
 from omnips import protocol
@@ -40,9 +41,11 @@ log = logging.getLogger("omnips.scheduler")
 
 class SchedulerCore:
     def __init__(self, job: JobSpec, opts: SchedulerOptions, num_params: int, num_trained: int, train_size: int,
-                 checkpoints: str, resume: Manifest | None = None, fingerprints: dict | None = None):
+                 checkpoints: str, resume: Manifest | None = None, fingerprints: dict | None = None,
+                 chance_loss: float = math.inf):
         """`checkpoints`: the directory (absolute: servers elsewhere write there); `resume`:
-        continue an interrupted run from this checkpoint."""
+        continue an interrupted run from this checkpoint; `chance_loss`: the training loss of
+        predicting the label frequencies (scheduler/divergence.py; inf: not known)."""
         self.job, self.opts, self.resume = job, opts, resume
         self.out = Outbox()
         self.now = 0.0  # the time of the event being handled
@@ -62,7 +65,7 @@ class SchedulerCore:
         self.evals = Evaluations(job, self.progress, self.out)
         self.recovery = Recovery(self)
         self.reports = Reports(self)
-        self.losses = LossWatch(job, train_size, resumed=resume is not None)
+        self.losses = LossWatch(job, train_size, resumed=resume is not None, chance=chance_loss)
         self.disturbances = Disturbances()  # evaluations and checkpoint writes: steps then are not measured
         self.lost, self.left, self.joined = 0, 0, 0  # workers (left: a SIGTERM)
         self.stop_asked: str | None = None  # what asked for a stop (request_stop), until it is begun

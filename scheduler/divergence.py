@@ -8,14 +8,16 @@ says so once, with the likely cause and the flag to try, and stops nothing (only
 Diverged: a reported training loss that is not finite; a gradient that is not finite
 where --nan-policy fail ends the job for it, or NONFINITE_RUN of them running under
 --nan-policy skip (which drops the odd one by design); or, in a job started afresh, a
-mean training loss between two evaluations that stays within MARGIN of its start (or
-above it) for STUCK_EVALS evaluations running. Its start is the lower of the first
-epoch's mean and the mean of the first reports (the untrained model's loss: a first
-epoch that blew up and settled at chance level would hide a job that learns nothing).
+mean training loss between two evaluations that stays within MARGIN of its mark (or
+above it) for STUCK_EVALS evaluations running. The mark is the lowest of the first
+epoch's mean, the mean of the first reports (the untrained model's loss: a first epoch
+that blew up and settled at chance level would hide a job that learns nothing) and
+chance level (the loss of predicting the label frequencies: an untrained model a little
+above it would otherwise put a job sitting at chance level within MARGIN of below it).
 A resumed job's loss may rightly stay where the checkpoint left it: only the
 non-finite rules apply to it. A job called stuck that learns after all (a model that
 sits at chance level for its first epochs, then learns) is said to have recovered once
-its loss between two evaluations falls RECOVERED below its start: the verdict is
+its loss between two evaluations falls RECOVERED below its mark: the verdict is
 withdrawn. A non-finite loss or gradient is never withdrawn.
 """
 
@@ -44,8 +46,9 @@ class Recovered:
 
 
 class LossWatch:
-    def __init__(self, job: JobSpec, train_size: int, resumed: bool = False):
-        self.job, self.train_size, self.resumed = job, train_size, resumed
+    def __init__(self, job: JobSpec, train_size: int, resumed: bool = False, chance: float = math.inf):
+        """`chance`: the loss of predicting the label frequencies (models.chance_loss)."""
+        self.job, self.train_size, self.resumed, self.chance = job, train_size, resumed, chance
         self.first: float | None = None  # the start: see the module's docstring
         self._opening: list[float] = []  # the first reports' losses, one per starting worker
         self._sum = self._samples = 0.0  # since the last evaluation (or in the first epoch)
@@ -82,17 +85,18 @@ class LossWatch:
             return None
         recent = self._sum / self._samples
         self._sum = self._samples = 0.0
+        mark, said = ((self.first, f"its start ({self.first:.4g})") if self.first <= self.chance
+                      else (self.chance, f"chance level ({self.chance:.4g}, the label frequencies' loss)"))
         if self.verdict is not None:
-            if not (self._stuck_verdict and recent < self.first * (1 - RECOVERED)):
+            if not (self._stuck_verdict and recent < mark * (1 - RECOVERED)):
                 return None
             self.verdict, self._stuck_verdict, self._stuck = None, False, 0
-            return Recovered(f"the training loss ({recent:.4g}) is now below its start ({self.first:.4g}): "
-                             "the job learns after all")
-        self._stuck = self._stuck + 1 if recent >= self.first * (1 - MARGIN) else 0
+            return Recovered(f"the training loss ({recent:.4g}) is now below {said}: the job learns after all")
+        self._stuck = self._stuck + 1 if recent >= mark * (1 - MARGIN) else 0
         if self._stuck < STUCK_EVALS:
             return None
-        verdict = self._decide(f"the training loss ({recent:.4g}) has not fallen below its start "
-                               f"({self.first:.4g}) for {STUCK_EVALS} evaluations")
+        verdict = self._decide(f"the training loss ({recent:.4g}) has not fallen below {said} "
+                               f"for {STUCK_EVALS} evaluations")
         self._stuck_verdict = True
         return verdict
 

@@ -55,7 +55,7 @@ class Scheduler:
         checkpoints = Path(opts.run_dir).resolve() / "checkpoints"  # absolute: servers elsewhere write there
         self.core = SchedulerCore(job, opts, self.flat.size, self.flat.num_trained, len(train), str(checkpoints),
                                   resume, {"model": fingerprint.model(self.flat.module),
-                                           "data": fingerprint.data(train, test)})
+                                           "data": fingerprint.data(train, test)}, models.chance_loss(train))
         self.resume = resume
         self.servers: ServerGroup | None = None
         self.ctx = zmq.Context()

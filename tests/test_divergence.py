@@ -53,6 +53,26 @@ def test_a_first_epoch_that_blew_up_does_not_hide_a_job_stuck_at_its_untrained_l
     assert "has not fallen below its start (2.3)" in verdict.reason
 
 
+def test_a_job_whose_untrained_loss_is_above_chance_level_is_stuck_once_it_sits_at_chance_level():
+    chance = math.log(10)  # ten balanced classes
+    # the untrained model's reports 3 % above chance level: sitting at chance level would be
+    # within MARGIN of below its start, and never called stuck without the chance mark
+    start = chance * 1.03
+    watch = LossWatch(JobSpec(mode="asp", async_correction="none"), TRAIN, chance=chance)
+    assert chance < start * (1 - MARGIN)
+    verdict, = feed(watch, [start] * 10 + [chance] * 20)
+    assert watch.first == pytest.approx(start)
+    assert "has not fallen below chance level (2.303, the label frequencies' loss)" in verdict.reason
+    # withdrawn once the loss falls RECOVERED below chance level, not its start
+    assert feed(watch, [chance * (1 - RECOVERED) * 1.01] * 10) == [] and watch.verdict is verdict
+    [recovered] = feed(watch, [chance * (1 - RECOVERED) * 0.99] * 10)
+    assert isinstance(recovered, Recovered) and "now below chance level" in recovered.reason
+    # a start below chance level stays the mark
+    watch = LossWatch(JobSpec(mode="asp"), TRAIN, chance=chance)
+    verdict, = feed(watch, [2.0] * 30)
+    assert "has not fallen below its start (2)" in verdict.reason
+
+
 def test_a_resumed_job_whose_loss_stays_where_the_checkpoint_left_it_is_not_diverged():
     watch = LossWatch(JobSpec(), TRAIN, resumed=True)
     assert feed(watch, [0.2] * 60) == [] and watch.verdict is None

@@ -1,6 +1,7 @@
 """FlatModel's shared buffers, the built-in models, user factories, and JobSpec checks."""
 
 import copy
+import math
 import sys
 import textwrap
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from omnips import data, models
 from omnips.data import FactoryError
@@ -158,6 +160,14 @@ def test_non_float32_parameters_are_refused():
 def digits_train():
     train, _ = data.load("digits", {})
     return train
+
+
+def test_chance_loss_is_the_entropy_of_the_label_frequencies(digits_train):
+    assert models.chance_loss(digits_train) == pytest.approx(math.log(10), rel=1e-3)  # nearly balanced
+    two = TensorDataset(torch.zeros(4, 1), torch.tensor([0, 0, 0, 1]))
+    assert models.chance_loss(two) == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
+    one = [(torch.zeros(1), 3)] * 5  # a dataset without tensors: labels read one by one
+    assert models.chance_loss(one) == 0.0 and models.dataset_shape(one) == ((1,), 4)
 
 
 @pytest.mark.parametrize("name, count", [("mlp", 17226), ("cnn", 6090), ("resnet", 77754)])
