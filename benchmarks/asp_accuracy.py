@@ -130,7 +130,8 @@ def measure(root: Path, run: Run, seed: int, epochs: float) -> dict:
     first = min(e["t"] - e["compute_s"] - e["network_s"] - e["wait_s"] for e in events if e["event"] == "step")
     curve = [(e["t"] - first, e["test_accuracy"]) for e in events if e["event"] == "eval"]
     return {"acc": summary["final_test_accuracy"], "curve": curve, "wall_s": summary["wall_s"], "failed": False,
-            "to90": next((t for t, a in curve if a >= 0.90), None), "to95": next((t for t, a in curve if a >= 0.95), None),
+            "to90": next((t for t, a in curve if a >= 0.90), None),
+            "to95": next((t for t, a in curve if a >= 0.95), None),
             "stale_mean": summary["staleness_mean"], "stale_max": summary["staleness_max"],
             "diverged": summary.get("diverged", False), "elapsed_s": time.monotonic() - t0}
 
@@ -150,7 +151,8 @@ def times(rows: list[dict], key: str) -> str:
     reached = [r[key] for r in rows if r[key] is not None]
     if not reached:
         return "never"
-    return f"{statistics.mean(reached):.1f} s" + (f" ({len(reached)} of {len(rows)})" if len(reached) < len(rows) else "")
+    share = f" ({len(reached)} of {len(rows)})" if len(reached) < len(rows) else ""
+    return f"{statistics.mean(reached):.1f} s{share}"
 
 
 def points(acc: list[float], bsp: list[float]) -> str:
@@ -250,7 +252,8 @@ def update_cost(n: int, rounds: int) -> list[str]:
     lines = [f"{n / 1e6:g} M values, {rounds} rounds, corrections interleaved; median of each",
              "", "| correction | update (check + step + reply) | x none | memory: shard-sized buffers added |",
              "|---|---:|---:|---:|"]
-    extra = {"none": "0", "momentum": "0", "dana": "1 per worker", "lookahead": "1", "dc": "1 + 1 per worker", "gap": "3 + 1 per worker"}
+    extra = {"none": "0", "momentum": "0", "dana": "1 per worker", "lookahead": "1", "dc": "1 + 1 per worker",
+             "gap": "3 + 1 per worker"}
     for name in ASYNC_CORRECTIONS:
         med = statistics.median(times[name])
         lines.append(f"| {name} | {1000 * med:.1f} ms | {med / base:.3f} | {extra[name]} |")
@@ -292,7 +295,8 @@ def main() -> None:
                     continue
                 r = results[(run.key(), seed)] = measure(root, run, seed, args.epochs)
                 print(f"{run.label()} seed {seed}: " + ("failed" if r["failed"] else
-                      f"accuracy {r['acc']:.4f}, to 95 % {r['to95']}, staleness {r['stale_mean']:.2f}/{r['stale_max']}, "
+                      f"accuracy {r['acc']:.4f}, to 95 % {r['to95']}, "
+                      f"staleness {r['stale_mean']:.2f}/{r['stale_max']}, "
                       f"diverged {r['diverged']}") + f" ({r['elapsed_s']:.0f} s)", flush=True)
     lines = ["# Asynchronous training with a BSP recipe: benchmarks/asp_accuracy.py", "", *machine_lines(),
              f"- command: python benchmarks/asp_accuracy.py {' '.join(sys.argv[1:])}",

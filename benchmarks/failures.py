@@ -510,8 +510,8 @@ def _stall_lines(stalls, command) -> list[str]:
     lines = [STALLS, "", *machine_lines(), f"- command: {command}",
              "- job: BSP, mlp on digits, 3 workers on 20 ms virtual steps, 2 servers, --dead-after 30; the "
              f"process stopped after 40 steps and woken {STOP_S:g} s later", "",
-             "| process stopped | --heartbeat (s) | runs | stop to the `wait` event naming it (s), median | in heartbeat "
-             "intervals | longest gap between steps (s), median |", "|---|---:|---:|---:|---:|---:|"]
+             "| process stopped | --heartbeat (s) | runs | stop to the `wait` event naming it (s), median "
+             "| in heartbeat intervals | longest gap between steps (s), median |", "|---|---:|---:|---:|---:|---:|"]
     for who, hb, runs in stalls:
         named = med(r["named_s"] for r in runs)
         lines.append(f"| {who} | {hb:g} | {len(runs)} | {named:.2f} | {named / hb:.1f} | "
@@ -546,7 +546,8 @@ def _asplate_lines(runs, command) -> list[str]:
             "took the rest of the budget and reported done before worker 2 was found silent, so its loss is what "
             "completed the job and asked the final evaluation. The same job run on the tree of commit c3bb0e3 "
             "(the one before bd34e37) ended `failed: servers did not answer the final evaluation pull within "
-            "120 s` 122.1 s after the kill, without final_test_accuracy or model.pt (2026-12-02, one run, killed at 91% of the budget, both "
+            "120 s` 122.1 s after the kill, without final_test_accuracy or model.pt (2026-12-02, one run, "
+            "killed at 91% of the budget, both "
             "survivors done first)."]
 
 

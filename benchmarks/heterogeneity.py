@@ -145,7 +145,8 @@ def analyse(events: list[dict], summary: dict, scenario: Scenario) -> dict:
     n = summary["num_workers"]
     full = sorted(s for s, ws in steps.items() if len(ws) == n)
     if len(full) != summary["steps"]:
-        raise SystemExit(f"{scenario.name}: {len(full)} complete steps in metrics.jsonl, summary says {summary['steps']}")
+        raise SystemExit(f"{scenario.name}: {len(full)} complete steps in metrics.jsonl, "
+                         f"summary says {summary['steps']}")
     ideal = slowest = 0.0
     per_step = []
     for s in full:
@@ -268,7 +269,8 @@ def replay_lines(args) -> list[str]:
         other = argparse.Namespace(**{**vars(args), "ms_per_step": a_ms, "ms_per_sample": c_ms})
         for controller in ("proportional", "affine"):
             cells = [replay_schedule(controller, k, other, args.schedule_steps) for k in REPLAY_PHASES]
-            lines.append(f"| {a_ms:g} | {c_ms:g} | {controller} | " + " | ".join(f"{b:.3f} / {n}" for b, n in cells) + " |")
+            row = " | ".join(f"{b:.3f} / {n}" for b, n in cells)
+            lines.append(f"| {a_ms:g} | {c_ms:g} | {controller} | {row} |")
     return lines
 
 
@@ -296,7 +298,8 @@ def results_table(results: list[dict]) -> list[str]:
         s = r["summary"]
         wait = statistics.mean(r["wait_fraction"]) if r["wait_fraction"] else float("nan")
         lines.append(f"| {r['scenario']} | {r['variant']} | {s['samples_per_s']:.0f} | {s['wall_s']:.2f} | "
-                     f"{s['final_test_accuracy']:.4f} | {s['adjustments']} | {'/'.join(map(str, s['final_batches']))} | "
+                     f"{s['final_test_accuracy']:.4f} | {s['adjustments']} | "
+                     f"{'/'.join(map(str, s['final_batches']))} | "
                      f"{r['efficiency']:.3f} | {r['balance']:.3f} | {r['step_ms']:.1f} | "
                      f"{r['overhead_ms_per_step']:.1f} | {wait:.2f} |")
     return lines
@@ -309,7 +312,8 @@ def targets(results: list[dict], args) -> tuple[list[str], list[tuple[str, bool]
         r = by.get((level, "affine"))
         if r:
             ok = r["efficiency"] >= TARGET_STATIC_EFF
-            rows.append(f"| BSP efficiency, affine, {level} | >= {TARGET_STATIC_EFF:.2f} | {r['efficiency']:.3f} | {yes(ok)} |")
+            rows.append(f"| BSP efficiency, affine, {level} | >= {TARGET_STATIC_EFF:.2f} | {r['efficiency']:.3f} "
+                        f"| {yes(ok)} |")
             verdicts.append((f"efficiency {level}", ok))
     r = by.get(("schedule", "affine"))
     if r:
