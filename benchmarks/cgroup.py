@@ -155,8 +155,9 @@ def middle_third(c: Case, quotas: list[CpuQuota], run_dir: Path, steps: int, sto
 
 
 def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int, size: Size,
-        clusters: list) -> dict:
-    """One job of the case (`clusters`: where its cluster is put, for run_case to stop)."""
+        clusters: list, failed: threading.Event) -> dict:
+    """One job of the case (`clusters`: where its cluster is put, for run_case to stop; `failed`:
+    set by a job of the case that failed, which stops the clusters put there by then)."""
     run_dir = root / f"{c.name}-{variant}-{seed}"
     # static: each worker declares its quota's share as its capacity, the plan a known speed calls for
     specs = [WorkerSpec(capacity=float(s) if variant == "static" else 1.0) for s in c.speeds]
@@ -173,6 +174,8 @@ def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int, 
             cluster.start_servers()
             for rank in range(4):
                 quotas[rank].add(cluster.procs[cluster.add_worker(specs[rank], rank)].pid)
+            if failed.is_set():  # another job failed while this one started: it may have missed this cluster
+                raise SystemExit(f"{c.name} {variant}: stopped, another job of the case failed")
             event = threading.Thread(target=middle_third, args=(c, quotas, run_dir, steps, stop), daemon=True)
             if c.event in ("neighbour", "one-sided"):
                 event.start()
@@ -201,12 +204,14 @@ def run_case(root: Path, c: Case, steps: int, cores: float, seed: int, size: Siz
     stopped, ends them all (each thread then removes its cgroups)."""
     clusters: list[LocalCluster] = []
     results, errors = {}, []
+    failed = threading.Event()  # set before the clusters are stopped: a job starting meanwhile sees it
 
     def job(variant: str) -> None:
         try:
-            results[variant] = run(root, c, variant, steps, cores / len(VARIANTS), seed, size, clusters)
+            results[variant] = run(root, c, variant, steps, cores / len(VARIANTS), seed, size, clusters, failed)
         except BaseException as exc:  # (SystemExit included: the failure is the benchmark's)
             errors.append(exc)
+            failed.set()
             for cluster in list(clusters):
                 cluster.stop(grace_s=0.0)
 
