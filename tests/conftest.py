@@ -10,6 +10,11 @@ from hosts import Hosts, HostsRefused
 
 from omnips.launch import WorkerSpec
 
+try:  # its first import builds a font cache by running fc-list: here, before tests refuse processes
+    import matplotlib.font_manager  # noqa: F401
+except ImportError:  # (the plot extra is optional)
+    pass
+
 
 @pytest.fixture
 def run_job(tmp_path):
