@@ -31,8 +31,9 @@ from omnips.timemodel import CHANGE, FAR, TimeModels
 from .regret import BACK_WINDOWS, REGRET, PlanMemory, Seen
 from .windows import CHANGE_STEPS, Windows, host_pace
 
-# steps in the first window of a worker never measured in real steps: their median outvotes one slow
-# step (a probe plan went to [63, 1] on a 6x step). A first step off its model's guess by CHANGE to FAR
+# steps in the first window of a worker never measured in real steps, and in the window of a plan decided
+# on fewer of them (under CPU quotas a plan from one first step, a warm-up's, ran 14 steps 0.2 s a step
+# from the next): their median outvotes one slow step (a probe plan went to [63, 1] on a 6x step). A first step off its model's guess by CHANGE to FAR
 # re-plans at once, as a change of speed does, and two such off by any factor (the probe was wrong,
 # not a step: under CPU quotas its guesses were 0.3-1.9x the steps, and each step waited for ran on them)
 FIRST_WINDOW = 3
@@ -69,6 +70,7 @@ class BatchControl:
         self._windows = Windows(n)
         self._stepped = np.zeros(n, dtype=bool)  # measured in a window of real steps (not only probed)
         self._rough = False  # no full window has decided yet: the plan in force is a guess (see replan)
+        self._hasty = False  # the plan in force was decided on fewer than FIRST_WINDOW first steps
         self._confirmed = np.zeros(n, dtype=bool)  # its last window agreed with its model's prediction
         self._seen = Seen(n)
         self._even: tuple[tuple[bytes, bytes], tuple[int, ...] | None] | None = None  # (ranks and bounds, the split)
@@ -129,11 +131,12 @@ class BatchControl:
 
     def _track(self, rank: int) -> None:
         """Whether `rank`'s window is full (FIRST_WINDOW measured steps for a worker never measured
-        yet), and whether it shows a change of speed: its last CHANGE_STEPS measurements all miss
-        its model's trusted prediction by more than its tolerance (or see FIRST_WINDOW)."""
+        yet, or under a plan decided on fewer first steps: see FIRST_WINDOW), and whether it shows a
+        change of speed: its last CHANGE_STEPS measurements all miss its model's trusted prediction
+        by more than its tolerance (or see FIRST_WINDOW)."""
         window = self._windows[rank]
         need = self.job.adjust_every - 1
-        if not self._stepped[rank]:  # the job's start, a joiner: see FIRST_WINDOW
+        if not self._stepped[rank] or self._hasty:  # the job's start, a joiner, a hasty plan: see FIRST_WINDOW
             need = min(need, FIRST_WINDOW)
         (self._measuring.add if window else self._measuring.discard)(rank)
         if len(window) >= need:
@@ -179,6 +182,9 @@ class BatchControl:
         # until a full window has decided, the plan in force is a guess (the probe's, the declared split,
         # or decided on first steps): the deadband does not hold it (a sample off held 50 steps at HL1)
         rough, self._rough = self._rough, not self._stepped[measured].all()
+        first = ~self._stepped[measured]
+        self._hasty = bool(np.any(self._windows.lengths()[measured][first] < min(FIRST_WINDOW,
+                                                                                 self.job.adjust_every - 1)))
         self._stepped[measured] = True
         step_s = float(norm.max()) if len(measured) == len(self._active) else None
         if step_s is not None:
@@ -234,8 +240,10 @@ class BatchControl:
         if self._seen.changed(measured, batches, times):
             self.ran.clear()
         # a model from the probe alone that missed the first real step: its points, passes far smaller
-        # than the batch, go (kept, they bent the slope: a plan a sample off the equal split held)
-        self.models.reset(measured[~self._stepped[measured] & ~agreed])
+        # than the batch, go (kept, they bent the slope: a plan a sample off the equal split held); so
+        # does one that missed the window of a plan decided on first steps, which may have been a
+        # warm-up's (under quotas a worker's second step at a new batch ran 1.4x its third)
+        self.models.reset(measured[(~self._stepped[measured] | self._hasty) & ~agreed])
         self.models.observe(measured, batches, times)
         self._confirmed[measured] = agreed
 

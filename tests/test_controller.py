@@ -1032,6 +1032,32 @@ def test_a_probe_that_missed_the_first_step_leaves_the_model_and_the_deadband_do
     assert ctl.plan.batches == (32, 32, 32, 32) and adj.rule == "equal time"
 
 
+def test_a_plan_decided_on_a_warm_up_step_is_measured_briefly_and_that_steps_model_dropped():
+    """Four equal workers under CPU quotas: the probe's guesses 0.7-1.6x off re-plan at the first
+    measured step, and worker 0's was still warming up (1.44x its next). The plan from it gave
+    worker 0 23 of 128 samples and ran 14 steps before a full window moved it, to [28, 33, 33, 34]:
+    the warm-up step, kept in worker 0's model, bent its line."""
+    c = 0.042
+    ctl = control(num_workers=4, global_batch=128, adjust_every=10)
+    guessed = [1 / 1.4, 1.4, 1 / 1.25, 1.6]  # the probe's speeds for four equal workers
+    ctl.probed({r: ([2, 4], [c * 2 / guessed[r], c * 4 / guessed[r]]) for r in range(4)}, {})
+    step_all(ctl, lambda rank, b: 2.0)  # the warm-up step
+    step_all(ctl, lambda rank, b: c * b * (1.44 if rank == 0 else 1.0))
+    assert ctl.ready  # the first steps missed their guesses: at once
+    ctl.replan()
+    assert ctl.plan.batches[0] < 26
+    step_all(ctl, lambda rank, b: 2.0)
+    for _ in range(FIRST_WINDOW):  # decided on first steps: measured for FIRST_WINDOW steps, not a window
+        assert not ctl.ready
+        step_all(ctl, lambda rank, b: c * b)
+    assert ctl.ready
+    ctl.replan()
+    assert ctl.plan.batches == (32, 32, 32, 32)
+    for _ in range(ctl.job.adjust_every - 2):  # then full windows again
+        step_all(ctl, lambda rank, b: c * b)
+    assert not ctl.ready
+
+
 def test_a_change_waits_for_a_step_of_every_worker_so_a_slower_host_is_not_one_workers_change():
     """Under CPU quotas the host slowed every worker by a third two steps after a new plan: the
     one worker whose batch stayed had two slow steps in its window, the others only their
