@@ -33,9 +33,10 @@ from .windows import CHANGE_STEPS, Windows, host_pace
 
 # steps in the first window of a worker never measured in real steps, and in the window of a plan decided
 # on fewer of them (under CPU quotas a plan from one first step, a warm-up's, ran 14 steps 0.2 s a step
-# from the next): their median outvotes one slow step (a probe plan went to [63, 1] on a 6x step). A first step off its model's guess by CHANGE to FAR
-# re-plans at once, as a change of speed does, and two such off by any factor (the probe was wrong,
-# not a step: under CPU quotas its guesses were 0.3-1.9x the steps, and each step waited for ran on them)
+# from the next): their median outvotes one slow step (a probe plan went to [63, 1] on a 6x step). A
+# first step off its model's guess by CHANGE to FAR re-plans at once, as a change of speed does, and two
+# such off by any factor (the probe was wrong, not a step: under CPU quotas its guesses were 0.3-1.9x the
+# steps, and each step waited for ran on them)
 FIRST_WINDOW = 3
 SHRINK = 0.5  # a worker goes to the minimum batch on one window's word only from below 1 / SHRINK times it
 # a plan the deadband holds back, proposed by this many decisions running and predicted this
@@ -182,9 +183,8 @@ class BatchControl:
         # until a full window has decided, the plan in force is a guess (the probe's, the declared split,
         # or decided on first steps): the deadband does not hold it (a sample off held 50 steps at HL1)
         rough, self._rough = self._rough, not self._stepped[measured].all()
-        first = ~self._stepped[measured]
-        self._hasty = bool(np.any(self._windows.lengths()[measured][first] < min(FIRST_WINDOW,
-                                                                                 self.job.adjust_every - 1)))
+        first_steps = self._windows.lengths()[measured][~self._stepped[measured]]
+        self._hasty = bool(np.any(first_steps < min(FIRST_WINDOW, self.job.adjust_every - 1)))
         self._stepped[measured] = True
         step_s = float(norm.max()) if len(measured) == len(self._active) else None
         if step_s is not None:
