@@ -27,21 +27,25 @@ def probe_too_flat(seconds) -> bool:
     return t_large < t_small * (1 - PROBE_NOISE)
 
 
-def probe_times(timed, sizes) -> tuple[list[float], int]:
+def probe_times(timed, sizes) -> tuple[list[float], int, float]:
     """The probe: `timed(size)` seconds for a pass of each size, PROBE_ROUNDS times in turn, the
     fastest of each counting (noise only adds time); more rounds, PROBE_RETRIES at most, while
-    the larger is too fast for a line. Also how many rounds it took. Two rounds, not three: the
-    slowest worker's passes delay every worker's first step (under a CPU quota of 0.08 cores a
-    round took 0.55 s and a step 1.4 s), and its first measured step corrects the plan. (A
-    third round where a size's two passes differ by PROBE_NOISE took every round allowed under
-    quotas: passes a few quota periods long differ by more than that from round to round.)"""
-    best = [math.inf] * len(sizes)
+    the larger is too fast for a line. Also how many rounds it took, and the spread: how far a
+    size's slowest pass ran over its fastest, the most over the sizes (0.5: 50 % longer). Two
+    rounds, not three: the slowest worker's passes delay every worker's first step (under a CPU
+    quota of 0.08 cores a round took 0.55 s and a step 1.4 s), and its first measured step
+    corrects the plan. (A third round where a size's two passes differ by PROBE_NOISE took every
+    round allowed under quotas: passes a few quota periods long differ by more than that from
+    round to round. The spread says so to the scheduler instead: see omnips/timemodel.py.)"""
+    best, worst = [math.inf] * len(sizes), [0.0] * len(sizes)
     rounds = 0
     while rounds == 0 or (probe_too_flat(best) and rounds < PROBE_ROUNDS * (1 + PROBE_RETRIES)):
         for _ in range(PROBE_ROUNDS):
-            best = [min(t, timed(size)) for t, size in zip(best, sizes)]
+            times = [timed(size) for size in sizes]
+            best = [min(t, u) for t, u in zip(best, times)]
+            worst = [max(t, u) for t, u in zip(worst, times)]
         rounds += PROBE_ROUNDS
-    return best, rounds
+    return best, rounds, max(w / b - 1 for w, b in zip(worst, best))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import reprlib
 # samples in one pass. Such values (subnormal times, a batch of 2**63) would make a time model's slope
 # 0 or its plan unsolvable, failing the job, or make one report count a whole job's samples.
 MIN_SECONDS, MAX_SECONDS = 1e-9, 1e6
+MAX_SPREAD = MAX_SECONDS / MIN_SECONDS - 1  # how much longer one measured time can be than another
 MAX_BATCH = 1 << 31
 
 

@@ -13,8 +13,8 @@ import numpy as np
 
 from .batching import BatchPlan
 from .cluster import ClusterMap, ServerStart, WorkerStart
-from .fieldchecks import (MAX_BATCH, MAX_SECONDS, MIN_SECONDS, at_most, brief, check_place, count, local_endpoints_ok,
-                          measured, non_negative, short_line)
+from .fieldchecks import (MAX_BATCH, MAX_SECONDS, MAX_SPREAD, MIN_SECONDS, at_most, brief, check_place, count,
+                          local_endpoints_ok, measured, non_negative, short_line)
 from .job import JobSpec
 
 VERSION = 3
@@ -134,9 +134,8 @@ class Report(Message):
 
 @dataclass(frozen=True)
 class Probe(Message):
-    """A worker's timed passes before its first step (dynamic batching): each of `batches`
-    took the matching `seconds`. The scheduler plans the first step from every worker's
-    probe and answers each with a `Plan`."""
+    """A worker's timed passes before its first step (dynamic batching): each of `batches` took the
+    matching `seconds`. The scheduler plans the first step from every probe, answering each with a `Plan`."""
 
     OP = "probe"
     rank: int
@@ -144,9 +143,11 @@ class Probe(Message):
     seconds: list
     mem_free: int = 0  # as in Report: the memory bound applies from the first step
     sample_bytes: int = 0
+    spread: float = 0.0  # how far a size's slowest pass ran over its fastest (omnips/batching.probe_times)
 
     def check(self):
         non_negative(self, "rank", "mem_free", "sample_bytes")
+        at_most(self, MAX_SPREAD, "spread")
         if (not 2 <= len(self.batches) <= 8 or not all(count(b) and 1 <= b <= MAX_BATCH for b in self.batches)
                 or len(set(self.batches)) != len(self.batches)):
             raise ValueError(f"batches must be 2 to 8 distinct sizes from 1 to {MAX_BATCH}, not {brief(self.batches)}")

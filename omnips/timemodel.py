@@ -179,6 +179,17 @@ class TimeModels:
             raise ValueError("no measurement yet")
         return self._lines[ranks]
 
+    def observe_probes(self, points: dict[int, tuple[list, list]], pooled: set[int]) -> None:
+        """Workers' probe passes (rank -> their sizes and seconds), each a point; a rank in
+        `pooled` gets one point instead, their samples in their time: its mean throughput."""
+        ranks = sorted(points)
+        one = [rank for rank in ranks if rank in pooled]
+        if one:
+            self.observe(one, [sum(points[r][0]) for r in one], [sum(points[r][1]) for r in one])
+        lined = [rank for rank in ranks if rank not in pooled]
+        for j in range(min((len(points[r][0]) for r in lined), default=0)):
+            self.observe(lined, [points[r][0][j] for r in lined], [points[r][1][j] for r in lined])
+
     def planning_lines(self, ranks: np.ndarray, batches: np.ndarray, global_batch: int) -> np.ndarray:
         """The lines to plan `ranks` by (their `batches` now), an (n, 2) array. One never measured
         (it just joined) is taken to be as fast as the typical measured worker (the median line);

@@ -28,6 +28,7 @@ class Planner:
         self._plan: BatchPlan | None = None  # static batching's plan (None before the start)
         self.probing: set[int] = set()  # ranks whose probe the start plan still waits for
         self._probes: dict[int, tuple[list, list]] = {}  # rank -> its probe's (batches, seconds)
+        self._spreads: dict[int, float] = {}  # rank -> its probe's spread
         self._probe_memory: dict[int, int] = {}  # rank -> the batch its free memory holds, from its probe
         self._memory_warned: set[int] = set()  # ranks whose memory estimate could not be applied
         # rank -> the last step it reported (Progress keeps it too, per worker object: an array makes
@@ -69,10 +70,11 @@ class Planner:
         the first step runs once every probe is in, else None."""
         self.probing.discard(msg.rank)
         self._probes[msg.rank] = (msg.batches, msg.seconds)
+        self._spreads[msg.rank] = msg.spread
         estimate = self._memory_estimate(msg.rank, msg.mem_free, msg.sample_bytes)
         if estimate is not None:
             self._probe_memory[msg.rank] = estimate
-        self.run.event("probe", worker=msg.rank, batches=msg.batches, seconds=msg.seconds)
+        self.run.event("probe", worker=msg.rank, batches=msg.batches, seconds=msg.seconds, spread=msg.spread)
         return None if self.probing else self._from_probes()
 
     def _from_probes(self) -> BatchPlan:
@@ -80,7 +82,7 @@ class Planner:
         when all that probed left: the plan stays)."""
         if self._probes:
             try:
-                adjustment, refused = self.control.probed(self._probes, self._probe_memory)
+                adjustment, refused = self.control.probed(self._probes, self._probe_memory, self._spreads)
             except ValueError as exc:
                 raise ValueError(f"dynamic batching failed on the probes: {exc}") from None
             for rank in refused:
@@ -143,6 +145,7 @@ class Planner:
         """Worker `rank` left: its probe says nothing of whoever takes its rank, and the
         others need not wait for it; the first step's plan when it was the last awaited."""
         self._probes.pop(rank, None)
+        self._spreads.pop(rank, None)
         self._probe_memory.pop(rank, None)
         if rank not in self.probing:
             return None

@@ -494,8 +494,8 @@ def test_the_probe_takes_more_rounds_while_its_larger_pass_is_too_fast():
     def timed(size):
         calls.append(size)
         return slow[size].pop(0)
-    seconds, rounds = probe_times(timed, (2, 4))
-    assert seconds == [0.01, 0.012] and rounds == 2 * PROBE_ROUNDS
+    seconds, rounds, spread = probe_times(timed, (2, 4))
+    assert seconds == [0.01, 0.012] and rounds == 2 * PROBE_ROUNDS and spread == pytest.approx(4.0)  # 0.05 / 0.01
     assert calls == [2, 4] * rounds  # the sizes in turn
 
 
@@ -507,11 +507,17 @@ def test_the_probe_takes_a_pair_too_steep_for_a_line_as_it_is():
     def timed(size):
         calls.append(size)
         return {2: 0.029, 4: 0.080}[size]
-    seconds, rounds = probe_times(timed, (2, 4))
-    assert seconds == [0.029, 0.080] and rounds == PROBE_ROUNDS and calls == [2, 4] * PROBE_ROUNDS
+    seconds, rounds, spread = probe_times(timed, (2, 4))
+    assert seconds == [0.029, 0.080] and rounds == PROBE_ROUNDS and calls == [2, 4] * PROBE_ROUNDS and spread == 0
 
 
 def test_the_probe_gives_up_after_its_retries():
-    seconds, rounds = probe_times(lambda size: 0.01 if size == 4 else 0.05, (2, 4))
+    seconds, rounds, _ = probe_times(lambda size: 0.01 if size == 4 else 0.05, (2, 4))
     assert seconds == [0.05, 0.01] and rounds == PROBE_ROUNDS * (1 + PROBE_RETRIES)
-    assert probe_times(lambda size: 0.001 * size, (2, 4)) == ([0.002, 0.004], PROBE_ROUNDS)
+    assert probe_times(lambda size: 0.001 * size, (2, 4)) == ([0.002, 0.004], PROBE_ROUNDS, 0.0)
+
+
+def test_the_probes_spread_is_how_far_a_sizes_slowest_pass_ran_over_its_fastest():
+    passes = {2: [0.030, 0.020], 4: [0.050, 0.060]}  # 50 % and 20 % apart: the spread is the larger
+    seconds, rounds, spread = probe_times(lambda size: passes[size].pop(0), (2, 4))
+    assert seconds == [0.020, 0.050] and rounds == PROBE_ROUNDS and spread == pytest.approx(0.5)

@@ -338,7 +338,8 @@ def test_missing_data_length():
     ("probe", "rank", -1), ("probe", "batches", [2]), ("probe", "batches", [2, 2]), ("probe", "batches", [0, 4]),
     ("probe", "seconds", [0.01]), ("probe", "seconds", [0.01, 0.0]), ("probe", "seconds", [0.01, math.inf]),
     ("probe", "seconds", [0.01, math.nan]), ("probe", "seconds", [0.01, 1]), ("probe", "batches", list(range(1, 10))),
-    ("probe", "mem_free", -1), ("probe", "sample_bytes", -1),
+    ("probe", "mem_free", -1), ("probe", "sample_bytes", -1), ("probe", "spread", -0.1),
+    ("probe", "spread", math.nan), ("probe", "spread", math.inf), ("probe", "spread", "wide"),
     # no timer reads a subnormal time (it made a time model's slope 0 and failed the job), nor
     # 11 days for a pass; no pass holds 2**31 samples
     ("probe", "seconds", [0.01, 5e-324]), ("probe", "seconds", [0.01, 1e308]), ("probe", "batches", [1, 2 ** 63]),

@@ -192,14 +192,14 @@ class _Session:
         """Once the model is in place: the job's time counts from the probe."""
         sizes = list(PROBE_BATCHES)
         with self.link.in_phase("probing its speed"):
-            seconds = self._probe(sizes)
-        self.link.send(Probe(rank=self.rank, batches=sizes, seconds=seconds,
+            seconds, spread = self._probe(sizes)
+        self.link.send(Probe(rank=self.rank, batches=sizes, seconds=seconds, spread=spread,
                              mem_free=memory.free_bytes(self.flat.device), sample_bytes=self.sample_bytes))
         self.core.probed(time.monotonic())
 
-    def _probe(self, sizes: list[int]) -> list[float]:
+    def _probe(self, sizes: list[int]) -> tuple[list[float], float]:
         """Seconds of one forward and backward pass over the first `size` samples, for each
-        of `sizes`, as this worker's (emulated) device takes them: the fastest of
+        of `sizes`, as this worker's (emulated) device takes them, and their spread: the fastest of
         PROBE_ROUNDS passes, taken in turn, since on a busy host noise only adds time (one
         slow pass of a few samples moved a whole start plan), and more while they disagree or
         the larger is too fast for a line (omnips/batching.probe_times). Nothing is pushed (the
@@ -212,14 +212,14 @@ class _Session:
         self.trainer.on_final_pass = self.trainer.on_retry = None
         try:
             with torch.random.fork_rng(devices=devices):
-                seconds, rounds = probe_times(lambda size: self._pad(0, size, self.trainer.compute(
+                seconds, rounds, spread = probe_times(lambda size: self._pad(0, size, self.trainer.compute(
                     list(range(size)))[1]), sizes)
             if rounds > PROBE_ROUNDS:
                 log.info("worker %d: probe passes of %s samples took %s s in %d rounds%s", self.rank, sizes,
                          [round(t, 4) for t in seconds], rounds,
                          " and the larger is still too fast for a line (a busy host?)"
                          if probe_too_flat(seconds) else "")
-            return seconds
+            return seconds, spread
         finally:
             self.trainer.on_final_pass, self.trainer.on_retry = hooks
             self.flat.params[self.flat.num_trained:] = buffers
