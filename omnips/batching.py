@@ -31,7 +31,8 @@ def probe_times(timed, sizes) -> tuple[list[float], int, float]:
     """The probe: `timed(size)` seconds for a pass of each size, PROBE_ROUNDS times in turn, the
     fastest of each counting (noise only adds time); more rounds, PROBE_RETRIES at most, while
     the larger is too fast for a line. Also how many rounds it took, and the spread: how far a
-    size's slowest pass ran over its fastest, the most over the sizes (0.5: 50 % longer). Two
+    size's slowest pass ran over its fastest, the least over the sizes (0.5: 50 % longer; one slow
+    pass is an outlier that the fastest leaves out, passes that disagree at every size are noise). Two
     rounds, not three: the slowest worker's passes delay every worker's first step (under a CPU
     quota of 0.08 cores a round took 0.55 s and a step 1.4 s), and its first measured step
     corrects the plan. (A third round where a size's two passes differ by PROBE_NOISE took every
@@ -45,7 +46,7 @@ def probe_times(timed, sizes) -> tuple[list[float], int, float]:
             best = [min(t, u) for t, u in zip(best, times)]
             worst = [max(t, u) for t, u in zip(worst, times)]
         rounds += PROBE_ROUNDS
-    return best, rounds, max(w / b - 1 for w, b in zip(worst, best))
+    return best, rounds, min(w / b - 1 for w, b in zip(worst, best))
 
 
 @dataclass(frozen=True)

@@ -334,7 +334,7 @@ class BatchControl:
         times): each worker's line through its probe points, within the batches its free
         memory holds (rank -> an estimate, as `estimate` takes), then a decision as after a
         window. Also the ranks whose memory estimate could not be applied. A worker whose
-        passes of one size ran more than PROBE_NOISE apart (`spreads`, rank -> probe_times's)
+        passes of every size ran more than PROBE_NOISE apart (`spreads`, rank -> probe_times's)
         is taken at its mean throughput over them instead: passes a few samples apart, each
         a quota period off, make a line that extrapolates to anything (under CPU quotas one
         gave a worker 79 samples where its quota called for 43; the mean throughputs came

@@ -495,7 +495,7 @@ def test_the_probe_takes_more_rounds_while_its_larger_pass_is_too_fast():
         calls.append(size)
         return slow[size].pop(0)
     seconds, rounds, spread = probe_times(timed, (2, 4))
-    assert seconds == [0.01, 0.012] and rounds == 2 * PROBE_ROUNDS and spread == pytest.approx(4.0)  # 0.05 / 0.01
+    assert seconds == [0.01, 0.012] and rounds == 2 * PROBE_ROUNDS and spread == 0  # the 4-sample passes agree
     assert calls == [2, 4] * rounds  # the sizes in turn
 
 
@@ -517,7 +517,9 @@ def test_the_probe_gives_up_after_its_retries():
     assert probe_times(lambda size: 0.001 * size, (2, 4)) == ([0.002, 0.004], PROBE_ROUNDS, 0.0)
 
 
-def test_the_probes_spread_is_how_far_a_sizes_slowest_pass_ran_over_its_fastest():
-    passes = {2: [0.030, 0.020], 4: [0.050, 0.060]}  # 50 % and 20 % apart: the spread is the larger
+def test_the_probes_spread_is_how_far_a_sizes_slowest_pass_ran_over_its_fastest_at_every_size():
+    passes = {2: [0.030, 0.020], 4: [0.050, 0.060]}  # 50 % and 20 % apart: the spread is the lesser
     seconds, rounds, spread = probe_times(lambda size: passes[size].pop(0), (2, 4))
-    assert seconds == [0.020, 0.050] and rounds == PROBE_ROUNDS and spread == pytest.approx(0.5)
+    assert seconds == [0.020, 0.050] and rounds == PROBE_ROUNDS and spread == pytest.approx(0.2)
+    passes = {2: [0.090, 0.020], 4: [0.040, 0.040]}  # one slow pass: an outlier the fastest leaves out
+    assert probe_times(lambda size: passes[size].pop(0), (2, 4)) == ([0.020, 0.040], PROBE_ROUNDS, 0.0)
