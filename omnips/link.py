@@ -26,6 +26,9 @@ from .protocol import Ack, Error, Heartbeat, ProtocolError, Register, Shutdown, 
 log = logging.getLogger(__name__)
 
 
+PHASE_ECHO_S = 1.0  # the longest a phase waits for the scheduler's echo of its first heartbeat
+
+
 class LinkError(RuntimeError):
     """The scheduler cannot be reached, refused us, or went silent."""
 
@@ -173,10 +176,20 @@ class SchedulerLink:
     def in_phase(self, phase: str):
         """Our heartbeats say `phase` while the block runs (loading the data set, building
         the model, restoring a shard): a silence that ends the process is told with it. One
-        says it at once: a process that stops at the start of the block is lost with it."""
+        says it at once, and the block waits for the scheduler's echo of it (a heartbeat
+        interval at most, PHASE_ECHO_S): a process that stops at the start of the block
+        (SIGSTOP, a frozen host) is lost with it, not with the phase before, its heartbeat
+        still inside the process (seen under load: the thread had not sent it yet)."""
         before = self.state
         self.state = {"phase": phase}
-        self.send(self._heartbeat())
+        if self._thread is None:
+            self.send(self._heartbeat())
+        else:
+            self._echo_asked += 1
+            self._thread.expect_echo(self._echo_asked)
+            self.send(self._heartbeat())  # (asks for the echo: not echoed() now)
+            if not self._thread.wait_echo(self._echo_asked, min(self.heartbeat_s, PHASE_ECHO_S)):
+                log.debug("the scheduler did not echo our phase %r at once", phase)
         try:
             yield
         finally:
@@ -191,7 +204,7 @@ class SchedulerLink:
         self.send(Heartbeat(echo=self._echo_asked))
 
     def echoed(self) -> bool:
-        """Whether the echo of the last `ask_echo` has been read (True when none was asked):
+        """Whether the echo of the last `ask_echo` (or phase) has been read (True when none was asked):
         then so has everything the scheduler sent before it heard that heartbeat."""
         return self._echo_heard >= self._echo_asked
 

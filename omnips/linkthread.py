@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 import zmq
 
-from . import protocol, transport
+from . import codec, protocol, transport
+from .protocol import Heartbeat, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,10 @@ class LinkThread:
         self.pipe.bind(address)
         self._far.connect(address)
         self._sock, self._heartbeat, self._interval_s = sock, heartbeat, interval_s
+        # the echoes the scheduler sent, as they pass up the pipe: a wait for one (wait_echo) needs
+        # no read of the pipe, where other messages stay in order for the process
+        self._echoes = threading.Condition()
+        self._echo_wanted = self._echo_seen = 0
         # a daemon: a process that ends without `stop` (an uncaught error) is not held up
         self._thread = threading.Thread(target=self._run, name="scheduler-link", daemon=True)
         self._thread.start()  # (a full memory barrier: the sockets now belong to the thread)
@@ -75,7 +80,9 @@ class LinkThread:
                 events = dict(poller.poll(max(0, int(1000 * wait_s)) + 1))
                 if self._sock in events:
                     while self._sock.poll(0):
-                        self._far.send_multipart(transport.recv_frames(self._sock), copy=False)
+                        frames = transport.recv_frames(self._sock)
+                        self._note_echo(frames)
+                        self._far.send_multipart(frames, copy=False)
                 if self._far in events:
                     while self._far.poll(0):
                         frames = transport.recv_frames(self._far)
@@ -89,6 +96,28 @@ class LinkThread:
         finally:
             self._sock.close()  # its linger lets the last messages leave
             self._far.close()
+
+    def expect_echo(self, echo: int) -> None:
+        """Watch for the scheduler's echo `echo` from now on (before the heartbeat asking it leaves)."""
+        with self._echoes:
+            self._echo_wanted = max(self._echo_wanted, echo)
+
+    def wait_echo(self, echo: int, timeout_s: float) -> bool:
+        """Whether the scheduler's echo `echo` (expected) came within `timeout_s`."""
+        with self._echoes:
+            return self._echoes.wait_for(lambda: self._echo_seen >= echo, timeout_s)
+
+    def _note_echo(self, frames: list) -> None:
+        if self._echo_seen >= self._echo_wanted:
+            return  # nothing awaited: nothing decoded
+        try:
+            msg = codec.decode(frames)
+        except ProtocolError:
+            return  # the process's own read says why
+        if isinstance(msg, Heartbeat) and msg.echo > self._echo_seen:
+            with self._echoes:
+                self._echo_seen = msg.echo
+                self._echoes.notify_all()
 
     def _send(self, msg: protocol.Message) -> None:
         try:

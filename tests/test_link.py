@@ -129,22 +129,36 @@ def test_from_its_thread_heartbeats_flow_while_the_process_is_busy_and_say_its_p
     link.start_thread()
     assert recv() == Heartbeat()  # the first at once
     link.state = {"phase": "computing", "step": 7}
+    # (the stand-in echoes nothing: the phase goes on after PHASE_ECHO_S, and our heartbeats ask
+    # for the echo until the process reads one)
     with link.in_phase("building the model"):  # the caller is busy here: it reads nothing from the link
-        _until(recv, Heartbeat(phase="building the model"))  # at once, then every interval
-        assert [recv(), recv()] == [Heartbeat(phase="building the model")] * 2
+        _until(recv, Heartbeat(phase="building the model", echo=1))  # at once, then every interval
+        assert [recv(), recv()] == [Heartbeat(phase="building the model", echo=1)] * 2
     assert link.state == {"phase": "computing", "step": 7}  # what the heartbeats say again
-    _until(recv, Heartbeat(phase="computing", step=7))
+    _until(recv, Heartbeat(phase="computing", step=7, echo=1))
 
 
-def test_a_phase_is_said_at_once_not_a_heartbeat_interval_later(linked):
+def test_a_phase_is_said_at_once_and_begins_once_the_scheduler_has_heard_it(linked):
     """A process that stops at the start of a phase (frozen while it builds its model) is
-    lost with that phase, not the one before."""
-    link, _, _, recv = linked
+    lost with that phase, not the one before: the phase's heartbeat has left it. Under load
+    it had not (the thread had yet to send it when the process stopped itself)."""
+    link, send, _, recv = linked
     link.heartbeat_s = 60.0  # the thread's next heartbeat is a minute away
     link.start_thread()
     assert recv() == Heartbeat()
+    said, echoed = [], threading.Event()
+
+    def scheduler():  # the stand-in hears the phase, and echoes it
+        said.append(recv())
+        send(Heartbeat(echo=said[-1].echo))
+        echoed.set()
+
+    hearing = threading.Thread(target=scheduler)
+    hearing.start()  # (the router is the thread's alone until it ends)
     with link.in_phase("building the model"):
-        assert recv() == Heartbeat(phase="building the model")
+        assert echoed.is_set() and said == [Heartbeat(phase="building the model", echo=1)]
+    hearing.join()
+    assert link.sock.poll(10_000) and link.receive() is None and link.echoed()  # the echo, read later
 
 
 def test_through_its_thread_messages_go_both_ways_in_order_and_the_last_leaves_before_it_ends(linked):
