@@ -37,7 +37,7 @@ def probe_times(timed, sizes) -> tuple[list[float], int, float]:
     quota of 0.08 cores a round took 0.55 s and a step 1.4 s), and its first measured step
     corrects the plan. (A third round where a size's two passes differ by PROBE_NOISE took every
     round allowed under quotas: passes a few quota periods long differ by more than that from
-    round to round. The spread says so to the scheduler instead: see omnips/timemodel.py.)"""
+    round to round. The spread says so to the scheduler instead: scheduler/control.py's probed.)"""
     best, worst = [math.inf] * len(sizes), [0.0] * len(sizes)
     rounds = 0
     while rounds == 0 or (probe_too_flat(best) and rounds < PROBE_ROUNDS * (1 + PROBE_RETRIES)):

@@ -72,6 +72,7 @@ class BatchControl:
         self._stepped = np.zeros(n, dtype=bool)  # measured in a window of real steps (not only probed)
         self._rough = False  # no full window has decided yet: the plan in force is a guess (see replan)
         self._hasty = False  # the plan in force was decided on fewer than FIRST_WINDOW first steps
+        self._first_window = min(FIRST_WINDOW, job.adjust_every - 1)  # (a full window may be shorter)
         self._confirmed = np.zeros(n, dtype=bool)  # its last window agreed with its model's prediction
         self._seen = Seen(n)
         self._even: tuple[tuple[bytes, bytes], tuple[int, ...] | None] | None = None  # (ranks and bounds, the split)
@@ -136,9 +137,8 @@ class BatchControl:
         change of speed: its last CHANGE_STEPS measurements all miss its model's trusted prediction
         by more than its tolerance (or see FIRST_WINDOW)."""
         window = self._windows[rank]
-        need = self.job.adjust_every - 1
-        if not self._stepped[rank] or self._hasty:  # the job's start, a joiner, a hasty plan: see FIRST_WINDOW
-            need = min(need, FIRST_WINDOW)
+        # the job's start, a joiner, a hasty plan: see FIRST_WINDOW
+        need = self._first_window if not self._stepped[rank] or self._hasty else self.job.adjust_every - 1
         (self._measuring.add if window else self._measuring.discard)(rank)
         if len(window) >= need:
             self._full.add(rank)
@@ -184,7 +184,7 @@ class BatchControl:
         # or decided on first steps): the deadband does not hold it (a sample off held 50 steps at HL1)
         rough, self._rough = self._rough, not self._stepped[measured].all()
         first_steps = self._windows.lengths()[measured][~self._stepped[measured]]
-        self._hasty = bool(np.any(first_steps < min(FIRST_WINDOW, self.job.adjust_every - 1)))
+        self._hasty = bool(np.any(first_steps < self._first_window))
         self._stepped[measured] = True
         step_s = float(norm.max()) if len(measured) == len(self._active) else None
         if step_s is not None:

@@ -27,8 +27,7 @@ class Planner:
         self.control: BatchControl | None = None  # dynamic batching, once the cluster is complete
         self._plan: BatchPlan | None = None  # static batching's plan (None before the start)
         self.probing: set[int] = set()  # ranks whose probe the start plan still waits for
-        self._probes: dict[int, tuple[list, list]] = {}  # rank -> its probe's (batches, seconds)
-        self._spreads: dict[int, float] = {}  # rank -> its probe's spread
+        self._probes: dict[int, Probe] = {}  # rank -> its probe
         self._probe_memory: dict[int, int] = {}  # rank -> the batch its free memory holds, from its probe
         self._memory_warned: set[int] = set()  # ranks whose memory estimate could not be applied
         # rank -> the last step it reported (Progress keeps it too, per worker object: an array makes
@@ -69,8 +68,7 @@ class Planner:
         """A starting worker's timed passes (the service checked it was awaited): the plan
         the first step runs once every probe is in, else None."""
         self.probing.discard(msg.rank)
-        self._probes[msg.rank] = (msg.batches, msg.seconds)
-        self._spreads[msg.rank] = msg.spread
+        self._probes[msg.rank] = msg
         estimate = self._memory_estimate(msg.rank, msg.mem_free, msg.sample_bytes)
         if estimate is not None:
             self._probe_memory[msg.rank] = estimate
@@ -82,7 +80,9 @@ class Planner:
         when all that probed left: the plan stays)."""
         if self._probes:
             try:
-                adjustment, refused = self.control.probed(self._probes, self._probe_memory, self._spreads)
+                adjustment, refused = self.control.probed(
+                    {rank: (p.batches, p.seconds) for rank, p in self._probes.items()}, self._probe_memory,
+                    {rank: p.spread for rank, p in self._probes.items()})
             except ValueError as exc:
                 raise ValueError(f"dynamic batching failed on the probes: {exc}") from None
             for rank in refused:
@@ -145,7 +145,6 @@ class Planner:
         """Worker `rank` left: its probe says nothing of whoever takes its rank, and the
         others need not wait for it; the first step's plan when it was the last awaited."""
         self._probes.pop(rank, None)
-        self._spreads.pop(rank, None)
         self._probe_memory.pop(rank, None)
         if rank not in self.probing:
             return None
