@@ -1,27 +1,29 @@
 """Workers' compute times as lines in their batch sizes, fitted from recent measurements.
 
-`observe(ranks, batches, seconds)` takes each worker's robust time for a window
-at its batch; `lines(ranks)` returns (a, c) with t(b) ~ a + c*b. With points at
-two or more batch sizes far enough apart, it is a weighted least-squares fit
-(older points weigh less: the worker's speed may drift); otherwise the line
-through the origin and the points' weighted mean (a = 0: constant throughput),
-and for the paper's rule, or a fit whose time does not grow with the batch, the
-one through the newest point. A size measured again is averaged into its point,
-the earlier windows weighing less, and leaves the other points as they were: a
-plan that holds still keeps the slope it learnt and measures its point ever more
-precisely. Each point keeps two averages over the windows measured at it: a
-short one (the earlier windows keep FORGET of their weight) and a long one
-(REPEAT), which the fit uses. With noise independent from window to window and
-well under DRIFT, the long one's error is 0.58 of the short one's (0.33 of a
-single window's): the slowest of thousands of workers' errors sets a BSP step. It
-trails a drifting speed by about four windows' drift where the short one trails
-by one; where the two part by more than DRIFT to the same side at two
-measurements of the size running, the long one restarts from the short one (one
-window's outlier does not restart it). A new size ages both averages of the
-other points. Once a line is fitted, a size within half MIN_SPREAD of a point is
-that point measured again, moved along the line: a plan that moves by a few
-samples each window (thousands of workers' noise moves some every time) averages
-as well as one that holds still.
+`observe(ranks, batches, seconds)` takes each worker's robust time for a window at its
+batch; `lines(ranks)` returns (a, c) with t(b) ~ a + c*b. With points at two or more
+batch sizes far enough apart, its slope is a weighted least-squares fit's (older points
+weigh less: the worker's speed may drift) and it runs through the newest point: the plan
+in force is judged by what it measured, the other points only say how the time moves
+with the batch (a point left by the plan, measured in a noise that has passed, kept a
+worker under CPU quotas predicted 6 % faster than it ran at its batch, and the plan off
+balance for good). Otherwise the line through the origin and the points' weighted mean
+(a = 0: constant throughput), and for the paper's rule, a negative intercept or a fit
+whose time does not grow with the batch, the one through the newest point. A size
+measured again is averaged into its point, the earlier windows weighing less, and leaves
+the other points as they were: a plan that holds still keeps the slope it learnt and
+measures its point ever more precisely. Each point keeps two averages over the windows
+measured at it: a short one (the earlier windows keep FORGET of their weight) and a long
+one (REPEAT), which the fit uses. With noise independent from window to window and well
+under DRIFT, the long one's error is 0.58 of the short one's (0.33 of a single
+window's): the slowest of thousands of workers' errors sets a BSP step. It trails a
+drifting speed by about four windows' drift where the short one trails by one; where the
+two part by more than DRIFT to the same side at two measurements of the size running,
+the long one restarts from the short one (one window's outlier does not restart it). A
+new size ages both averages of the other points. Once a line is fitted, a size within
+half MIN_SPREAD of a point is that point measured again, moved along the line: a plan
+that moves by a few samples each window (thousands of workers' noise moves some every
+time) averages as well as one that holds still.
 
 A measurement far from a trustworthy prediction means the worker's speed changed
 (throttling, another job on the machine, an emulated slowdown). Such changes
@@ -248,12 +250,10 @@ def _fit(w: np.ndarray, bs: np.ndarray, ts: np.ndarray, nb: np.ndarray, nt: np.n
     db = bs - mb
     wdb = w * db
     c = (wdb * (ts - mt)).sum(axis=0) / (wdb * db).sum(axis=0)
-    line = np.stack([mt - c * mb, c], axis=1)
-    low = line[:, 0] < 0  # a negative intercept: the weighted mean throughput through the origin
-    if low.any():
-        wl, tl, bl = (np.compress(low, x, axis=1) for x in (w, ts, bs))
-        line[low, 0] = 0.0
-        line[low, 1] = (wl * tl / np.where(wl > 0, bl, 1.0)).sum(axis=0) / total[low]
+    nbf, ntf = nb[fit], nt[fit]  # the slope from every point, the line through the newest (see the docstring)
+    line = np.stack([ntf - c * nbf, c], axis=1)
+    low = line[:, 0] < 0  # a negative intercept: through the origin and the newest point
+    line[low] = _through_origin(nbf[low], ntf[low])
     # time not growing with batch (a starved process takes its time whatever its batch): no usable
     # slope, the line through the newest point; a slope a millionth of the mean time per sample is
     # none either (equal_time would give it ~1e19 samples per second)
