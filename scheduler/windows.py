@@ -10,12 +10,15 @@ how much of the period's quota is left when it starts: a worker's steps at one b
 those steps were outliers or, three to one side, a "change" that restarted the window, so
 no window ever filled and the controller never decided again: a plan with one worker 3x
 slower than the others held for 55 steps. A worker's tolerance is therefore the larger of
-CHANGE and SPREAD_K robust standard deviations (1.4826 x the median absolute deviation,
-relative to the median) of its last RECENT reports, outliers included.
+CHANGE and SPREAD_K robust standard deviations (1.4826 x the median absolute deviation) of
+the logarithms of its last RECENT reports, outliers included: times are off by factors (half
+the time is as far off as twice it; a tolerance of 54 % read as a difference hid a worker's
+steps at half their time, a neighbour's hog gone, for a whole window).
 
 Pure: no clock, no I/O.
 """
 
+import math
 import statistics
 from collections import deque
 
@@ -40,12 +43,11 @@ SPREAD_K = 3.0  # robust standard deviations off the window that make a step far
 MAD_SIGMA = 1.4826  # the median absolute deviation of a normal distribution, in standard deviations
 
 
-def relative_spread(times) -> float:
-    """A robust standard deviation of `times`, relative to their median."""
-    med = statistics.median(times)
-    if med <= 0:
-        return 0.0
-    return MAD_SIGMA * statistics.median(abs(t - med) for t in times) / med
+def log_spread(times) -> float:
+    """A robust standard deviation of the logarithms of `times` (> 0): a spread by factors."""
+    logs = [math.log(t) for t in times]
+    med = statistics.median(logs)
+    return MAD_SIGMA * statistics.median(abs(x - med) for x in logs)
 
 
 def host_pace(ratios: np.ndarray) -> float:
@@ -91,17 +93,20 @@ class StepNoise:
 
     def far(self, rank: int, seconds: float, typical: float) -> bool:
         """Whether `seconds` is further off `typical` than the worker's tolerance (its spread
-        computed only past CHANGE, where it matters); a nan `typical` is near everything."""
-        off = abs(seconds - typical)
-        return off > CHANGE * typical and off > self.tolerance(rank) * typical
+        computed only past CHANGE, where it matters), as a factor either way; a nan `typical`
+        is near everything."""
+        if not abs(seconds - typical) > CHANGE * typical:
+            return False
+        return max(seconds / typical, typical / seconds) > 1 + self.tolerance(rank)
 
     def tolerance(self, rank: int) -> float:
-        """How far, relative, a step may be off the worker's window and still belong to it."""
-        return max(CHANGE, SPREAD_K * self._estimate(rank))
+        """How far, relative, a step may be off the worker's window (either way, as a factor:
+        1 + tolerance) and still belong to it."""
+        return max(CHANGE, math.expm1(SPREAD_K * self._estimate(rank)))
 
     def _estimate(self, rank: int) -> float:
         if len(self._recent[rank]) >= MIN_REPORTS:
-            self._spread[rank] = relative_spread(self._recent[rank])
+            self._spread[rank] = log_spread(self._recent[rank])
         return self._spread[rank]
 
 

@@ -175,18 +175,46 @@ def test_steps_noisy_by_a_quota_still_fill_windows_and_the_plan_follows():
     window filled, and a plan with the slowest worker 3x slower than the others held for 55
     steps. Here the probe (short passes that fit in the quota) takes worker 2 for fast; every
     step is off its line by up to -40 %/+50 %. The controller keeps deciding, and settles near
-    the best plan."""
+    the best plan: over six noise draws, its plans' steps from step 100 on average under 1.2x
+    the best plan's (one draw's average lies anywhere in 1.10-1.25x)."""
     a, c = [0.0] * 4, [0.0027, 0.0026, 0.0037, 0.0010]
-    rng = np.random.default_rng(0)
-    factors = rng.uniform(0.6, 1.5, size=(300, 4))
-    plans, decisions = drive(a, c, 128, lambda step, b, t: t * factors[step], steps=300,
-                             probe_c=[0.0027, 0.0026, 0.0015, 0.0010])
-    steps = [step for step, _, _ in decisions]
-    assert max(np.diff(steps)) <= 2 * ADJUST_EVERY, steps  # a decision every window or so (before: 5, then 113)
-    true = [max(ci * bi for ci, bi in zip(c, p)) for p in plans]
     best = max(ci * bi for ci, bi in zip(c, oracle(a, c, 128)))
-    assert true[0] > 1.4 * best  # the probe's plan is far off (it overloads worker 2)
-    assert np.mean(true[100:]) < 1.2 * best, (np.mean(true[100:]), best, plans[-1])
+    settled = []
+    for seed in range(6):
+        factors = np.random.default_rng(seed).uniform(0.6, 1.5, size=(300, 4))
+        plans, decisions = drive(a, c, 128, lambda step, b, t: t * factors[step], steps=300,
+                                 probe_c=[0.0027, 0.0026, 0.0015, 0.0010])
+        steps = [step for step, _, _ in decisions]
+        # a decision every window or so (before: 5, then 113), a window's outliers left out of it
+        assert max(np.diff(steps)) <= 2 * ADJUST_EVERY + CHANGE_STEPS, steps
+        true = [max(ci * bi for ci, bi in zip(c, p)) for p in plans]
+        assert true[0] > 1.4 * best  # the probe's plan is far off (it overloads worker 2)
+        settled.append(np.mean(true[100:]) / best)
+    assert np.mean(settled) < 1.2, settled
+
+
+def test_a_noisy_worker_twice_as_fast_at_once_re_plans_within_change_steps():
+    """Under CPU quotas a neighbour's hog halved worker 0's share: at 13 samples its steps took
+    0.85-1.98 s, the others' about 1.3 s. The hog gone, its steps took 0.53-0.70 s. Its spread
+    read as differences made a tolerance of 54 %, and 0.64 s near 1.27 (50 % less): the plan
+    waited for a full window, 8 steps at 1.3 s where the new speeds allow about 1.15. Read
+    as factors (a tolerance of 1.67x), 1.27 over 0.64 is 1.98x: a change."""
+    ran = [1.975, 1.313, 1.268, 1.271, 1.12, 1.577, 1.046, 1.027, 0.849, 1.421, 1.432, 1.335, 1.335,
+           1.35, 1.207, 1.165, 1.534, 1.27, 1.272]  # worker 0's steps under the hog, as they ran
+    after = [0.642, 0.525, 0.627, 0.61, 0.559, 0.696, 0.599, 0.677, 0.671]  # and once it was gone
+    others = [1.3 / 26, 1.3 / 18, 1.3 / 71]  # seconds per sample: 1.3 s at their batches
+    job = JobSpec(num_workers=4, global_batch=128, batching="dynamic", adjust_every=ADJUST_EVERY)
+    ctl = BatchControl(job, BatchPlan(0, (13, 26, 18, 71)))
+    for k, t in enumerate(ran + after):
+        for rank, b in enumerate(ctl.plan.batches):
+            ctl.on_step(rank, b, t if rank == 0 else others[rank - 1] * b)
+        if ctl.ready:
+            ctl.replan()
+            if k < len(ran):
+                ctl.plan = BatchPlan(ctl.plan.gen + 1, (13, 26, 18, 71))  # held, as it was in the run
+            else:
+                break
+    assert k - len(ran) + 1 == CHANGE_STEPS and ctl.plan.batches[0] > 20, (k, ctl.plan)
 
 
 SCHEDULES = [(cs, kind, who, size, start, end)
