@@ -6,15 +6,33 @@ import datetime
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
+
 
 def machine_lines() -> list[str]:
-    """The date and the machine, for the head of a results file."""
+    """The date, the code and the machine, for the head of a results file."""
     return [f"- date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
+            f"- code: {code_version()}",
             f"- nproc: {len(os.sched_getaffinity(0))}, {platform.machine()}, Python {platform.python_version()}"]
+
+
+def code_version() -> str:
+    """The commit this checkout is at, and whether its tracked files were changed since: what
+    a results file measured (the controller changes between runs)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(HERE), *args], capture_output=True, text=True, timeout=30)
+    try:
+        head, status = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown ({exc})"
+    if head.returncode:
+        return f"unknown (not a git checkout: {head.stderr.strip()})"
+    return head.stdout.strip() + (", with uncommitted changes" if status.stdout.strip() else "")
 
 
 def publish(lines: list[str], out: Path) -> None:
