@@ -99,14 +99,20 @@ class Seen:
         self.batch[ranks] = 0.0
 
     def changed(self, ranks, batches, seconds) -> bool:
-        """Record a window of each of `ranks`; whether any, against its last window within
-        MIN_SPREAD of its batch (scaled to it), changed speed by more than CHANGE. Only a
-        time measured near the same batch tells: across batches a worker need not be a line
-        (a quota that runs out mid-step), and a model's prediction there rests on such a line."""
+        """Record a window of each of `ranks`; whether any changed speed by more than CHANGE:
+        against its last window within MIN_SPREAD of its batch (scaled to it), or against its
+        last window at all where its time moved the other way from its batch (no worker runs
+        fewer samples more slowly: under CPU quotas a neighbour's hog doubled a worker's time
+        as the plan cut its batch from 25 to 22, and the plan went back to one measured before
+        the hog). Nothing else tells: across batches a worker need not be a line (a quota that
+        runs out mid-step), and a model's prediction there rests on such a line."""
         b = np.asarray(batches, dtype=np.float64)
         t = np.asarray(seconds, dtype=np.float64)
         last_b, last_t = self.batch[ranks], self.time[ranks]
-        near = (last_b > 0) & (np.abs(b - last_b) <= MIN_SPREAD * last_b)
+        seen = last_b > 0
+        near = seen & (np.abs(b - last_b) <= MIN_SPREAD * last_b)
         expected = last_t * b / np.where(near, last_b, 1.0)
+        slower, faster = t > (1 + CHANGE) * last_t, (1 + CHANGE) * t < last_t
+        against = seen & (((b <= last_b) & slower) | ((b >= last_b) & faster))
         self.batch[ranks], self.time[ranks] = b, t
-        return bool(np.any(near & (np.abs(t - expected) > CHANGE * expected)))
+        return bool(np.any((near & (np.abs(t - expected) > CHANGE * expected)) | against))

@@ -252,6 +252,24 @@ def window(ctl, times):
     return ctl.replan()
 
 
+def test_a_worker_slower_at_a_smaller_batch_changed_speed_and_the_plans_before_are_forgotten():
+    """Under CPU quotas 9/9/6/24, as a neighbour's hog took half of worker 0's share, the plan cut
+    its batch from 25 to 22 samples (12 %, too far to compare the two windows scaled) and its
+    window took 2.58 s where 25 samples had taken 1.36. Its model, not trusted at 22, saw no
+    change either, and the plan went back to [25, 26, 16, 61], measured before the hog, then to
+    another plan measured before it: 24 steps at about 2.6 s. Fewer samples in more time is a
+    change of speed, whatever the distance."""
+    job = JobSpec(num_workers=4, global_batch=128, batching="dynamic", adjust_every=ADJUST_EVERY)
+    ctl = BatchControl(job, BatchPlan(0, (24, 20, 15, 69)))
+    for plan, times in [((24, 20, 15, 69), [1.398, 1.158, 1.332, 1.496]),
+                        ((25, 26, 16, 61), [1.361, 1.364, 1.317, 1.163]),
+                        ((22, 24, 15, 67), [2.582, 1.286, 1.236, 1.305])]:
+        ctl.plan = BatchPlan(ctl.plan.gen + 1, plan)  # (as the models set it in the run)
+        adj = window(ctl, times)
+    assert adj.reason != "regret" and len(ctl.ran) == 1, adj  # only the window after the change
+    assert ctl.plan.batches[0] <= 12, ctl.plan  # half its batch, or less: it runs at half its speed
+
+
 def test_a_change_of_speed_seen_across_a_small_move_forgets_the_plans_measured_before_it():
     """Worker 1 moved from 34 to 32 samples as its CPU quota was cut (the cgroup test saw
     it): 48 ms where 34 samples took 8.7. Measured against its window at 34, scaled, that is

@@ -15,6 +15,7 @@ from omnips.scheduler import control
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+import report  # noqa: E402
 import simulate  # noqa: E402
 
 
@@ -53,7 +54,8 @@ def test_the_probe_plans_the_first_step_and_without_it_equal_batches_take_an_adj
 @pytest.mark.slow  # a whole table of simulated runs, twice
 @pytest.mark.parametrize("flags, start", [([], "- start: the probe, one pass of 2 and 4 samples"),
                                           (["--no-probe"], "- start: equal batches (--no-probe)")])
-def test_the_table_has_a_row_per_scenario_and_kind_of_noise(tmp_path, flags, start):
+def test_the_table_has_a_row_per_scenario_and_kind_of_noise(tmp_path, monkeypatch, flags, start):
+    monkeypatch.setattr(report, "code_version", lambda: "(asked of git: tests/test_report.py)")  # (a process)
     out = tmp_path / "simulate.md"
     assert simulate.main(["--workers", "4,8", "--steps", "40", "--tiled-cases", "3", "--warm-up-reps", "1", *flags,
                           "--out", str(out)]) == 0
