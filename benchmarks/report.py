@@ -27,12 +27,13 @@ def code_version() -> str:
     def git(*args):
         return subprocess.run(["git", "-C", str(HERE), *args], capture_output=True, text=True, timeout=30)
     try:
-        head, status = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+        head = git("rev-parse", "--short", "HEAD")
+        if head.returncode:
+            return f"unknown (not a git checkout: {head.stderr.strip()})"
+        changed = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unknown ({exc})"
-    if head.returncode:
-        return f"unknown (not a git checkout: {head.stderr.strip()})"
-    return head.stdout.strip() + (", with uncommitted changes" if status.stdout.strip() else "")
+    return head.stdout.strip() + (", with uncommitted changes" if changed else "")
 
 
 def publish(lines: list[str], out: Path) -> None:

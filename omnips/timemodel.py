@@ -258,6 +258,6 @@ def _fit(w: np.ndarray, bs: np.ndarray, ts: np.ndarray, nb: np.ndarray, nt: np.n
     # slope, the line through the newest point; a slope a millionth of the mean time per sample is
     # none either (equal_time would give it ~1e19 samples per second)
     flat = c <= 1e-6 * mt / mb
-    line[flat] = _through_origin(nb[fit][flat], nt[fit][flat])
+    line[flat] = _through_origin(nbf[flat], ntf[flat])
     out[fit] = line
     return out

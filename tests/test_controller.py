@@ -532,11 +532,14 @@ def test_a_fitted_line_runs_through_the_newest_point(windows):
     judged by what it measured; the other points give the slope)."""
     model = TimeModel()
     m = model._models
+    fitted = 0
     for b, noise in windows:
         model.observe(b, (0.1 + 0.03 * b) * noise)
         if timemodel._spread(m.weight, m.batch)[0]:
             newest = (m.weight[:, 0] > 0) & (m.batch[:, 0] == b)
             assert model.predict(b) == pytest.approx(float(m.steady[newest, 0][0]))
+            fitted += 1
+    assume(fitted)  # (windows at one batch give no fit: they say nothing here)
 
 
 def test_a_point_left_by_the_plan_does_not_hold_the_plan_off_balance():
