@@ -19,17 +19,21 @@ import quota  # noqa: E402
 pytestmark = pytest.mark.cluster  # every test here starts processes
 
 WHY = quota.available()
+# the workers import the upscaled data set (benchmarks/upscaled.py) from there
+BENCHMARKS_ON_PATH = {"PYTHONPATH": os.pathsep.join(filter(None, [str(Path(quota.__file__).parent),
+                                                                 os.environ.get("PYTHONPATH")]))}
 
 
 @pytest.mark.skipif(WHY is not None, reason=f"CPU quotas cannot be set here: {WHY}")
 def test_a_worker_with_a_quarter_of_the_cpu_gets_the_smaller_batch(tmp_path):
     run_dir = tmp_path / "run"
-    job = ["--mode", "bsp", "--model", "cnn", "--batching", "dynamic", "--global-batch", "64", "--max-steps", "40",
-           "--adjust-every", "5", "--seed", "0"]
+    job = ["--mode", "bsp", "--model", "cnn", "--dataset", "upscaled:digits", "--dataset-args", '{"scale": 3}',
+           "--batching", "dynamic", "--global-batch", "64", "--max-steps", "40", "--adjust-every", "5", "--seed", "0"]
     with contextlib.ExitStack() as stack:
         fast, slow = (stack.enter_context(quota.CpuQuota(f"omnips-test-{os.getpid()}-{name}", cores))
                       for name, cores in (("fast", 0.6), ("slow", 0.15)))
-        cluster = stack.enter_context(LocalCluster(run_dir, job, 1, [WorkerSpec(), WorkerSpec()]))
+        cluster = stack.enter_context(LocalCluster(run_dir, job, 1, [WorkerSpec(), WorkerSpec()],
+                                                   env=BENCHMARKS_ON_PATH))
         cluster.start_scheduler()
         cluster.start_servers()
         for rank, group in ((0, fast), (1, slow)):  # each in its group from its start on
@@ -39,10 +43,12 @@ def test_a_worker_with_a_quarter_of_the_cpu_gets_the_smaller_batch(tmp_path):
     s = run.summary
     assert s["status"] == "completed" and s["steps"] == 40, run.logs()
     assert throttled > 0  # the quota, not the model, made worker 1 slow
-    # the slow worker has the smaller batch in 3 steps of 4 at least. (Judged over the job, not at
-    # its end: this model's steps are a few ms, under one quota period, so a step's time jumps only
-    # where the quota runs out, and a window whose median missed the jumps can move the plan for a
-    # few steps before the plans' measured times move it back: it ended at [28, 36] once, at load.)
+    # the slow worker has the smaller batch in 3 steps of 4 at least (judged over the job: a window
+    # under load can move the plan for a few steps before the plans' measured times move it back).
+    # The digits are drawn 3x larger so that a step spans several quota periods, as in the cgroup
+    # benchmark: at 8x8 a step took a few ms, under one period, and ran at once where the period's
+    # quota was left or a period later where it ran out; a window's median then read the slow worker
+    # as the faster one (2-20 ms at 23 samples), and 4 runs in 12 under load failed.
     batches = {(e["step"], e["worker"]): e["batch"] for e in run.events if e["event"] == "step"}
     steps = [k for k in range(40) if (k, 0) in batches and (k, 1) in batches]
     smaller = [k for k in steps if batches[k, 1] < batches[k, 0]]
