@@ -8,6 +8,7 @@ import pytest
 from helpers import stand_in
 from shard_helpers import make_core
 
+import omnips.link
 from omnips.link import LinkError
 from omnips.protocol import Failed, Heartbeat, Shutdown
 from omnips.server import checkpointer, service
@@ -138,20 +139,23 @@ def test_from_its_thread_heartbeats_flow_while_the_process_is_busy_and_say_its_p
     _until(recv, Heartbeat(phase="computing", step=7, echo=1))
 
 
-def test_a_phase_is_said_at_once_and_begins_once_the_scheduler_has_heard_it(linked):
+def test_a_phase_is_said_at_once_and_begins_once_the_scheduler_has_heard_it(linked, monkeypatch):
     """A process that stops at the start of a phase (frozen while it builds its model) is
     lost with that phase, not the one before: the phase's heartbeat has left it. Under load
     it had not (the thread had yet to send it when the process stopped itself)."""
     link, send, _, recv = linked
     link.heartbeat_s = 60.0  # the thread's next heartbeat is a minute away
+    # the wait for the echo is bounded; here by more than a loaded host takes to answer (at 1 s
+    # the phase once began unechoed while the tier's other tests ran)
+    monkeypatch.setattr(omnips.link, "PHASE_ECHO_S", 30.0)
     link.start_thread()
     assert recv() == Heartbeat()
     said, echoed = [], threading.Event()
 
     def scheduler():  # the stand-in hears the phase, and echoes it
         said.append(recv())
+        echoed.set()  # (before the echo leaves: once it is back, this is set)
         send(Heartbeat(echo=said[-1].echo))
-        echoed.set()
 
     hearing = threading.Thread(target=scheduler)
     hearing.start()  # (the router is the thread's alone until it ends)
