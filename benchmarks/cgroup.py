@@ -72,6 +72,7 @@ sys.path.insert(0, str(HERE))
 from heterogeneity import LEVELS, Scenario, analyse  # noqa: E402
 from quota import CpuQuota, available  # noqa: E402
 from report import machine_lines, publish, runs_dir  # noqa: E402
+from upscaled import importable  # noqa: E402
 
 from omnips.launch import LaunchError, LocalCluster, WorkerSpec  # noqa: E402
 from omnips.metrics import read_events  # noqa: E402
@@ -161,8 +162,7 @@ def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int, 
     run_dir = root / f"{c.name}-{variant}-{seed}"
     # static: each worker declares its quota's share as its capacity, the plan a known speed calls for
     specs = [WorkerSpec(capacity=float(s) if variant == "static" else 1.0) for s in c.speeds]
-    cluster = LocalCluster(run_dir, job_args(variant, steps, seed, size), 1, specs,
-                           env={"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))})
+    cluster = LocalCluster(run_dir, job_args(variant, steps, seed, size), 1, specs, env=importable())
     clusters.append(cluster)
     shares = [cores * s / sum(c.speeds) for s in c.speeds]
     stop = threading.Event()

@@ -7,11 +7,20 @@ before its last layer), and an epoch keeps its 1,437 training samples: longer st
 without more traffic or more evaluations (benchmarks/cgroup.py).
 """
 
+import os
+from pathlib import Path
+
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from omnips.data import FactoryError
 from omnips.data import digits as small_digits
+
+
+def importable() -> dict[str, str]:
+    """The environment a process needs to import this data set: benchmarks/ on its PYTHONPATH."""
+    here = str(Path(__file__).resolve().parent)
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
 
 
 def digits(scale: int = 2, test_fraction: float = 0.2, split_seed: int = 0):

@@ -15,25 +15,23 @@ from helpers import finish
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import quota  # noqa: E402
+from cgroup import Size, job_args  # noqa: E402
+from upscaled import importable  # noqa: E402
 
 pytestmark = pytest.mark.cluster  # every test here starts processes
 
 WHY = quota.available()
-# the workers import the upscaled data set (benchmarks/upscaled.py) from there
-BENCHMARKS_ON_PATH = {"PYTHONPATH": os.pathsep.join(filter(None, [str(Path(quota.__file__).parent),
-                                                                 os.environ.get("PYTHONPATH")]))}
 
 
 @pytest.mark.skipif(WHY is not None, reason=f"CPU quotas cannot be set here: {WHY}")
 def test_a_worker_with_a_quarter_of_the_cpu_gets_the_smaller_batch(tmp_path):
     run_dir = tmp_path / "run"
-    job = ["--mode", "bsp", "--model", "cnn", "--dataset", "upscaled:digits", "--dataset-args", '{"scale": 3}',
-           "--batching", "dynamic", "--global-batch", "64", "--max-steps", "40", "--adjust-every", "5", "--seed", "0"]
+    # the cgroup benchmark's job at a small size: the cnn's default channels, 64 samples a step
+    job = job_args("affine", 40, 0, Size([16, 32], 64, 3)) + ["--adjust-every", "5"]
     with contextlib.ExitStack() as stack:
         fast, slow = (stack.enter_context(quota.CpuQuota(f"omnips-test-{os.getpid()}-{name}", cores))
                       for name, cores in (("fast", 0.6), ("slow", 0.15)))
-        cluster = stack.enter_context(LocalCluster(run_dir, job, 1, [WorkerSpec(), WorkerSpec()],
-                                                   env=BENCHMARKS_ON_PATH))
+        cluster = stack.enter_context(LocalCluster(run_dir, job, 1, [WorkerSpec(), WorkerSpec()], env=importable()))
         cluster.start_scheduler()
         cluster.start_servers()
         for rank, group in ((0, fast), (1, slow)):  # each in its group from its start on
