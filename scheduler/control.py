@@ -134,8 +134,9 @@ class BatchControl:
     def _track(self, rank: int) -> None:
         """Whether `rank`'s window is full (FIRST_WINDOW measured steps for a worker never measured
         yet, or under a plan decided on fewer first steps: see FIRST_WINDOW), and whether it shows a
-        change of speed: its last CHANGE_STEPS measurements all miss its model's trusted prediction
-        by more than its tolerance (or see FIRST_WINDOW)."""
+        change of speed: its last CHANGE_STEPS measurements, none its first at the batch (see
+        windows.SETTLE), all miss its model's trusted prediction by more than its tolerance (or
+        see FIRST_WINDOW)."""
         window = self._windows[rank]
         # the job's start, a joiner, a hasty plan: see FIRST_WINDOW
         need = self._first_window if not self._stepped[rank] or self._hasty else self.job.adjust_every - 1
@@ -144,13 +145,12 @@ class BatchControl:
             self._full.add(rank)
         else:
             self._full.discard(rank)
-        predicted, last = self._predicted[rank], window[-CHANGE_STEPS:]
         guess = self._guess[rank]  # (a nan prediction or guess, untrusted or none, misses nothing)
         if not self._stepped[rank] and len(window) == 1 and CHANGE < abs(window[0] / guess - 1):
             self._missed.add(rank)
         else:
             self._missed.discard(rank)
-        if (len(last) == CHANGE_STEPS and all(self._windows.noise.far(rank, t, predicted) for t in last)) or (
+        if self._windows.changed(rank, self._predicted[rank]) or (
                 rank in self._missed and guess / FAR <= window[0] <= guess * FAR):
             self._changing.add(rank)
         else:

@@ -37,6 +37,13 @@ PACE_MOVE = 0.1
 PACE_SHARE = 0.75
 PACE_WORKERS = 3
 
+# measured steps at a new batch that cannot begin a change of speed: they may still warm up (under
+# CPU quotas, after a worker's batch grew, its first measured step took 1.2x its later steps or more
+# in 19 % of 194 moves, its third in 6 %), and they are what checks the model at that batch. Read
+# as a change, two steps 1.3x the prediction, the first of them such, moved the plan 12 samples off
+# a worker for the 16 steps its next window took
+SETTLE = 1
+
 RECENT = 16  # reports kept per worker
 MIN_REPORTS = 5  # fewer say nothing of the spread: the last estimate (or none) stands
 SPREAD_K = 3.0  # robust standard deviations off the window that make a step far off
@@ -119,6 +126,7 @@ class Windows:
         self.noise = StepNoise(n)
         self.median = np.zeros(n)  # of each window
         self._batch: list[int | None] = [None] * n  # the batch each worker is measured at
+        self._at_batch = np.zeros(n, dtype=np.int64)  # measured steps at it, outliers included
 
     def __getitem__(self, rank: int) -> list[float]:
         return self._steps[rank]
@@ -136,6 +144,13 @@ class Windows:
             pending = self._suspects[rank]
             if pending and rank not in changing and (pending[-1] > self.median[rank]) == slower:
                 times[rank] = statistics.median(pending)
+
+    def changed(self, rank: int, predicted: float) -> bool:
+        """Whether the worker's last CHANGE_STEPS steps are all far off `predicted` (its model's
+        time at its batch), none of them among its first SETTLE there: a change of speed."""
+        last = self._steps[rank][-CHANGE_STEPS:]
+        return (len(last) == CHANGE_STEPS and self._at_batch[rank] >= SETTLE + CHANGE_STEPS
+                and all(self.noise.far(rank, t, predicted) for t in last))
 
     def lengths(self) -> np.ndarray:
         return np.fromiter(map(len, self._steps), dtype=np.int64, count=len(self._steps))
@@ -155,6 +170,7 @@ class Windows:
         steps, suspects = self._steps[rank], self._suspects[rank]
         if self._batch[rank] != batch:
             self._batch[rank] = batch  # first step at this size: warm-up, not measured
+            self._at_batch[rank] = 0
             steps.clear()
             suspects.clear()
             self.noise.restart(rank)
@@ -162,6 +178,7 @@ class Windows:
         # the worker's own recent history: its window (a window's first step is taken as it is:
         # after a move the models' prediction is what the window is there to check)
         typical = self.median[rank] if steps else np.nan
+        self._at_batch[rank] += 1
         self.noise.add(rank, seconds)
         if self.noise.far(rank, seconds, typical):
             if suspects and (suspects[-1] > typical) != (seconds > typical):

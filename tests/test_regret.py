@@ -175,18 +175,20 @@ def test_steps_noisy_by_a_quota_still_fill_windows_and_the_plan_follows():
     window filled, and a plan with the slowest worker 3x slower than the others held for 55
     steps. Here the probe (short passes that fit in the quota) takes worker 2 for fast; every
     step is off its line by up to -40 %/+50 %. The controller keeps deciding, and settles near
-    the best plan: over six noise draws, its plans' steps from step 100 on average under 1.2x
-    the best plan's (one draw's average lies anywhere in 1.10-1.25x)."""
+    the best plan: over 30 noise draws, its plans' steps from step 100 on average under 1.2x
+    the best plan's (one draw's average lies anywhere in 1.09-1.30x: over six, the mean of
+    a rule as good moved 0.03 with the draws)."""
     a, c = [0.0] * 4, [0.0027, 0.0026, 0.0037, 0.0010]
     best = max(ci * bi for ci, bi in zip(c, oracle(a, c, 128)))
     settled = []
-    for seed in range(6):
+    for seed in range(30):
         factors = np.random.default_rng(seed).uniform(0.6, 1.5, size=(300, 4))
         plans, decisions = drive(a, c, 128, lambda step, b, t: t * factors[step], steps=300,
                                  probe_c=[0.0027, 0.0026, 0.0015, 0.0010])
         steps = [step for step, _, _ in decisions]
-        # a decision every window or so (before: 5, then 113), a window's outliers left out of it
-        assert max(np.diff(steps)) <= 2 * ADJUST_EVERY + CHANGE_STEPS, steps
+        # a decision every window or two (before: 5, then 113), a window's outliers left out of it
+        # (the longest gap over the 30 draws: 23 steps)
+        assert max(np.diff(steps)) <= 3 * ADJUST_EVERY, steps
         true = [max(ci * bi for ci, bi in zip(c, p)) for p in plans]
         assert true[0] > 1.4 * best  # the probe's plan is far off (it overloads worker 2)
         settled.append(np.mean(true[100:]) / best)
@@ -281,6 +283,33 @@ def test_a_change_of_speed_seen_across_a_small_move_forgets_the_plans_measured_b
     adj = window(ctl, [0.0079, 0.048])
     assert adj.reason != "regret" and len(ctl.ran) == 1, adj  # only the window after the change
     assert ctl.plan.batches[0] > 50  # the new equal-time plan
+
+
+@pytest.mark.parametrize("slow_steps", [2, 100])
+def test_slow_steps_just_after_a_worker_s_batch_grew_begin_no_change_of_speed(slow_steps):
+    """Under CPU quotas worker 3's batch went from 44 to 45 samples; its first two measured steps
+    there took 1.75 and 1.71 s, 1.3x its model's time, and the next 1.41. Read as a change of
+    speed, they moved the plan to [37, 37, 21, 33] for the 16 steps its next window took. The
+    first measured step at a new size may still warm up: it begins no change. A worker slower
+    for good is still seen, a step later: on the two far-off steps after it."""
+    job = JobSpec(num_workers=4, global_batch=128, batching="dynamic", adjust_every=ADJUST_EVERY)
+    per_sample = np.array([1.3 / 32, 1.3 / 32, 1.3 / 21, 1.3 / 43])  # 1.3 s a step at [32, 32, 21, 43]
+    ctl = BatchControl(job, BatchPlan(0, (34, 28, 22, 44)))
+    window(ctl, per_sample * (34, 28, 22, 44))
+    ctl.plan = BatchPlan(ctl.plan.gen + 1, (31, 31, 21, 45))  # (as the models set it in the run)
+    moved = np.asarray(ctl.plan.batches, dtype=np.float64)
+    for k in range(3 * ADJUST_EVERY):  # k: the step at the new size (0: its warm-up, unmeasured)
+        times = per_sample * moved
+        times[3] *= 1.3 if 1 <= k <= slow_steps else 1.0
+        for rank, t in enumerate(times):
+            ctl.on_step(rank, int(moved[rank]), float(t))
+        if ctl.ready:
+            break
+    ctl.replan()
+    if slow_steps == 2:  # a full window decides, on its median: worker 3 keeps its share
+        assert k >= ADJUST_EVERY - 1 and ctl.plan.batches[3] >= 43, (k, ctl.plan)
+    else:  # its second and third measured steps at 45 are a change of speed
+        assert k == 3 and ctl.plan.batches[3] < 40, (k, ctl.plan)
 
 
 def test_a_lasting_change_of_speed_forgets_the_plans_measured_before_it():
