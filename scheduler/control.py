@@ -135,8 +135,8 @@ class BatchControl:
         """Whether `rank`'s window is full (FIRST_WINDOW measured steps for a worker never measured
         yet, or under a plan decided on fewer first steps: see FIRST_WINDOW), and whether it shows a
         change of speed: its last CHANGE_STEPS measurements, none its first at the batch (see
-        windows.SETTLE), all miss its model's trusted prediction by more than its tolerance (or
-        see FIRST_WINDOW)."""
+        windows.SETTLE), all miss its model's trusted prediction by more than its tolerance, as
+        measured and at the host's pace (Windows.changed; or see FIRST_WINDOW)."""
         window = self._windows[rank]
         # the job's start, a joiner, a hasty plan: see FIRST_WINDOW
         need = self._first_window if not self._stepped[rank] or self._hasty else self.job.adjust_every - 1
@@ -150,7 +150,7 @@ class BatchControl:
             self._missed.add(rank)
         else:
             self._missed.discard(rank)
-        if self._windows.changed(rank, self._predicted[rank]) or (
+        if self._windows.changed(rank, self._predicted) or (
                 rank in self._missed and guess / FAR <= window[0] <= guess * FAR):
             self._changing.add(rank)
         else:

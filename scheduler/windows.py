@@ -127,6 +127,7 @@ class Windows:
         self.median = np.zeros(n)  # of each window
         self._batch: list[int | None] = [None] * n  # the batch each worker is measured at
         self._at_batch = np.zeros(n, dtype=np.int64)  # measured steps at it, outliers included
+        self.latest = np.full(n, np.nan)  # each worker's latest measured step at it
 
     def __getitem__(self, rank: int) -> list[float]:
         return self._steps[rank]
@@ -145,12 +146,20 @@ class Windows:
             if pending and rank not in changing and (pending[-1] > self.median[rank]) == slower:
                 times[rank] = statistics.median(pending)
 
-    def changed(self, rank: int, predicted: float) -> bool:
-        """Whether the worker's last CHANGE_STEPS steps are all far off `predicted` (its model's
-        time at its batch), none of them among its first SETTLE there: a change of speed."""
+    def changed(self, rank: int, predicted: np.ndarray) -> bool:
+        """Whether the worker's last CHANGE_STEPS steps are all far off its model's time at its
+        batch (`predicted`: every worker's, nan where untrusted), none of them among its first
+        SETTLE there, as measured and at the host's pace over every worker's latest step: a change
+        of its speed, not of the host's (under CPU quotas, beside other jobs, a worker's two steps
+        1.3x its model's while the others' ran 1.2x re-planned on partial windows, as did a
+        worker's 0.71x while the others' ran 0.74-0.84x)."""
         last = self._steps[rank][-CHANGE_STEPS:]
-        return (len(last) == CHANGE_STEPS and self._at_batch[rank] >= SETTLE + CHANGE_STEPS
-                and all(self.noise.far(rank, t, predicted) for t in last))
+        if not (len(last) == CHANGE_STEPS and self._at_batch[rank] >= SETTLE + CHANGE_STEPS
+                and all(self.noise.far(rank, t, predicted[rank]) for t in last)):
+            return False
+        known = np.isfinite(predicted) & np.isfinite(self.latest)
+        pace = host_pace(self.latest[known] / predicted[known])
+        return all(self.noise.far(rank, t, pace * predicted[rank]) for t in last)
 
     def lengths(self) -> np.ndarray:
         return np.fromiter(map(len, self._steps), dtype=np.int64, count=len(self._steps))
@@ -162,6 +171,7 @@ class Windows:
     def forget(self, rank: int) -> None:
         """A worker new to its rank."""
         self._batch[rank] = None
+        self.latest[rank] = np.nan
         self.noise.forget(rank)
 
     def add(self, rank: int, batch: int, seconds: float) -> bool:
@@ -171,6 +181,7 @@ class Windows:
         if self._batch[rank] != batch:
             self._batch[rank] = batch  # first step at this size: warm-up, not measured
             self._at_batch[rank] = 0
+            self.latest[rank] = np.nan
             steps.clear()
             suspects.clear()
             self.noise.restart(rank)
@@ -179,6 +190,7 @@ class Windows:
         # after a move the models' prediction is what the window is there to check)
         typical = self.median[rank] if steps else np.nan
         self._at_batch[rank] += 1
+        self.latest[rank] = seconds
         self.noise.add(rank, seconds)
         if self.noise.far(rank, seconds, typical):
             if suspects and (suspects[-1] > typical) != (seconds > typical):

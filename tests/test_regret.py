@@ -396,7 +396,9 @@ def test_a_slowdown_of_the_whole_host_seen_a_step_later_on_one_worker_moves_no_s
     """Four equal workers at 32 samples under CPU quotas (benchmarks/cgroup.py, HL1): the host
     slowed from about 1.08 s a step to 1.45. Workers 0, 1 and 3 crossed their tolerance two steps
     running, worker 2 only on the second (1.19 s, then 1.48): its window, measured before the
-    slowdown, made it look 30 % faster than the others, and the plan gave it their samples."""
+    slowdown, made it look 30 % faster than the others, and the plan gave it their samples. At
+    the host's pace no worker's speed changed: nothing is decided at once, and the window the
+    slower host fills leaves the plan."""
     ctl = equal_workers()
     assert ctl.plan.batches == (32,) * 4
     rng = np.random.default_rng(0)
@@ -409,9 +411,35 @@ def test_a_slowdown_of_the_whole_host_seen_a_step_later_on_one_worker_moves_no_s
     for times in ([1.32, 1.47, 1.19, 1.36], [1.44, 1.43, 1.48, 1.46]):
         for rank in range(4):
             ctl.on_step(rank, 32, times[rank])
-    assert ctl.ready  # a change of speed: decided at once
+    assert not ctl.ready
+    for step in range(ADJUST_EVERY):
+        for rank, t in enumerate(1.45 * (1 + rng.uniform(-0.02, 0.02, 4))):
+            ctl.on_step(rank, 32, float(t))
+        if ctl.ready:
+            break
+    assert ctl.ready and step < ADJUST_EVERY - 1, step  # the window restarted from the slower steps
     ctl.replan()
     assert max(abs(b - 32) for b in ctl.plan.batches) <= 1, ctl.plan.batches
+
+
+@pytest.mark.parametrize("ratios, change", [
+    ([[0.74, 0.81], [0.77, 0.81], [0.71, 0.76], [0.84, 0.86]], False),  # the host ran faster (beside other jobs)
+    ([[1.30, 1.27], [0.98, 1.05], [1.21, 1.24], [1.17, 1.14]], False),  # and slower
+    ([[2.17, 2.12], [1.02, 1.08], [1.08, 1.07], [1.08, 1.17]], True),  # a neighbour's hog in worker 0's cgroup
+    ([[1.04, 0.91], [0.96, 0.89], [1.06, 0.93], [1.98, 1.83]], True),  # worker 3's quota halved
+])
+def test_a_change_of_speed_is_a_worker_s_own_not_the_host_s(ratios, change):
+    """Two steps of every worker, as times over its model's, from cgroup runs with three jobs
+    on the host: a worker whose steps crossed its tolerance while the others' moved with it
+    did not change speed (two such re-planned on partial windows); one that moved alone did."""
+    ctl = equal_workers()
+    for _ in range(3):
+        window(ctl, [1.08] * 4)
+    assert ctl.plan.batches == (32,) * 4 and not ctl.ready
+    for step in range(2):
+        for rank in range(4):
+            ctl.on_step(rank, 32, 1.08 * ratios[rank][step])
+    assert ctl.ready == change
 
 
 def test_a_window_the_whole_host_ran_slower_leaves_the_plan_of_equal_workers():
