@@ -29,7 +29,7 @@ from omnips.job import JobSpec
 from omnips.timemodel import CHANGE, FAR, TimeModels
 
 from .regret import BACK_WINDOWS, REGRET, PlanMemory, Seen
-from .windows import CHANGE_STEPS, Windows, host_pace
+from .windows import Windows, host_pace
 
 # steps in the first window of a worker never measured in real steps, and in the window of a plan decided
 # on fewer of them (under CPU quotas a plan from one first step, a warm-up's, ran 14 steps 0.2 s a step

@@ -127,7 +127,7 @@ class Windows:
         self.median = np.zeros(n)  # of each window
         self._batch: list[int | None] = [None] * n  # the batch each worker is measured at
         self._at_batch = np.zeros(n, dtype=np.int64)  # measured steps at it, outliers included
-        self.latest = np.full(n, np.nan)  # each worker's latest measured step at it
+        self._latest = np.full(n, np.nan)  # each worker's latest measured step at it
 
     def __getitem__(self, rank: int) -> list[float]:
         return self._steps[rank]
@@ -157,9 +157,9 @@ class Windows:
         if not (len(last) == CHANGE_STEPS and self._at_batch[rank] >= SETTLE + CHANGE_STEPS
                 and all(self.noise.far(rank, t, predicted[rank]) for t in last)):
             return False
-        known = np.isfinite(predicted) & np.isfinite(self.latest)
-        pace = host_pace(self.latest[known] / predicted[known])
-        return all(self.noise.far(rank, t, pace * predicted[rank]) for t in last)
+        known = np.isfinite(predicted) & np.isfinite(self._latest)
+        pace = host_pace(self._latest[known] / predicted[known])
+        return pace == 1.0 or all(self.noise.far(rank, t, pace * predicted[rank]) for t in last)
 
     def lengths(self) -> np.ndarray:
         return np.fromiter(map(len, self._steps), dtype=np.int64, count=len(self._steps))
@@ -171,7 +171,7 @@ class Windows:
     def forget(self, rank: int) -> None:
         """A worker new to its rank."""
         self._batch[rank] = None
-        self.latest[rank] = np.nan
+        self._latest[rank] = np.nan
         self.noise.forget(rank)
 
     def add(self, rank: int, batch: int, seconds: float) -> bool:
@@ -181,7 +181,7 @@ class Windows:
         if self._batch[rank] != batch:
             self._batch[rank] = batch  # first step at this size: warm-up, not measured
             self._at_batch[rank] = 0
-            self.latest[rank] = np.nan
+            self._latest[rank] = np.nan
             steps.clear()
             suspects.clear()
             self.noise.restart(rank)
@@ -190,7 +190,7 @@ class Windows:
         # after a move the models' prediction is what the window is there to check)
         typical = self.median[rank] if steps else np.nan
         self._at_batch[rank] += 1
-        self.latest[rank] = seconds
+        self._latest[rank] = seconds
         self.noise.add(rank, seconds)
         if self.noise.far(rank, seconds, typical):
             if suspects and (suspects[-1] > typical) != (seconds > typical):

@@ -7,9 +7,9 @@ import pytest
 
 from omnips.batching import BatchPlan, equal_time, integerize
 from omnips.job import JobSpec
-from omnips.scheduler.control import CHANGE_STEPS, BatchControl
+from omnips.scheduler.control import BatchControl
 from omnips.scheduler.regret import BACK_WINDOWS, FORGET_WINDOWS, REGRET, PlanMemory
-from omnips.scheduler.windows import host_pace
+from omnips.scheduler.windows import CHANGE_STEPS, host_pace
 
 ADJUST_EVERY = 10
 
@@ -305,6 +305,7 @@ def test_slow_steps_just_after_a_worker_s_batch_grew_begin_no_change_of_speed(sl
             ctl.on_step(rank, int(moved[rank]), float(t))
         if ctl.ready:
             break
+    assert ctl.ready, k
     ctl.replan()
     if slow_steps == 2:  # a full window decides, on its median: worker 3 keeps its share
         assert k >= ADJUST_EVERY - 1 and ctl.plan.batches[3] >= 43, (k, ctl.plan)

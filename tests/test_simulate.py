@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from omnips import timemodel
-from omnips.scheduler import control
+from omnips.scheduler import control, windows
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -26,7 +26,7 @@ def test_without_noise_the_plan_settles_on_the_oracles_and_follows_a_change_at_o
     assert s["after_change"] == 1
     # the change is seen on CHANGE_STEPS far-off steps, the first of them the step it began; the
     # new plan runs 2 steps after the last (BSP: the workers are a step ahead of the reports)
-    assert s["old_plan_steps"] == control.CHANGE_STEPS + 1
+    assert s["old_plan_steps"] == windows.CHANGE_STEPS + 1
 
 
 def test_a_warm_up_is_charged_on_the_first_step_at_a_new_size_and_decides_nothing():
