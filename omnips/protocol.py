@@ -144,9 +144,10 @@ class Probe(Message):
     mem_free: int = 0  # as in Report: the memory bound applies from the first step
     sample_bytes: int = 0
     spread: float = 0.0  # how far a size's slowest pass ran over its fastest (omnips/batching.probe_times)
+    quota: float = 0.0  # the cores of CPU time the worker's cgroups allow it, 0: none (worker/quota.py)
 
     def check(self):
-        non_negative(self, "rank", "mem_free", "sample_bytes")
+        non_negative(self, "rank", "mem_free", "sample_bytes", "quota")
         at_most(self, MAX_SPREAD, "spread")
         if (not 2 <= len(self.batches) <= 8 or not all(count(b) and 1 <= b <= MAX_BATCH for b in self.batches)
                 or len(set(self.batches)) != len(self.batches)):

@@ -72,7 +72,8 @@ class Planner:
         estimate = self._memory_estimate(msg.rank, msg.mem_free, msg.sample_bytes)
         if estimate is not None:
             self._probe_memory[msg.rank] = estimate
-        self.run.event("probe", worker=msg.rank, batches=msg.batches, seconds=msg.seconds, spread=msg.spread)
+        self.run.event("probe", worker=msg.rank, batches=msg.batches, seconds=msg.seconds, spread=msg.spread,
+                       quota=msg.quota)
         return None if self.probing else self._from_probes()
 
     def _from_probes(self) -> BatchPlan:

@@ -80,7 +80,8 @@ STRATEGIES = {
                         sample_bytes=U64, done=st.booleans()),
     "probe": st.lists(st.tuples(st.integers(1, protocol.MAX_BATCH), MEASURED), min_size=2,
                       max_size=8, unique_by=lambda p: p[0]).map(
-        lambda points: Probe(rank=3, batches=[b for b, _ in points], seconds=[t for _, t in points])),
+        lambda points: Probe(rank=3, batches=[b for b, _ in points], seconds=[t for _, t in points],
+                             quota=len(points) / 8)),
     "heartbeat": st.just(Heartbeat())
     | st.builds(Heartbeat, echo=U64, phase=st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=80),
                 step=st.integers(-1, 2**63 - 1), waited_s=WAITED,

@@ -41,6 +41,9 @@ def test_a_worker_with_a_quarter_of_the_cpu_gets_the_smaller_batch(tmp_path):
     s = run.summary
     assert s["status"] == "completed" and s["steps"] == 40, run.logs()
     assert throttled > 0  # the quota, not the model, made worker 1 slow
+    # each worker read its quota, and timed its probe at that quota's pace
+    assert {e["worker"]: e["quota"] for e in run.events if e["event"] == "probe"} == {
+        0: pytest.approx(0.6), 1: pytest.approx(0.15)}
     # the slow worker has the smaller batch in 3 steps of 4 at least (judged over the job: a window
     # under load can move the plan for a few steps before the plans' measured times move it back).
     # The digits are drawn 3x larger so that a step spans several quota periods, as in the cgroup

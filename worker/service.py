@@ -23,6 +23,8 @@ from .buckets import bucket_values
 from .core import REWIND_PHASE, Exit, Finish, GoBack, Join, Limits, Listen, SendProbe, Step, WorkerCore
 from .options import WorkerOptions
 from .pushing import Pusher
+from .quota import cpu_quota
+from .quota import paced as quota_paced
 from .trainer import Trainer, resolve_device
 
 log = logging.getLogger("omnips.worker")
@@ -190,16 +192,25 @@ class _Session:
 
     def _send_probe(self) -> None:
         """Once the model is in place: the job's time counts from the probe."""
-        sizes = list(PROBE_BATCHES)
+        sizes, quota = list(PROBE_BATCHES), cpu_quota()
+        if quota is not None:
+            log.info("worker %d: under a CPU quota of %.3g cores: probe passes are timed at its pace", self.rank, quota)
         with self.link.in_phase("probing its speed"):
-            seconds, spread = self._probe(sizes)
-        self.link.send(Probe(rank=self.rank, batches=sizes, seconds=seconds, spread=spread,
+            seconds, spread = self._probe(sizes, quota)
+        self.link.send(Probe(rank=self.rank, batches=sizes, seconds=seconds, spread=spread, quota=quota or 0.0,
                              mem_free=memory.free_bytes(self.flat.device), sample_bytes=self.sample_bytes))
         self.core.probed(time.monotonic())
 
-    def _probe(self, sizes: list[int]) -> tuple[list[float], float]:
+    def _paced(self, size: int, quota: float | None) -> float:
+        """One probe pass of `size` samples, at the pace of passes back to back (worker/quota.py)."""
+        cpu = time.process_time()
+        wall = self.trainer.compute(list(range(size)))[1]
+        return quota_paced(wall, time.process_time() - cpu, quota)
+
+    def _probe(self, sizes: list[int], quota: float | None) -> tuple[list[float], float]:
         """Seconds of one forward and backward pass over the first `size` samples, for each
-        of `sizes`, as this worker's (emulated) device takes them, and their spread: the fastest of
+        of `sizes`, as this worker's (emulated) device takes them (under a CPU `quota`, at its
+        pace: worker/quota.py), and their spread: the fastest of
         PROBE_ROUNDS passes, taken in turn, since on a busy host noise only adds time (one
         slow pass of a few samples moved a whole start plan), and more while they disagree or
         the larger is too fast for a line (omnips/batching.probe_times). Nothing is pushed (the
@@ -212,8 +223,7 @@ class _Session:
         self.trainer.on_final_pass = self.trainer.on_retry = None
         try:
             with torch.random.fork_rng(devices=devices):
-                seconds, rounds, spread = probe_times(lambda size: self._pad(0, size, self.trainer.compute(
-                    list(range(size)))[1]), sizes)
+                seconds, rounds, spread = probe_times(lambda size: self._pad(0, size, self._paced(size, quota)), sizes)
             if rounds > PROBE_ROUNDS:
                 log.info("worker %d: probe passes of %s samples took %s s in %d rounds%s", self.rank, sizes,
                          [round(t, 4) for t in seconds], rounds,

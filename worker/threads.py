@@ -9,20 +9,16 @@ waits for all of them) and takes an equal share of the cores it may run on."""
 
 import math
 import os
-from pathlib import Path
 
-CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+from .quota import cpu_quota
 
 
 def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity, capped by a cgroup v2 quota."""
+    """The cores this process may run on: its CPU affinity, capped by its cgroups' CPU quota."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        quota, period = CPU_MAX.read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass  # no cgroup v2 quota here
+    quota = cpu_quota()
+    if quota is not None:
+        cores = min(cores, math.ceil(quota))
     return max(1, cores)
 
 
