@@ -274,8 +274,7 @@ class Push(Message):
     data: np.ndarray = field(repr=False)
     offset: int = 0
     whole: int = 0
-    reply_part: int = 0  # answer in parts of this many values, the first ones first (larger where that would
-    # make more than MAX_PARTS); 0: whole
+    reply_part: int = 0  # answer in parts of this many values, first ones first (at most MAX_PARTS parts); 0: whole
 
     def check(self):
         non_negative(self, "rank", "step", "version", "gen", "batch", "offset", "whole", "reply_part")
