@@ -150,7 +150,7 @@ class BatchControl:
             self._missed.add(rank)
         else:
             self._missed.discard(rank)
-        if self._windows.changed(rank, self._predicted) or (
+        if self._windows.changed(rank, self._predicted, guess) or (
                 rank in self._missed and guess / FAR <= window[0] <= guess * FAR):
             self._changing.add(rank)
         else:
@@ -175,7 +175,7 @@ class BatchControl:
         times = np.zeros(n)
         times[measured] = self._windows.median[measured]
         if self._changing:
-            self._windows.share_change(self._changing, self._predicted, measured, times)
+            self._windows.share_change(self._changing, self._guess, measured, times)
         trusted = measured[np.isfinite(self._predicted[measured])]
         self._pace *= host_pace(times[trusted] / self._predicted[trusted])
         norm = times / self._pace  # the models' and the plans' times: the host's pace taken out

@@ -24,7 +24,7 @@ from collections import deque
 
 import numpy as np
 
-from omnips.timemodel import CHANGE
+from omnips.timemodel import CHANGE, FAR
 
 # consecutive far-off steps that are a change of speed (fewer are outliers) and re-plan early: far
 # off is beyond the worker's own noise, so two in a row by chance are rare, and each step waited
@@ -146,16 +146,22 @@ class Windows:
             if pending and rank not in changing and (pending[-1] > self.median[rank]) == slower:
                 times[rank] = statistics.median(pending)
 
-    def changed(self, rank: int, predicted: np.ndarray) -> bool:
+    def changed(self, rank: int, predicted: np.ndarray, guess: float = math.nan) -> bool:
         """Whether the worker's last CHANGE_STEPS steps are all far off its model's time at its
         batch (`predicted`: every worker's, nan where untrusted), none of them among its first
         SETTLE there, as measured and at the host's pace over every worker's latest step: a change
         of its speed, not of the host's (under CPU quotas, beside other jobs, a worker's two steps
         1.3x its model's while the others' ran 1.2x re-planned on partial windows, as did a
-        worker's 0.71x while the others' ran 0.74-0.84x)."""
+        worker's 0.71x while the others' ran 0.74-0.84x). Where the model is not trusted, steps
+        off its `guess` by a factor FAR are a change too, as the model takes them (a neighbour's
+        CPU hog gone, a worker's steps ran 0.45x its guess between two sizes measured under the
+        hog, and waited a full window)."""
         last = self._steps[rank][-CHANGE_STEPS:]
-        if not (len(last) == CHANGE_STEPS and self._at_batch[rank] >= SETTLE + CHANGE_STEPS
-                and all(self.noise.far(rank, t, predicted[rank]) for t in last)):
+        if not (len(last) == CHANGE_STEPS and self._at_batch[rank] >= SETTLE + CHANGE_STEPS):
+            return False
+        if not np.isfinite(predicted[rank]):
+            return all(t > FAR * guess or FAR * t < guess for t in last)
+        if not all(self.noise.far(rank, t, predicted[rank]) for t in last):
             return False
         known = np.isfinite(predicted) & np.isfinite(self._latest)
         pace = host_pace(self._latest[known] / predicted[known])

@@ -1122,6 +1122,30 @@ def test_a_plan_decided_on_a_warm_up_step_is_measured_briefly_and_that_steps_mod
     assert not ctl.ready
 
 
+def test_steps_far_off_a_guess_between_the_sizes_measured_are_a_change_of_speed():
+    """A neighbour's CPU hog in worker 0's container, measured at 14 and at 10 samples under it,
+    was gone once the plan gave the worker 12: its steps ran 0.45x its model's guess there, and
+    the others' 1.4 s steps waited for the 13 steps of a full window, since a miss between the
+    sizes measured may be the line's error. A miss by a factor FAR is not (the models drop such
+    points): it is a change of speed, decided at once."""
+    c, hog = 0.05, 2.2
+    ctl = control(num_workers=4, global_batch=96, adjust_every=10)
+    ctl.probed({r: ([2, 4], [c * 2, c * 4]) for r in range(4)}, {})
+    for k, plan in enumerate([(14, 27, 27, 28), (10, 28, 29, 29)]):  # under the hog
+        ctl.plan = BatchPlan(ctl.plan.gen + 1, plan)
+        run_window(ctl, [c * b * (hog if rank == 0 else 1) for rank, b in enumerate(plan)])
+        ctl.replan()
+    ctl.plan = BatchPlan(ctl.plan.gen + 1, (12, 28, 28, 28))
+    assert not ctl.models.trusted_at([0], [12])[0]
+    step_all(ctl, lambda rank, b: 2.0)  # the first steps at the new batches: not measured
+    for _ in range(3):  # the hog gone: its first measured step, then CHANGE_STEPS
+        assert not ctl.ready
+        step_all(ctl, lambda rank, b: c * b)
+    assert ctl.ready
+    ctl.replan()
+    assert ctl.plan.batches[0] >= 20
+
+
 def test_a_change_waits_for_a_step_of_every_worker_so_a_slower_host_is_not_one_workers_change():
     """Under CPU quotas the host slowed every worker by a third two steps after a new plan: the
     one worker whose batch stayed had two slow steps in its window, the others only their
