@@ -212,6 +212,12 @@ class TimeModels:
         return line[:, 0] + line[:, 1] * np.asarray(batches, dtype=np.float64)
 
 
+def off_by_far(seconds: float, predicted: float) -> bool:
+    """Whether a step missed a prediction by more than a factor FAR, either way: no line's
+    error, wherever the line was fitted (TimeModels.observe drops the points it makes wrong)."""
+    return seconds > FAR * predicted or FAR * seconds < predicted
+
+
 def _near(b: np.ndarray, bs: np.ndarray, held: np.ndarray) -> np.ndarray:
     """Whether each column holds a point within MIN_SPREAD of its batch in `b`."""
     return np.any(held & (np.abs(b - bs) <= MIN_SPREAD * bs), axis=0)

@@ -26,7 +26,7 @@ import numpy as np
 
 from omnips.batching import PROBE_NOISE, BatchPlan, Decision, decide, initial_batches, spread
 from omnips.job import JobSpec
-from omnips.timemodel import CHANGE, FAR, TimeModels
+from omnips.timemodel import CHANGE, TimeModels, off_by_far
 
 from .regret import BACK_WINDOWS, REGRET, PlanMemory, Seen
 from .windows import Windows, host_pace
@@ -151,7 +151,7 @@ class BatchControl:
         else:
             self._missed.discard(rank)
         if self._windows.changed(rank, self._predicted, guess) or (
-                rank in self._missed and guess / FAR <= window[0] <= guess * FAR):
+                rank in self._missed and not off_by_far(window[0], guess)):
             self._changing.add(rank)
         else:
             self._changing.discard(rank)

@@ -24,7 +24,7 @@ from collections import deque
 
 import numpy as np
 
-from omnips.timemodel import CHANGE, FAR
+from omnips.timemodel import CHANGE, off_by_far
 
 # consecutive far-off steps that are a change of speed (fewer are outliers) and re-plan early: far
 # off is beyond the worker's own noise, so two in a row by chance are rare, and each step waited
@@ -153,14 +153,14 @@ class Windows:
         of its speed, not of the host's (under CPU quotas, beside other jobs, a worker's two steps
         1.3x its model's while the others' ran 1.2x re-planned on partial windows, as did a
         worker's 0.71x while the others' ran 0.74-0.84x). Where the model is not trusted, steps
-        off its `guess` by a factor FAR are a change too, as the model takes them (a neighbour's
-        CPU hog gone, a worker's steps ran 0.45x its guess between two sizes measured under the
-        hog, and waited a full window)."""
+        off its `guess` by a factor FAR are a change too, as the model takes them, with no host's
+        pace to judge by (a neighbour's CPU hog gone, a worker's steps ran 0.45x its guess between
+        two sizes measured under the hog, and waited a full window)."""
         last = self._steps[rank][-CHANGE_STEPS:]
         if not (len(last) == CHANGE_STEPS and self._at_batch[rank] >= SETTLE + CHANGE_STEPS):
             return False
         if not np.isfinite(predicted[rank]):
-            return all(t > FAR * guess or FAR * t < guess for t in last)
+            return all(off_by_far(t, guess) for t in last)
         if not all(self.noise.far(rank, t, predicted[rank]) for t in last):
             return False
         known = np.isfinite(predicted) & np.isfinite(self._latest)

@@ -1131,7 +1131,7 @@ def test_steps_far_off_a_guess_between_the_sizes_measured_are_a_change_of_speed(
     c, hog = 0.05, 2.2
     ctl = control(num_workers=4, global_batch=96, adjust_every=10)
     ctl.probed({r: ([2, 4], [c * 2, c * 4]) for r in range(4)}, {})
-    for k, plan in enumerate([(14, 27, 27, 28), (10, 28, 29, 29)]):  # under the hog
+    for plan in [(14, 27, 27, 28), (10, 28, 29, 29)]:  # under the hog
         ctl.plan = BatchPlan(ctl.plan.gen + 1, plan)
         run_window(ctl, [c * b * (hog if rank == 0 else 1) for rank, b in enumerate(plan)])
         ctl.replan()
