@@ -98,6 +98,7 @@ class LocalCluster:
     procs: dict = field(default_factory=dict)  # name -> Popen
     endpoint: str | None = None
     status_url: str | None = None  # the scheduler's status page, unless --status-port off
+    _drainer: threading.Thread | None = field(default=None, init=False, repr=False)  # copies the scheduler's stdout into logs/scheduler.out
 
     def __post_init__(self):
         self.run_dir = Path(self.run_dir)
@@ -127,8 +128,9 @@ class LocalCluster:
             "--num-workers", str(self.ranks or len(self.workers)), "--port", "0", "--run-dir", str(self.run_dir)],
             stdout=subprocess.PIPE)
         self.endpoint = self._read_endpoint(sched, timeout_s)
-        threading.Thread(target=_drain, args=(sched.stdout, self.run_dir / "logs" / "scheduler.out"),
-                         daemon=True).start()
+        self._drainer = threading.Thread(target=_drain, args=(sched.stdout, self.run_dir / "logs" / "scheduler.out"),
+                                         daemon=True)
+        self._drainer.start()
 
     def start_servers(self) -> None:
         for s in range(self.num_servers):
@@ -223,6 +225,8 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=5)
+        if self._drainer is not None:  # its pipe ends with the scheduler: then logs/ holds no open file
+            self._drainer.join(timeout=5)
 
 
     def __enter__(self):

@@ -62,11 +62,25 @@ def start_cluster(run_dir, scheduler_args, workers, num_servers=1, **kw) -> Loca
 def finish(cluster: LocalCluster, expect_ok: bool = True) -> Run:
     code = cluster.wait(JOB_TIMEOUT_S)
     run = Run(cluster, code)
+    held = open_under(cluster.run_dir)
+    assert not held, f"a finished job's files still open here: {held}"  # its disk could not be unmounted
     if expect_ok:
         codes = cluster.exit_codes()
         assert code == 0 and all(c == 0 for c in codes.values()), f"exit codes {codes}\n{run.logs()}"
     return run
 
+
+def open_under(directory) -> list[str]:
+    """The files under `directory` that this process holds open."""
+    inside, held = str(Path(directory).resolve()) + os.sep, []
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile (the listing's own descriptor, too)
+            continue
+        if target.startswith(inside):
+            held.append(target)
+    return held
 
 
 def poll_until(found, timeout_s: float, missing: str):
