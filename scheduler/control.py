@@ -187,7 +187,7 @@ class BatchControl:
         self._hasty = bool(np.any(first_steps < self._first_window))
         self._stepped[measured] = True
         step_s = float(norm.max()) if len(measured) == len(self._active) else None
-        if step_s is not None:
+        if step_s is not None and not self._hasty:  # a worker's first step or two: its warm-up, not its plan's
             self.ran.record(batches, step_s)
         self._windows.clear()
         ranks = np.asarray(self._active if active is None else active, dtype=np.int64)

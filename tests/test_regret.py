@@ -152,6 +152,19 @@ def test_one_slow_step_does_not_move_the_start_plan():
     assert set(plans) == {oracle(a, c, 64)}
 
 
+def test_a_plan_measured_on_one_first_step_is_not_gone_back_to():
+    """Under CPU quotas at HL1 the probe planned [27, 31, 38, 32] for four equal workers, its first
+    step missed the probe's guesses and re-planned at once, and the next plan's window ran while one
+    worker was slow: the regret guard went back to the probe's plan on its one step (a warm-up's
+    measurement) and held it 18 steps. A plan measured only on first steps is no plan to go back to."""
+    a, c = [0.1] * 4, [0.04] * 4
+    probe_plan = (27, 31, 38, 32)
+    plans, decisions = drive(a, c, 128, slowed(0, 1.3, 2, 12), steps=60, probe_c=[0.045, 0.04, 0.032, 0.038])
+    assert plans[0] == plans[1] == probe_plan and decisions[0][0] == 1  # decided on its one measured step
+    assert probe_plan not in plans[2:] and not any(reason == "regret" for _, reason, _ in decisions)
+    assert plans[-1] == oracle(a, c, 128)
+
+
 def test_a_worker_whose_time_jumps_at_a_batch_does_not_make_the_plan_go_back_and_forth():
     """Worker 2 takes 40 ms more from 16 samples on (a CPU quota running out mid-step: no line
     fits it). The models keep proposing an even split that crosses the jump; once measured
