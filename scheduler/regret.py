@@ -46,6 +46,11 @@ class PlanMemory:
         """One full window run under `plan`; measurements FORGET_WINDOWS old are dropped."""
         self.window += 1
         old = self._ran.get(plan)
+        if old is not None and max(old.step_s, step_s) > (1 + CHANGE) * min(old.step_s, step_s):
+            # the same plan, CHANGE apart: the speeds changed, and every plan's time is old news (under
+            # CPU quotas a neighbour's hog sent the plan back and forth between plans measured before it)
+            self._ran.clear()
+            old = None
         same = old is not None and max(old.step_s, step_s) <= min(old.step_s, step_s) * (1 + REGRET)
         self._ran[plan] = Ran(step_s, self.window, old.agreed + 1 if same else 1)
         for old in [p for p, r in self._ran.items() if self.window - r.window >= FORGET_WINDOWS]:

@@ -88,6 +88,21 @@ def test_the_newest_window_counts_and_two_that_agree_make_a_plan_worse():
     assert ran.step_s(slow) == 0.03 and not ran.worse(slow, 0.01)
 
 
+def test_a_plan_measured_again_change_apart_makes_every_plan_s_time_old_news():
+    """A plan gone back to measured 20 % off its remembered time: the speeds changed since
+    (under CPU quotas a neighbour's hog sent the plan back to one measured before it, measured
+    it 2.2x slower, and went back to another measured before it), so no plan measured then is
+    one to go back to."""
+    ran = PlanMemory()
+    a, b = (21, 24, 17, 66), (26, 20, 15, 67)
+    ran.record(a, 1.25)
+    ran.record(b, 1.60)
+    ran.record(a, 1.25 * (1 + REGRET))  # noise: both kept, the newest counts
+    assert b in ran and ran.step_s(a) == 1.25 * (1 + REGRET)
+    ran.record(a, 2.81)
+    assert b not in ran and ran.best() == (a, 2.81)
+
+
 def test_measurements_are_forgotten_after_forget_windows():
     ran = PlanMemory()
     ran.record((1, 2), 0.5)
