@@ -98,7 +98,8 @@ class LocalCluster:
     procs: dict = field(default_factory=dict)  # name -> Popen
     endpoint: str | None = None
     status_url: str | None = None  # the scheduler's status page, unless --status-port off
-    _drainer: threading.Thread | None = field(default=None, init=False, repr=False)  # copies the scheduler's stdout into logs/scheduler.out
+    # copies the scheduler's stdout into logs/scheduler.out (stop() waits for it)
+    _drainer: threading.Thread | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         self.run_dir = Path(self.run_dir)

@@ -43,15 +43,16 @@ class PlanMemory:
         self.window = 0
 
     def record(self, plan: tuple[int, ...], step_s: float) -> None:
-        """One full window run under `plan`; measurements FORGET_WINDOWS old are dropped."""
+        """One full window run under `plan`; measurements FORGET_WINDOWS old are dropped, and
+        all of them where `plan` ran CHANGE off its own last time: the speeds changed, and
+        every plan's time is old news (under CPU quotas a neighbour's hog sent the plan back
+        and forth between plans measured before it)."""
         self.window += 1
         old = self._ran.get(plan)
-        if old is not None and max(old.step_s, step_s) > (1 + CHANGE) * min(old.step_s, step_s):
-            # the same plan, CHANGE apart: the speeds changed, and every plan's time is old news (under
-            # CPU quotas a neighbour's hog sent the plan back and forth between plans measured before it)
+        if old is not None and not _within(old.step_s, step_s, CHANGE):
             self._ran.clear()
             old = None
-        same = old is not None and max(old.step_s, step_s) <= min(old.step_s, step_s) * (1 + REGRET)
+        same = old is not None and _within(old.step_s, step_s, REGRET)
         self._ran[plan] = Ran(step_s, self.window, old.agreed + 1 if same else 1)
         for old in [p for p, r in self._ran.items() if self.window - r.window >= FORGET_WINDOWS]:
             del self._ran[old]
@@ -90,6 +91,11 @@ class PlanMemory:
         it again and again, and it and the current plan would take turns for good."""
         a, b = self._ran.get(plan), self._ran.get(current)
         return a is not None and b is not None and a.step_s * (1 + margin) > b.step_s
+
+
+def _within(x: float, y: float, by: float) -> bool:
+    """Whether two times are at most a factor 1 + `by` apart."""
+    return max(x, y) <= (1 + by) * min(x, y)
 
 
 class Seen:
