@@ -129,6 +129,7 @@ class Decision:
     predicted_s: float  # the slowest worker's predicted step time under `batches` (or the current ones)
     held: tuple[int, ...] | None = None  # the plan the deadband held back, if it differs from the current one
     held_s: float = math.nan  # the slowest worker's predicted step time under `held`
+    rule: str = ""  # what held the plan, in words, when `batches` is None
 
 
 def _line_arrays(lines) -> tuple[np.ndarray, np.ndarray]:
@@ -217,7 +218,7 @@ def _first(eligible: np.ndarray, k: int, keys: list) -> np.ndarray:
     return np.concatenate([below, tied[:k - len(below)]])
 
 
-def decide(batches, lines, total: int, lo, hi, deadband: float) -> Decision:
+def decide(batches, lines, total: int, lo, hi, deadband: float, measured=None) -> Decision:
     """The next batch vector from each worker's time model (a_i, c_i: pairs or an (n, 2)
     array), or none when the change is not worth it: no worker's batch would move by
     more than `deadband` (relative; half a sample at least, so a target between two
@@ -225,7 +226,9 @@ def decide(batches, lines, total: int, lo, hi, deadband: float) -> Decision:
     would not get predictably faster by more than `deadband` (noise on a small worker's
     time must not churn it between two sizes), or the slowest worker is held at its
     lower bound now and in the new plan, so that no plan can be faster and the step
-    would not get faster by more than `deadband` (re-balancing the others buys nothing)."""
+    would not get faster by more than `deadband` (re-balancing the others buys nothing),
+    or the workers' `measured` times at `batches` (where given) are `balanced` within
+    `deadband`: then no plan is measurably faster, whatever the lines say."""
     targets = equal_time(lines, total, lo, hi)
     current = np.asarray(batches, dtype=np.float64)
     a, c = _line_arrays(lines)
@@ -242,8 +245,20 @@ def decide(batches, lines, total: int, lo, hi, deadband: float) -> Decision:
         slowest = int(np.argmax(now))
         floor = np.broadcast_to(np.asarray(lo, dtype=np.float64), current.shape)[slowest]
         pinned = current[slowest] <= floor and new[slowest] <= floor and no_gain
-        if small or marginal or pinned:
+        seen = measured is not None and balanced(current, measured, deadband)
+        if small or marginal or pinned or seen:
+            rule = "inside the deadband" if small or marginal or pinned else "measured balanced within the deadband"
             if np.any(new_batches != current):
-                return Decision(None, tuple(targets.tolist()), now_s, tuple(new), new_s)
-            return Decision(None, tuple(targets.tolist()), now_s)
+                return Decision(None, tuple(targets.tolist()), now_s, tuple(new), new_s, rule)
+            return Decision(None, tuple(targets.tolist()), now_s, rule=rule)
     return Decision(tuple(new), tuple(targets.tolist()), new_s)
+
+
+def balanced(batches, times, band: float) -> bool:
+    """Whether the slowest of the workers' measured `times` at `batches` is within `band` of
+    the step time at which their measured throughputs, each held, would share the batches
+    equally: the total over their samples per second together. (Under any lines through
+    positive slopes the best plan's time lies between the fastest and slowest measured, and
+    this is it where times are proportional to the batch.)"""
+    b, t = np.asarray(batches, dtype=np.float64), np.asarray(times, dtype=np.float64)
+    return bool(t.max() <= (1 + band) * b.sum() / np.sum(b / t))

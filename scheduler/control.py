@@ -191,20 +191,20 @@ class BatchControl:
             self.ran.record(batches, step_s)
         self._windows.clear()
         ranks = np.asarray(self._active if active is None else active, dtype=np.int64)
-        # a worker above its bound (memory, membership, a bound set with the probes) moves whatever
-        # the deadband says
+        # a worker above its bound (memory, membership, the probes' bound) moves whatever the deadband says
         over = bool(np.any(self._batches[ranks] > self._bounds[ranks]))
         free = over or reason in ("memory", "membership")
         band = 0.0 if free or rough else self.job.deadband
         lines = self.models.planning_lines(ranks, self._batches[ranks], self.job.global_batch)
-        sub = decide(self._batches[ranks], lines, self.job.global_batch, self.min_batch,
-                     self._bounds[ranks], band)
-        rule = "inside the deadband" if sub.batches is None else ""
+        # a plan measured balanced over a whole window stays, whatever the lines say (they churned it at HL1)
+        seen = norm[ranks] if step_s is not None and not self._changing else None
+        sub = decide(self._batches[ranks], lines, self.job.global_batch, self.min_batch, self._bounds[ranks], band, seen)
+        rule = sub.rule
         pinned = self._unfounded_pins(ranks, sub, reason)
         if pinned.any():  # decided again, those workers at half their batch at least
             lo = np.full(len(ranks), self.min_batch, dtype=np.int64)
             lo[pinned] = np.minimum(np.ceil(SHRINK * self._batches[ranks][pinned]), self._bounds[ranks][pinned])
-            sub = decide(self._batches[ranks], lines, self.job.global_batch, lo, self._bounds[ranks], band)
+            sub = decide(self._batches[ranks], lines, self.job.global_batch, lo, self._bounds[ranks], band, seen)
             rule = (f"worker(s) {ranks[pinned].tolist()} not put at the minimum batch on one window's "
                     "measurement: half their batch for now")
         if self._persists(sub) and not self.ran.ran_slower(spread(sub.held, ranks, n), batches, MIN_GAIN):

@@ -10,7 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from omnips import codec, protocol
-from omnips.batching import (PROBE_RETRIES, PROBE_ROUNDS, BatchPlan, Decision, decide, equal_time, initial_batches,
+from omnips.batching import (PROBE_RETRIES, PROBE_ROUNDS, BatchPlan, Decision, balanced, decide, equal_time, initial_batches,
                              integerize, probe_times, probe_too_flat)
 from omnips.protocol import Plan, ProtocolError
 
@@ -328,6 +328,34 @@ def test_decide_deadband():
     d = decide([33, 31], skew, 64, 1, 64, 0.0)
     assert d.batches == (33, 31)
     assert d.predicted_s == pytest.approx(max(33, 31 * 1.08))
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches=st.lists(st.integers(1, 200), min_size=1, max_size=12), data=st.data())
+def test_balanced_is_the_equal_time_plans_time_for_the_measured_throughputs(batches, data):
+    """Each worker's measured throughput held (lines through the origin and its window), the
+    equal-time plan's step time is what `balanced` compares the slowest measured time with."""
+    times = data.draw(st.lists(st.floats(0.01, 10.0), min_size=len(batches), max_size=len(batches)))
+    band = data.draw(st.floats(0.0, 0.5))
+    total = sum(batches)
+    lines = [(0.0, t / b) for b, t in zip(batches, times)]
+    best = max(c * b for (_, c), b in zip(lines, equal_time(lines, total, 0, total)))
+    assert min(times) <= best * (1 + 1e-9) and best <= max(times) * (1 + 1e-9)
+    if max(times) <= (1 + band) * best * (1 - 1e-9):
+        assert balanced(batches, times, band)
+    if max(times) >= (1 + band) * best * (1 + 1e-9):
+        assert not balanced(batches, times, band)
+
+
+def test_decide_holds_a_plan_measured_balanced_whatever_the_lines_say():
+    # the lines say worker 0 is 12 % slower (targets 30.2 / 33.8); its window measured 2 % slower
+    lines = [(0.0, 1.12), (0.0, 1.0)]
+    d = decide([32, 32], lines, 64, 1, 64, 0.05, measured=[1.02, 1.0])
+    assert d.batches is None and d.held == (30, 34) and d.rule == "measured balanced within the deadband"
+    assert decide([32, 32], lines, 64, 1, 64, 0.05).batches == (30, 34)  # the lines alone move it
+    # measured 12 % slower, as the lines say: it moves; and with no deadband the measurement holds nothing
+    assert decide([32, 32], lines, 64, 1, 64, 0.05, measured=[1.12, 1.0]).batches == (30, 34)
+    assert decide([32, 32], lines, 64, 1, 64, 0.0, measured=[1.02, 1.0]).batches == (30, 34)
 
 
 # -- the starting split ----------------------------------------------------------------
