@@ -183,8 +183,7 @@ class BatchControl:
         # until a full window has decided, the plan in force is a guess (the probe's, the declared split,
         # or decided on first steps): the deadband does not hold it (a sample off held 50 steps at HL1)
         rough, self._rough = self._rough, not self._stepped[measured].all()
-        first_steps = self._windows.lengths()[measured][~self._stepped[measured]]
-        self._hasty = bool(np.any(first_steps < self._first_window))
+        self._hasty = bool(np.any(self._windows.lengths()[measured][~self._stepped[measured]] < self._first_window))
         self._stepped[measured] = True
         step_s = float(norm.max()) if len(measured) == len(self._active) else None
         if step_s is not None and not self._hasty:  # a worker's first step or two: its warm-up, not its plan's
@@ -197,14 +196,15 @@ class BatchControl:
         band = 0.0 if free or rough else self.job.deadband
         lines = self.models.planning_lines(ranks, self._batches[ranks], self.job.global_batch)
         # a plan measured balanced over a whole window stays, whatever the lines say (they churned it at HL1)
-        seen = norm[ranks] if step_s is not None and not self._changing else None
-        sub = decide(self._batches[ranks], lines, self.job.global_batch, self.min_batch, self._bounds[ranks], band, seen)
+        window_s = norm[ranks] if step_s is not None and not self._changing else None
+        sub = decide(self._batches[ranks], lines, self.job.global_batch, self.min_batch, self._bounds[ranks], band,
+                     window_s)
         rule = sub.rule
         pinned = self._unfounded_pins(ranks, sub, reason)
         if pinned.any():  # decided again, those workers at half their batch at least
             lo = np.full(len(ranks), self.min_batch, dtype=np.int64)
             lo[pinned] = np.minimum(np.ceil(SHRINK * self._batches[ranks][pinned]), self._bounds[ranks][pinned])
-            sub = decide(self._batches[ranks], lines, self.job.global_batch, lo, self._bounds[ranks], band, seen)
+            sub = decide(self._batches[ranks], lines, self.job.global_batch, lo, self._bounds[ranks], band, window_s)
             rule = (f"worker(s) {ranks[pinned].tolist()} not put at the minimum batch on one window's "
                     "measurement: half their batch for now")
         if self._persists(sub) and not self.ran.ran_slower(spread(sub.held, ranks, n), batches, MIN_GAIN):
