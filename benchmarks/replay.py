@@ -46,7 +46,7 @@ from omnips.job import JobSpec  # noqa: E402
 from omnips.scheduler.control import BatchControl  # noqa: E402
 
 EARLY = 20  # steps of the start: the probe's plan and the first windows
-OVER = 1.02  # the issue's bound on the dynamic job's time over uniform batches'
+OVER = 1.02  # the bound the dynamic job's time is held to over uniform batches'
 
 
 def record(dirs: list[Path]) -> dict:

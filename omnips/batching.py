@@ -245,9 +245,13 @@ def decide(batches, lines, total: int, lo, hi, deadband: float, measured=None) -
         slowest = int(np.argmax(now))
         floor = np.broadcast_to(np.asarray(lo, dtype=np.float64), current.shape)[slowest]
         pinned = current[slowest] <= floor and new[slowest] <= floor and no_gain
-        seen = measured is not None and balanced(current, measured, deadband)
-        if small or marginal or pinned or seen:
-            rule = "inside the deadband" if small or marginal or pinned else "measured balanced within the deadband"
+        if small or marginal or pinned:
+            rule = "inside the deadband"
+        elif measured is not None and balanced(current, measured, deadband):
+            rule = "measured balanced within the deadband"
+        else:
+            rule = ""
+        if rule:
             if np.any(new_batches != current):
                 return Decision(None, tuple(targets.tolist()), now_s, tuple(new), new_s, rule)
             return Decision(None, tuple(targets.tolist()), now_s, rule=rule)

@@ -10,8 +10,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from omnips import codec, protocol
-from omnips.batching import (PROBE_RETRIES, PROBE_ROUNDS, BatchPlan, Decision, balanced, decide, equal_time, initial_batches,
-                             integerize, probe_times, probe_too_flat)
+from omnips.batching import (PROBE_RETRIES, PROBE_ROUNDS, BatchPlan, Decision, balanced, decide, equal_time,
+                             initial_batches, integerize, probe_times, probe_too_flat)
 from omnips.protocol import Plan, ProtocolError
 
 FAST = settings(max_examples=40, deadline=None)
