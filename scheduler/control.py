@@ -1,10 +1,10 @@
 """Dynamic batching: measure each worker over a window, re-plan, hand out the new plan.
 
-Pure logic: `on_step` takes a worker's reported compute time; when every worker
-has a full window at its current batch, `replan` fits the time models and asks
-the controller (omnips/batching.py) for the next batch vector. A worker's first
-step at a new batch size is not measured (it pays for warming up). Reports
-still at an older batch (ASP workers switch at their next reply) are ignored.
+Pure logic: `on_step` takes a worker's reported compute time (scheduler/disturbance.py: if it
+overlapped an evaluation); when every worker has a full window at its current batch, `replan`
+fits the time models and asks the controller (omnips/batching.py) for the next batch vector.
+A worker's first step at a new batch size is not measured (it pays for warming up), nor
+reports still at an older batch (ASP workers switch at their next reply).
 
 On real, noisy machines three rules keep one bad measurement from locking a bad plan in: a
 step far off the worker's window (how far: its own noise, scheduler/windows.py) is an outlier
@@ -15,9 +15,8 @@ measurements: its last window agreed with what its model predicted, else it goes
 batch; and measured step times outrank the models (scheduler/regret.py): the plan goes back
 to a plan measured faster.
 
-A report costs O(1) (the scheduler asks `ready` after each), a decision a few numpy
-operations over all workers: the models' predictions at the plan's batches are kept from
-one decision to the next for the per-report change check.
+A report costs O(1) (the scheduler asks `ready` after each), a decision a few numpy operations
+over all workers: the models' predictions at the plan's batches are kept for the change check.
 """
 
 from dataclasses import dataclass, replace
@@ -69,6 +68,7 @@ class BatchControl:
         self.memory_max: list[int | None] = [None] * n  # from the worker's free memory: follows it
         self._bounds = np.full(n, hi, dtype=np.int64)  # the lower of the two, kept current
         self._windows = Windows(n)
+        self.disturbances = self._windows.disturbances  # whether steps disturbed (an evaluation) are measured
         self._stepped = np.zeros(n, dtype=bool)  # measured in a window of real steps (not only probed)
         self._rough = False  # no full window has decided yet: the plan in force is a guess (see replan)
         self._hasty = False  # the plan in force was decided on fewer than FIRST_WINDOW first steps
@@ -125,10 +125,10 @@ class BatchControl:
         """The ranks the plan gives a batch: the workers in the job."""
         return self._active.tolist()
 
-    def on_step(self, rank: int, batch: int, compute_s: float) -> None:
+    def on_step(self, rank: int, batch: int, compute_s: float, disturbed: bool = False) -> None:
         if batch != self.plan.batches[rank] or not batch or not compute_s > 0:
             return  # still on an older plan
-        if self._windows.add(rank, batch, compute_s):
+        if self._windows.add(rank, batch, compute_s, disturbed):
             self._track(rank)
 
     def _track(self, rank: int) -> None:

@@ -93,12 +93,16 @@ class Planner:
 
     def on_report(self, r: Report, disturbed: bool) -> BatchPlan | None:
         """A worker's step report (`disturbed`: its step overlapped an evaluation or a
-        checkpoint write, so its time says nothing of its speed): a new plan to send, or
-        None inside the deadband."""
+        checkpoint write, and is measured only where such steps are seen not to run slower:
+        scheduler/disturbance.Effect): a new plan to send, or None inside the deadband."""
         control, before = self.control, self.control.plan
         self._reported[r.rank] = r.step
-        if not disturbed:
-            control.on_step(r.rank, r.batch, r.compute_s)
+        harmless = control.disturbances.harmless
+        control.on_step(r.rank, r.batch, r.compute_s, disturbed)
+        if control.disturbances.harmless != harmless:
+            log.info("steps that overlap an evaluation or a checkpoint write are %s (the last %d ran %.2fx their "
+                     "windows' times at the median)", "measured" if not harmless else "no longer measured",
+                     control.disturbances.judged, control.disturbances.median)
         adjustment = None
         estimate = self._memory_estimate(r.rank, r.mem_free, r.sample_bytes)
         if r.mem_batch and r.mem_batch < control.hard_max[r.rank]:

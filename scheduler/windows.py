@@ -26,6 +26,8 @@ import numpy as np
 
 from omnips.timemodel import CHANGE, off_by_far
 
+from .disturbance import Effect
+
 # consecutive far-off steps that are a change of speed (fewer are outliers) and re-plan early: far
 # off is beyond the worker's own noise, so two in a row by chance are rare, and each step waited
 # for is one more on the old plan (a neighbour's CPU hog made a worker's steps 2.5x slower)
@@ -124,6 +126,7 @@ class Windows:
         self._steps = [[] for _ in range(n)]
         self._suspects = [[] for _ in range(n)]  # far-off steps in a row, to one side: outliers, or a change
         self.noise = StepNoise(n)
+        self.disturbances = Effect()  # whether steps that overlapped an evaluation or a checkpoint write ran slower
         self.median = np.zeros(n)  # of each window
         self._batch: list[int | None] = [None] * n  # the batch each worker is measured at
         self._at_batch = np.zeros(n, dtype=np.int64)  # measured steps at it, outliers included
@@ -180,10 +183,16 @@ class Windows:
         self._latest[rank] = np.nan
         self.noise.forget(rank)
 
-    def add(self, rank: int, batch: int, seconds: float) -> bool:
+    def add(self, rank: int, batch: int, seconds: float, disturbed: bool = False) -> bool:
         """A step of `rank` at `batch` (its batch in the plan); False when it changed nothing
-        (an outlier, so far)."""
+        (an outlier, so far, or a `disturbed` step while disturbances are not known harmless:
+        disturbance.Effect judges them by such steps measured against their windows)."""
         steps, suspects = self._steps[rank], self._suspects[rank]
+        if disturbed:
+            if self._batch[rank] == batch and steps:
+                self.disturbances.note(seconds / self.median[rank])
+            if not self.disturbances.harmless:
+                return False
         if self._batch[rank] != batch:
             self._batch[rank] = batch  # first step at this size: warm-up, not measured
             self._at_batch[rank] = 0
