@@ -36,10 +36,11 @@ class Effect:
     over its worker's window's median (`note`), the newest JUDGED of them. Where the evaluations
     run on another machine or another core they slow nothing, and leaving their steps out only
     delays what the windows see: under CPU quotas 70 of 400 reports overlapped an evaluation
-    (at the median 0.96-0.99 of their windows' times), and a neighbour's CPU hog that began and
-    ended at evaluations (every 11th step) was re-planned for two steps later and, at its end, a
-    whole window later. Such steps are measured once MIN_JUDGED of them, at the median, ran
-    within HARMLESS of their windows, and no longer once they run slower by twice that."""
+    (by case, at the median 0.955-0.991 of the same worker's other steps at its batch), and a
+    neighbour's CPU hog that began and ended at evaluations (every 11th step) was re-planned
+    for two steps later and, at its end, a whole window later. Such steps are measured once
+    MIN_JUDGED of them, at the median, ran within HARMLESS of their windows, and no longer
+    once they run slower by twice that."""
 
     def __init__(self):
         self._ratios: deque[float] = deque(maxlen=JUDGED)
@@ -51,4 +52,4 @@ class Effect:
         self.judged, self.median = len(self._ratios), statistics.median(self._ratios)
         # measured from within HARMLESS, unmeasured again past twice it: a median at the bound
         # (a neighbour's hog made one worker's steps noisy) would turn measuring on and off
-        self.harmless = self.judged >= MIN_JUDGED and self.median <= 1 + HARMLESS * (1 + self.harmless)
+        self.harmless = bool(self.judged >= MIN_JUDGED and self.median <= 1 + HARMLESS * (1 + self.harmless))

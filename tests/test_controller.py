@@ -13,7 +13,9 @@ from omnips.batching import PROBE_NOISE, BatchPlan, Decision, decide, equal_time
 from omnips.job import JobSpec
 from omnips import timemodel
 from omnips.timemodel import CHANGE, DRIFT, FAR, REPEAT, TimeModels
+from omnips.scheduler.disturbance import MIN_JUDGED
 from omnips.scheduler.regret import FORGET_WINDOWS
+from omnips.scheduler.windows import CHANGE_STEPS
 from omnips.scheduler.control import FIRST_WINDOW, MIN_GAIN, PERSIST, WIDE_GAIN, Adjustment, BatchControl
 
 
@@ -1163,6 +1165,34 @@ def test_steps_far_off_a_guess_between_the_sizes_measured_are_a_change_of_speed(
     assert ctl.ready
     ctl.replan()
     assert ctl.plan.batches[0] >= 20
+
+
+@pytest.mark.parametrize("evaluation_slows, decided_after", [(1.0, CHANGE_STEPS), (1.3, CHANGE_STEPS + 1)])
+def test_a_change_that_begins_at_an_evaluation_is_seen_from_it_where_evaluations_slow_nothing(
+        evaluation_slows, decided_after):
+    """A neighbour's CPU hog in worker 0's container began at a step that overlapped an
+    evaluation (the scheduler's, on another core: such steps ran 0.96-0.99x their windows).
+    Left out, it put the re-plan a step later. Where the disturbed steps so far ran as fast as
+    their windows they are measured, and the hog's first step counts; where they ran slower, it
+    does not, and the change waits for CHANGE_STEPS undisturbed steps."""
+    c, hog = 0.05, 2.0
+    ctl = control(num_workers=4, global_batch=128, adjust_every=10)
+    ctl.probed({r: ([2, 4], [c * 2, c * 4]) for r in range(4)}, {})
+    step_all(ctl, lambda rank, b: 1.0)  # the first steps: not measured
+    for k in range(3 * MIN_JUDGED):  # an evaluation every third step, which every worker's step overlaps
+        for rank, b in enumerate(ctl.plan.batches):
+            ctl.on_step(rank, b, c * b * (evaluation_slows if k % 3 == 2 else 1.0), disturbed=k % 3 == 2)
+        if ctl.ready:
+            ctl.replan()  # (the plan is right: it stays)
+    assert ctl.disturbances.harmless == (evaluation_slows == 1.0) and ctl.plan.batches == (32,) * 4
+    for k in range(decided_after):  # the hog's first step overlaps an evaluation too
+        assert not ctl.ready
+        for rank, b in enumerate(ctl.plan.batches):
+            ctl.on_step(rank, b, c * b * (hog if rank == 0 else 1.0) * (evaluation_slows if k == 0 else 1.0),
+                        disturbed=k == 0)
+    assert ctl.ready
+    ctl.replan()
+    assert ctl.plan.batches[0] < 20
 
 
 def test_a_change_waits_for_a_step_of_every_worker_so_a_slower_host_is_not_one_workers_change():

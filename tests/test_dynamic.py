@@ -139,7 +139,8 @@ def test_ssp_keeps_workers_within_the_staleness_bound_under_the_controller(run_j
 def test_steps_that_overlap_an_evaluation_or_a_checkpoint_write_are_not_measured(run_job):
     """The scheduler's evaluations and the servers' checkpoint writes run on the job's machines:
     the first report of every worker read after each (queued while the scheduler evaluated,
-    or in flight while a shard was written) is marked `disturbed` and left out of the windows."""
+    or in flight while a shard was written) is marked `disturbed`, and left out of the windows
+    until such steps are seen to run no slower (emulated devices' steps are sleeps: they do not)."""
     workers = [WorkerSpec(ms_per_step=3, ms_per_sample=c) for c in (1, 2)]
     run = run_job([*BASE, "--max-steps", "90", "--checkpoint-every", "20"], workers)
     assert run.summary["status"] == "completed"
@@ -153,3 +154,5 @@ def test_steps_that_overlap_an_evaluation_or_a_checkpoint_write_are_not_measured
                 assert after.get("disturbed") is True, (events[k], after)
     steps = [e for e in events if e["event"] == "step"]
     assert sum(bool(e.get("disturbed")) for e in steps) < len(steps) / 2  # the others are measured
+    assert "steps that overlap an evaluation or a checkpoint write are measured" in (
+        run.dir / "logs" / "scheduler.log").read_text()
