@@ -9,9 +9,10 @@ is driven, closed-loop, by step times recorded in that benchmark's runs at fixed
 (benchmarks/traces/quota.json, made by `--record` from `--keep-runs` directories): each
 worker's time per sample at each step, times the batch the controller gives it. A step
 lasts as long as its slowest worker; a new plan is used from the step after next, as in a
-live run. The start plan comes from probe passes recorded in the controller's runs of the
-same case (each probe set in turn), and, as a baseline for what the probe costs, from
-"exact" passes: each worker's own second step, scaled to the probe's sizes.
+live run. The start plan comes from probe passes (their times, spread and CPU quota)
+recorded in the controller's runs of the same case (each probe set in turn), and, as a
+baseline for what the probe costs, from "exact" passes: each worker's own second step,
+scaled to the probe's sizes.
 
 Per case, and per recorded plan (uniform batches, or the static plan the quotas call for),
 the table gives the replayed job's time over the time the recorded plan took on the same
@@ -61,7 +62,8 @@ def record(dirs: list[Path]) -> dict:
             if e["event"] == "step":
                 steps.setdefault(e["step"], {})[e["worker"]] = (e["batch"], e["compute_s"])
             elif e["event"] == "probe":
-                probes[e["worker"]] = [e["batches"], [round(s, 6) for s in e["seconds"]]]
+                probes[e["worker"]] = [e["batches"], [round(s, 6) for s in e["seconds"]], round(e.get("spread", 0.0), 4),
+                                       e.get("quota", 0.0)]
         entry = cases.setdefault(case, {"runs": [], "probes": []})
         n = max(map(len, steps.values()), default=0)
         if arm == "affine" and len(probes) == n > 0:
@@ -81,7 +83,8 @@ def replay(per_sample: np.ndarray, plan: list[int], probe: list) -> tuple[float,
     total = int(sum(plan))
     job = JobSpec(num_workers=n, global_batch=total, batching="dynamic", adjust_every=10, max_steps=steps)
     control = BatchControl(job, BatchPlan(0, tuple(initial_batches("uniform", total, [1.0] * n, 1, total))))
-    control.probed({rank: tuple(probe[rank]) for rank in range(n)}, {})
+    control.probed({rank: tuple(probe[rank][:2]) for rank in range(n)}, {},
+                   {rank: probe[rank][2] for rank in range(n)}, {rank: probe[rank][3] for rank in range(n)})
     used, pending = np.asarray(control.plan.batches, dtype=np.float64), []
     recorded = (per_sample * np.asarray(plan)).max(axis=1)
     took = np.zeros(steps)
@@ -100,7 +103,7 @@ def replay(per_sample: np.ndarray, plan: list[int], probe: list) -> tuple[float,
 
 def exact_probe(per_sample: np.ndarray, sizes=(2, 4)) -> list:
     """Passes timed as the run's second step ran, each worker's time per sample at it."""
-    return [[list(sizes), [float(per_sample[1, w]) * size for size in sizes]] for w in range(per_sample.shape[1])]
+    return [[list(sizes), [float(per_sample[1, w]) * size for size in sizes], 0.0, 0.0] for w in range(per_sample.shape[1])]
 
 
 def main(argv=None) -> int:

@@ -328,18 +328,18 @@ class BatchControl:
         self._held_back = (sub.held, same, wide)
         return same >= PERSIST or wide >= PERSIST
 
-    def probed(self, points: dict[int, tuple[list, list]], memory: dict[int, int],
-               spreads: dict[int, float] | None = None) -> tuple[Adjustment, list[int]]:
+    def probed(self, points: dict[int, tuple[list, list]], memory: dict[int, int], spreads: dict | None = None,
+               quotas: dict[int, float] | None = None) -> tuple[Adjustment, list[int]]:
         """The start plan from every worker's probe passes (rank -> their batch sizes and
         times): each worker's line through its probe points, within the batches its free
         memory holds (rank -> an estimate, as `estimate` takes), then a decision as after a
         window. Also the ranks whose memory estimate could not be applied. A worker whose
         passes of every size ran more than PROBE_NOISE apart (`spreads`, rank -> probe_times's)
-        is taken at its mean throughput over them instead: passes a few samples apart, each
-        a quota period off, make a line that extrapolates to anything (under CPU quotas one
-        gave a worker 79 samples where its quota called for 43; the mean throughputs came
-        within 3 samples of the quotas' plan in 5 of 6 probes, 8 in the sixth)."""
-        self.models.observe_probes(points, {rank for rank, s in (spreads or {}).items() if s > PROBE_NOISE})
+        is taken at its mean throughput over them instead (passes a few samples apart, each a
+        quota period off, make a line that extrapolates to anything); those under a CPU quota
+        (`quotas`, rank -> cores, 0: none) share one shape of line (TimeModels.observe_probes)."""
+        self.models.observe_probes(points, {rank for rank, s in (spreads or {}).items() if s > PROBE_NOISE},
+                                   {rank for rank, q in (quotas or {}).items() if q > 0})
         refused = [rank for rank, bound in sorted(memory.items()) if not self._bound_memory(rank, bound)]
         return self.replan("probe"), refused
 

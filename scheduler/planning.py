@@ -81,9 +81,10 @@ class Planner:
         when all that probed left: the plan stays)."""
         if self._probes:
             try:
+                probes = self._probes.items()
                 adjustment, refused = self.control.probed(
-                    {rank: (p.batches, p.seconds) for rank, p in self._probes.items()}, self._probe_memory,
-                    {rank: p.spread for rank, p in self._probes.items()})
+                    {rank: (p.batches, p.seconds) for rank, p in probes}, self._probe_memory,
+                    {rank: p.spread for rank, p in probes}, {rank: p.quota for rank, p in probes})
             except ValueError as exc:
                 raise ValueError(f"dynamic batching failed on the probes: {exc}") from None
             for rank in refused:

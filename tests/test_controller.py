@@ -1094,6 +1094,46 @@ def test_a_worker_whose_probe_passes_spread_is_planned_at_its_mean_throughput():
     assert agreed.plan.batches[3] > 70
 
 
+def test_workers_under_cpu_quotas_share_one_shape_of_line_from_their_probes():
+    """The probe of the test before, under CPU quotas 12/12/8/16 (whose plan is [32, 32, 21, 43]):
+    the workers' own lines put their fixed costs at 0 to 5.3 samples' time. Under quotas their
+    lines take one shape, the median fixed cost, each at its mean throughput over its passes:
+    within 9 samples of the quotas' plan. A worker whose passes spread has no say in the shape;
+    a worker under no quota (a GPU's passes: a fixed cost of 200 samples' time) keeps its own line."""
+    points = {0: ([2, 4], [0.07699, 0.21844]), 1: ([2, 4], [0.12881, 0.22199]),
+              2: ([2, 4], [0.15853, 0.31500]), 3: ([2, 4], [0.08004, 0.10182])}
+    own = []  # each worker's own line's fixed cost over its slope (none below 0)
+    for (sizes, seconds) in points.values():
+        slope = (seconds[1] - seconds[0]) / (sizes[1] - sizes[0])
+        own.append(max(seconds[0] - slope * sizes[0], 0.0) / slope)
+    assert min(own) == 0.0 and max(own) > 5
+    quotas = {rank: 0.12 for rank in range(4)}
+    for spreads, ratio in ((None, np.median(own)), ({0: 0.5, 1: 0.5, 2: 0.5, 3: PROBE_NOISE}, own[3]),
+                           ({rank: 0.5 for rank in range(4)}, 0.0)):
+        ctl = control(num_workers=4, global_batch=128, adjust_every=10)
+        ctl.probed(points, {}, spreads, quotas)
+        lines = ctl.models.lines(list(range(4)))
+        assert lines[:, 0] == pytest.approx(ratio * lines[:, 1], abs=1e-12)
+        for rank, (sizes, seconds) in points.items():  # its passes' samples in their time
+            assert sum(lines[rank, 0] + lines[rank, 1] * b for b in sizes) == pytest.approx(sum(seconds))
+        if spreads is None:
+            assert off_by(ctl.plan.batches, [32, 32, 21, 43]) <= 9
+    gpu = {**points, 4: ([2, 4], [0.0201, 0.0202])}  # 10 ms + 0.05 ms a sample
+    ctl = control(num_workers=5, global_batch=160, adjust_every=10)
+    ctl.probed(gpu, {}, None, {**quotas, 4: 0.0})
+    assert ctl.models.lines([4])[0] == pytest.approx((0.02, 0.00005))
+
+
+@settings(max_examples=100, deadline=None)
+@given(ratio=st.floats(0.0, 50.0), speeds=st.lists(st.floats(1e-4, 1e-1), min_size=1, max_size=8))
+def test_exact_passes_of_one_shape_give_the_true_lines_under_quotas(ratio, speeds):
+    models = TimeModels(len(speeds))
+    points = {rank: ([2, 4], [c * (ratio + 2), c * (ratio + 4)]) for rank, c in enumerate(speeds)}
+    models.observe_probes(points, set(), set(points))
+    assert models.lines(list(range(len(speeds)))) == pytest.approx(
+        np.array([[ratio * c, c] for c in speeds]), rel=1e-6, abs=1e-12)
+
+
 def test_a_probe_that_missed_the_first_step_leaves_the_model_and_the_deadband_does_not_hold_its_plan():
     """Four equal workers (under CPU quotas the probe's guesses were 0.7-1.9x off): the probe
     takes worker 3 for twice as fast, and its first measured step is 10 % fast. Its probe
