@@ -82,9 +82,12 @@ class Planner:
         if self._probes:
             try:
                 probes = self._probes.items()
+                # a CPU quota paces CPU passes only: a GPU worker's passes keep their own line
+                cpu = {rank for rank in self._probes if self.registry.workers[rank].info.device == "cpu"}
+                quotas = {rank: p.quota if rank in cpu else 0.0 for rank, p in probes}
                 adjustment, refused = self.control.probed(
                     {rank: (p.batches, p.seconds) for rank, p in probes}, self._probe_memory,
-                    {rank: p.spread for rank, p in probes}, {rank: p.quota for rank, p in probes})
+                    {rank: p.spread for rank, p in probes}, quotas)
             except ValueError as exc:
                 raise ValueError(f"dynamic batching failed on the probes: {exc}") from None
             for rank in refused:

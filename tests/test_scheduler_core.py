@@ -69,6 +69,18 @@ def test_the_start_plan_waits_for_every_probe_and_refuses_the_others(make):
     assert refusal(probe(c, b"W1", 1, 0.1, 0.1)) == "bad_step"  # after the start
 
 
+def test_cpu_workers_under_a_quota_share_one_shape_of_probe_line_and_a_gpu_worker_keeps_its_own(make):
+    c = make(num_workers=3, global_batch=96)
+    for r, device in enumerate(["cpu", "cpu", "cuda:0"]):
+        c.handle(b"W%d" % r, Register(role="worker", host="h", rank=r, device=device), 0.0)
+    for r, (a, b) in enumerate([(0.0, 0.01), (0.02, 0.01), (0.05, 0.001)]):  # every one in a 0.5-core pod
+        c.handle(b"W%d" % r, Probe(rank=r, batches=[2, 4], seconds=[a + 2 * b, a + 4 * b], quota=0.5), 0.0)
+    lines = c.planner.control.models.lines([0, 1, 2])
+    # the CPU workers' own fixed costs, 0 and 2 samples' time: both lines take their median, 1
+    assert lines[0, 0] / lines[0, 1] == pytest.approx(1.0) and lines[1, 0] / lines[1, 1] == pytest.approx(1.0)
+    assert tuple(lines[2]) == (pytest.approx(0.05), pytest.approx(0.001))
+
+
 def test_a_probe_of_a_worker_gone_does_not_stand_for_whoever_takes_its_rank(make):
     c = make(num_workers=3, global_batch=60, min_workers=2)
     for r in range(2):
