@@ -42,7 +42,7 @@ sys.path.insert(0, str(HERE))
 
 from report import machine_lines, publish  # noqa: E402
 
-from omnips.batching import BatchPlan, initial_batches  # noqa: E402
+from omnips.batching import PROBE_BATCHES, BatchPlan, initial_batches  # noqa: E402
 from omnips.job import JobSpec  # noqa: E402
 from omnips.scheduler.control import BatchControl  # noqa: E402
 
@@ -83,8 +83,8 @@ def replay(per_sample: np.ndarray, plan: list[int], probe: list) -> tuple[float,
     total = int(sum(plan))
     job = JobSpec(num_workers=n, global_batch=total, batching="dynamic", adjust_every=10, max_steps=steps)
     control = BatchControl(job, BatchPlan(0, tuple(initial_batches("uniform", total, [1.0] * n, 1, total))))
-    control.probed({rank: tuple(probe[rank][:2]) for rank in range(n)}, {},
-                   {rank: probe[rank][2] for rank in range(n)}, {rank: probe[rank][3] for rank in range(n)})
+    control.probed({rank: (sizes, seconds) for rank, (sizes, seconds, _, _) in enumerate(probe)}, {},
+                   {rank: p[2] for rank, p in enumerate(probe)}, {rank: p[3] for rank, p in enumerate(probe)})
     used, pending = np.asarray(control.plan.batches, dtype=np.float64), []
     recorded = (per_sample * np.asarray(plan)).max(axis=1)
     took = np.zeros(steps)
@@ -101,9 +101,10 @@ def replay(per_sample: np.ndarray, plan: list[int], probe: list) -> tuple[float,
     return took.sum() / recorded.sum(), (took[:EARLY].sum() - recorded[:EARLY].sum()) / recorded.sum()
 
 
-def exact_probe(per_sample: np.ndarray, sizes=(2, 4)) -> list:
-    """Passes timed as the run's second step ran, each worker's time per sample at it."""
-    return [[list(sizes), [float(per_sample[1, w]) * size for size in sizes], 0.0, 0.0] for w in range(per_sample.shape[1])]
+def exact_probe(per_sample: np.ndarray) -> list:
+    """Passes timed as the run's second step ran, each worker's time per sample at it (no spread, no quota)."""
+    return [[list(PROBE_BATCHES), [float(per_sample[1, w]) * size for size in PROBE_BATCHES], 0.0, 0.0]
+            for w in range(per_sample.shape[1])]
 
 
 def main(argv=None) -> int:

@@ -44,12 +44,16 @@ class Effect:
 
     def __init__(self):
         self._ratios: deque[float] = deque(maxlen=JUDGED)
-        self.judged, self.median = 0, 1.0  # how many steps judged, their median time over their windows'
+        self.median = 1.0  # the judged steps' median time over their windows'
         self.harmless = False
+
+    @property
+    def judged(self) -> int:
+        return len(self._ratios)
 
     def note(self, ratio: float) -> None:
         self._ratios.append(ratio)
-        self.judged, self.median = len(self._ratios), statistics.median(self._ratios)
+        self.median = statistics.median(self._ratios)
         # measured from within HARMLESS, unmeasured again past twice it: a median at the bound
         # (a neighbour's hog made one worker's steps noisy) would turn measuring on and off
         self.harmless = bool(self.judged >= MIN_JUDGED and self.median <= 1 + HARMLESS * (1 + self.harmless))

@@ -1075,14 +1075,18 @@ def test_probe_points_give_the_start_plan_within_memory_and_a_short_first_window
     assert bounded.plan.batches[:2] == (25, 12) and sum(bounded.plan.batches) == 60
 
 
+# a probe of four workers under CPU quotas 12/12/8/16 (whose plan is [32, 32, 21, 43])
+QUOTA_PROBE = {0: ([2, 4], [0.07699, 0.21844]), 1: ([2, 4], [0.12881, 0.22199]),
+               2: ([2, 4], [0.15853, 0.31500]), 3: ([2, 4], [0.08004, 0.10182])}
+
+
 def test_a_worker_whose_probe_passes_spread_is_planned_at_its_mean_throughput():
     """A probe under CPU quotas 12/12/8/16 (whose plan is [32, 32, 21, 43]), passes spread by more
     than PROBE_NOISE from round to round: worker 3's two fastest passes, 2 and 4 samples, were 22 ms
     apart, and the line through them planned it 80 samples. Each worker at its mean throughput
     over its passes comes within 8 samples of the quotas' plan; a worker whose passes agreed
     keeps its line (as exact, emulated devices do: tests/test_dynamic.py)."""
-    points = {0: ([2, 4], [0.07699, 0.21844]), 1: ([2, 4], [0.12881, 0.22199]),
-              2: ([2, 4], [0.15853, 0.31500]), 3: ([2, 4], [0.08004, 0.10182])}
+    points = QUOTA_PROBE
     lines = control(num_workers=4, global_batch=128, adjust_every=10)
     lines.probed(points, {})
     assert lines.plan.batches == (17, 19, 12, 80)
@@ -1100,8 +1104,7 @@ def test_workers_under_cpu_quotas_share_one_shape_of_line_from_their_probes():
     lines take one shape, the median fixed cost, each at its mean throughput over its passes:
     within 9 samples of the quotas' plan. A worker whose passes spread has no say in the shape;
     a worker under no quota (a GPU's passes: a fixed cost of 200 samples' time) keeps its own line."""
-    points = {0: ([2, 4], [0.07699, 0.21844]), 1: ([2, 4], [0.12881, 0.22199]),
-              2: ([2, 4], [0.15853, 0.31500]), 3: ([2, 4], [0.08004, 0.10182])}
+    points = QUOTA_PROBE
     own = []  # each worker's own line's fixed cost over its slope (none below 0)
     for (sizes, seconds) in points.values():
         slope = (seconds[1] - seconds[0]) / (sizes[1] - sizes[0])
