@@ -109,10 +109,10 @@ class Planner:
                      control.disturbances.judged, control.disturbances.median)
         adjustment = None
         estimate = self._memory_estimate(r.rank, r.mem_free, r.sample_bytes)
-        if r.mem_batch and r.mem_batch < control.hard_max[r.rank]:
+        if r.mem_batch and r.mem_batch < control.bounds.hard[r.rank]:
             log.warning("worker %d can hold at most %d samples", r.rank, r.mem_batch)
             adjustment = control.limit(r.rank, r.mem_batch)
-        elif estimate is not None and estimate != control.memory_max[r.rank]:
+        elif estimate is not None and estimate != control.bounds.memory[r.rank]:
             applied, adjustment = control.estimate(r.rank, estimate)
             if not applied:
                 self._memory_not_applied(r.rank, estimate)

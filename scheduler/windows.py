@@ -170,6 +170,13 @@ class Windows:
         pace = host_pace(self._latest[known] / predicted[known])
         return pace == 1.0 or all(self.noise.far(rank, t, pace * predicted[rank]) for t in last)
 
+    def misses(self, ranks: set[int], guess: np.ndarray) -> set[int]:
+        """Of `ranks`, whose first measured step missed its `guess` by CHANGE, those that miss it
+        at the host's pace too, over every worker's latest step: a slower host is no miss."""
+        known = np.isfinite(guess) & np.isfinite(self._latest)
+        pace = host_pace(self._latest[known] / guess[known])
+        return {r for r in ranks if CHANGE < abs(self._steps[r][0] / (pace * guess[r]) - 1)}
+
     def lengths(self) -> np.ndarray:
         return np.fromiter(map(len, self._steps), dtype=np.int64, count=len(self._steps))
 

@@ -1160,6 +1160,31 @@ def test_a_probe_that_missed_the_first_step_leaves_the_model_and_the_deadband_do
     assert ctl.plan.batches == (32, 32, 32, 32) and adj.rule == "equal time"
 
 
+def test_first_steps_that_all_miss_the_probe_the_same_way_are_the_hosts_pace_not_misses():
+    """Four equal workers under CPU quotas, beside other jobs: their first measured steps ran
+    1.13, 1.19, 1.30 and 1.13x the probe's guesses. The host ran slower than during the probe;
+    worker 2's 1.30 is 1.12x the others' pace, within CHANGE. Read as a miss, it re-planned on
+    that one step, [34, 32, 29, 33] from the equal split, and the windows after chased it (the
+    job took 1.039x the uniform batches' time). At the host's pace it is no miss: the first
+    window decides; the same 1.30 while the others ran at their guesses re-plans at once."""
+    c = 0.0315
+    for others, at_once in ((None, False), (1.0, True)):
+        ctl = control(num_workers=4, global_batch=128, adjust_every=10)
+        ctl.probed({r: ([2, 4], [c * 2, c * 4]) for r in range(4)}, {})
+        assert ctl.plan.batches == (32, 32, 32, 32)
+        slow = [1.13, 1.19, 1.30, 1.13] if others is None else [others, others, 1.30, others]
+        step_all(ctl, lambda rank, b: 2.0)  # the warm-up step
+        for rank in (2, 0, 1, 3):  # worker 2's report first: the others' pace is not known yet
+            ctl.on_step(rank, 32, c * 32 * slow[rank])
+        assert ctl.ready == at_once
+        if not at_once:
+            for _ in range(FIRST_WINDOW - 1):
+                step_all(ctl, lambda rank, b: c * b * 1.16)
+            assert ctl.ready  # the first window
+        ctl.replan()
+        assert (ctl.plan.batches == (32, 32, 32, 32)) != at_once
+
+
 def test_a_plan_decided_on_a_warm_up_step_is_measured_briefly_and_that_steps_model_dropped():
     """Four equal workers under CPU quotas: the probe's guesses 0.7-1.6x off re-plan at the first
     measured step, and worker 0's was still warming up (1.44x its next). The plan from it gave

@@ -1,0 +1,45 @@
+"""Each worker's largest batch: the job's (--max-batch), lowered for good by the worker's own
+--max-batch or an out-of-memory step, and the estimate its free memory gives, which follows
+the memory up or down. A bound that would leave the workers in the plan unable to hold the
+global batch together is refused.
+
+Pure: no clock, no I/O.
+"""
+
+import numpy as np
+
+
+class BatchBounds:
+    def __init__(self, n: int, job_max: int, min_batch: int, global_batch: int):
+        self.min_batch, self.global_batch = min_batch, global_batch
+        self.hard = [job_max] * n  # the job's bound, --max-batch on the worker, an out-of-memory step: only falls
+        self.memory: list[int | None] = [None] * n  # from the worker's free memory: follows it
+        self.array = np.full(n, job_max, dtype=np.int64)  # the lower of the two, kept current
+
+    def limit(self, rank: int, max_batch: int, active: np.ndarray) -> None:
+        """The worker can hold at most `max_batch` samples in one pass. ValueError when the
+        `active` workers together could no longer hold the global batch."""
+        bound = max(self.min_batch, min(self.hard[rank], max_batch))
+        if not self._holds(rank, min(bound, int(self.array[rank])), active):
+            raise ValueError(f"worker {rank} can hold only {max_batch} samples: the workers together cannot "
+                             f"hold the global batch {self.global_batch}")
+        self.hard[rank] = bound
+        self._set(rank)
+
+    def estimate(self, rank: int, max_batch: int, active: np.ndarray) -> bool:
+        """The worker's free memory holds about `max_batch` samples: its bound, unless the
+        `active` workers could then not hold the global batch (False: not applied)."""
+        bound = max(self.min_batch, max_batch)
+        if not self._holds(rank, min(bound, self.hard[rank]), active):
+            return False
+        self.memory[rank] = bound
+        self._set(rank)
+        return True
+
+    def _set(self, rank: int) -> None:
+        h, m = self.hard[rank], self.memory[rank]
+        self.array[rank] = h if m is None else min(h, m)
+
+    def _holds(self, rank: int, bound: int, active: np.ndarray) -> bool:
+        others = active[active != rank]
+        return bound + int(self.array[others].sum()) >= self.global_batch
