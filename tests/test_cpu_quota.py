@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from omnips.worker.quota import cgroup_dirs, cpu_quota, paced
+from omnips.worker.quota import cgroup_dirs, cpu_quota, paced, pacing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -79,6 +79,13 @@ def test_a_pass_is_taken_at_the_quota_s_pace_only_where_that_is_longer():
     assert paced(0.30, 0.025, 0.125) == 0.30  # slowed by others besides: its wall time
     assert paced(0.145, 0.025, None) == 0.145  # no quota
     assert paced(0.05, 0.09, 1.5) == pytest.approx(0.06)  # two threads under one and a half cores
+
+
+def test_only_a_cpu_device_s_probe_passes_are_paced_by_the_quota():
+    assert pacing("cpu", 0.5) == 0.5
+    assert pacing("cpu", None) is None
+    # a GPU's passes run on the device: its waits' CPU time at 0.5 cores would double them
+    assert pacing("cuda", 0.5) is None and pacing("mps", 0.5) is None
 
 
 WHY = benchmark_quota.available()

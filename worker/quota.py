@@ -76,3 +76,10 @@ def paced(wall_s: float, cpu_s: float, quota: float | None) -> float:
     by other processes keeps its wall time."""
     return wall_s if quota is None else max(wall_s, cpu_s / quota)
 
+
+def pacing(device_type: str, quota: float | None) -> float | None:
+    """The quota that paces probe passes on a device of `device_type`: a CPU's only. A GPU's
+    passes run on the device, and the CPU time its waits spin, taken at the quota's rate, would
+    stretch them by up to 1/quota (the scheduler, likewise, shapes only CPU workers' probe
+    lines by their quota: scheduler/planning.py)."""
+    return quota if device_type == "cpu" else None

@@ -25,6 +25,7 @@ from .options import WorkerOptions
 from .pushing import Pusher
 from .quota import cpu_quota
 from .quota import paced as quota_paced
+from .quota import pacing as quota_pacing
 from .trainer import Trainer, resolve_device
 
 log = logging.getLogger("omnips.worker")
@@ -193,10 +194,12 @@ class _Session:
     def _send_probe(self) -> None:
         """Once the model is in place: the job's time counts from the probe."""
         sizes, quota = list(PROBE_BATCHES), cpu_quota()
+        pace = quota_pacing(self.flat.device.type, quota)
         if quota is not None:
-            log.info("worker %d: under a CPU quota of %.3g cores: probe passes are timed at its pace", self.rank, quota)
+            log.info("worker %d: under a CPU quota of %.3g cores: probe passes on %s are timed %s", self.rank, quota,
+                     self.flat.device, "at its pace" if pace else "as they run")
         with self.link.in_phase("probing its speed"):
-            seconds, spread = self._probe(sizes, quota)
+            seconds, spread = self._probe(sizes, pace)
         self.link.send(Probe(rank=self.rank, batches=sizes, seconds=seconds, spread=spread, quota=quota or 0.0,
                              mem_free=memory.free_bytes(self.flat.device), sample_bytes=self.sample_bytes))
         self.core.probed(time.monotonic())
