@@ -20,10 +20,12 @@ schedulers, the servers and the system) in the paper's heterogeneity levels, the
 benchmarks/heterogeneity.py (HL1 12/12/12/12, HL2 12/12/8/16, HL4 9/9/6/24, HL8 6/6/4/32).
 A quota makes a slower machine only where the host can give the worker its quota: with
 half a core left to the rest on 2 cores (benchmarks/results/cgroup-113953a.md), the three
-schedulers' evaluations and the servers contended with the workers, and a worker's steps
-at one batch varied by 9-15 % (coefficient of variation) with no change of speed; with
-0.8 cores left (cgroup-cores12-58077eb.md, the same code) by 5-9 %, and the uniform plan
-at HL1, the ideal one there, reached 0.953 of the ideal instead of at most 0.935.
+schedulers' evaluations and the servers contended with the workers, and the static plan's
+workers' steps varied by 7-16 % (coefficient of variation) with no change of speed; with
+0.8 cores left (cgroup-cores12-58077eb.md and the table at 6839797) by 4-9 %, and the
+uniform plan at HL1, the ideal one there, reached 0.950-0.953 of the ideal instead of
+0.914-0.935. The host's own noise still comes and goes: in a later stretch, its steps 10 %
+slower, they varied by 9-18 % again (cgroup-repeats-6839797.md).
 Besides the levels:
 
 * neighbour: HL4, and a CPU hog started in worker 0's cgroup for the middle third of the
