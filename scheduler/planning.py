@@ -83,8 +83,8 @@ class Planner:
             try:
                 probes = self._probes.items()
                 # a CPU quota paces CPU passes only: a GPU worker's passes keep their own line
-                cpu = {rank for rank in self._probes if self.registry.workers[rank].info.device == "cpu"}
-                quotas = {rank: p.quota if rank in cpu else 0.0 for rank, p in probes}
+                quotas = {rank: p.quota if self.registry.workers[rank].info.device == "cpu" else 0.0
+                          for rank, p in probes}
                 adjustment, refused = self.control.probed(
                     {rank: (p.batches, p.seconds) for rank, p in probes}, self._probe_memory,
                     {rank: p.spread for rank, p in probes}, quotas)

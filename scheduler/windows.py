@@ -166,16 +166,19 @@ class Windows:
             return all(off_by_far(t, guess) for t in last)
         if not all(self.noise.far(rank, t, predicted[rank]) for t in last):
             return False
-        known = np.isfinite(predicted) & np.isfinite(self._latest)
-        pace = host_pace(self._latest[known] / predicted[known])
+        pace = self._pace(predicted)
         return pace == 1.0 or all(self.noise.far(rank, t, pace * predicted[rank]) for t in last)
 
     def misses(self, ranks: set[int], guess: np.ndarray) -> set[int]:
         """Of `ranks`, whose first measured step missed its `guess` by CHANGE, those that miss it
         at the host's pace too, over every worker's latest step: a slower host is no miss."""
-        known = np.isfinite(guess) & np.isfinite(self._latest)
-        pace = host_pace(self._latest[known] / guess[known])
+        pace = self._pace(guess)
         return {r for r in ranks if CHANGE < abs(self._steps[r][0] / (pace * guess[r]) - 1)}
+
+    def _pace(self, expected: np.ndarray) -> float:
+        """The host's pace over every worker's latest step against its `expected` time (nan: none)."""
+        known = np.isfinite(expected) & np.isfinite(self._latest)
+        return host_pace(self._latest[known] / expected[known])
 
     def lengths(self) -> np.ndarray:
         return np.fromiter(map(len, self._steps), dtype=np.int64, count=len(self._steps))

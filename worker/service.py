@@ -23,9 +23,7 @@ from .buckets import bucket_values
 from .core import REWIND_PHASE, Exit, Finish, GoBack, Join, Limits, Listen, SendProbe, Step, WorkerCore
 from .options import WorkerOptions
 from .pushing import Pusher
-from .quota import cpu_quota
-from .quota import paced as quota_paced
-from .quota import pacing as quota_pacing
+from .quota import cpu_quota, paced as quota_paced, pacing as quota_pacing
 from .trainer import Trainer, resolve_device
 
 log = logging.getLogger("omnips.worker")
