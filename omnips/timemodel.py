@@ -47,6 +47,13 @@ FORGET = 0.5  # weight left to older points at each new measurement
 CHANGE = 0.2  # relative prediction error taken as a change of speed
 FAR = 2.0  # a prediction missed by this factor, at any batch, is a change of speed
 MIN_SPREAD = 0.1  # distinct batch sizes must span this fraction of the largest for a fit
+# and SLOPE_K times the worker's step noise (a robust standard deviation of its steps' log times,
+# `observe`'s noise): two windows' medians at sizes a few % apart differ by their noise as much as by
+# the batch, and the slope through them is anything (under CPU quotas, points at 13 and 15 samples
+# 1.5 % apart in time gave a worker a fixed cost of 85 % of its step and the next plan 18 samples,
+# measured 31 % slower: back after 12 steps). With SLOPE_K = 3, a span of three step noises, the
+# slope from two windows of three steps is within about a third.
+SLOPE_K = 3.0
 MIN_WEIGHT = 0.02  # points weighing less are dropped
 REPEAT = 0.8  # weight left to a point's long average when its size is measured again
 DRIFT = 0.03  # relative gap between a point's two averages that, twice running, is taken as drift
@@ -77,6 +84,7 @@ class TimeModels:
         # whether each worker holds a point (kept apart from `weight`: a decision asks it of
         # every worker several times)
         self._measured = np.zeros(n, dtype=bool)
+        self._span = np.full(n, MIN_SPREAD)  # the span each worker's sizes need for a slope (see SLOPE_K)
 
     def reset(self, ranks) -> None:
         """Forget everything measured of `ranks` (a new worker took them)."""
@@ -86,10 +94,12 @@ class TimeModels:
     def measured(self, ranks) -> np.ndarray:
         return self._measured[ranks]
 
-    def observe(self, ranks, batches, seconds) -> np.ndarray:
+    def observe(self, ranks, batches, seconds, noise=None) -> np.ndarray:
         """One measurement per rank in `ranks` (distinct); ValueError, and nothing
-        changed, if any has a batch < 1 or a time that is not finite and > 0. Returns
-        which of them were taken as a change of speed (their history rescaled)."""
+        changed, if any has a batch < 1 or a time that is not finite and > 0. `noise`: each
+        rank's step noise as far as known (0: none known; None: as it was), which sets the span
+        of sizes a slope needs (SLOPE_K). Returns which of them were taken as a change of speed
+        (their history rescaled)."""
         ranks = np.asarray(ranks, dtype=np.int64)
         b = np.asarray(batches, dtype=np.float64)
         t = np.asarray(seconds, dtype=np.float64)
@@ -99,6 +109,9 @@ class TimeModels:
             raise ValueError(f"a measurement needs batch >= 1 and time > 0, got ({b[i]:g}, {t[i]:g})")
         if not len(ranks):
             return np.zeros(0, dtype=bool)
+        if noise is not None:
+            self._span[ranks] = np.maximum(MIN_SPREAD, SLOPE_K * np.nan_to_num(np.asarray(noise, dtype=np.float64)))
+        span = self._span[ranks]
         points = (self.weight, self.batch, self.time, self.steady, self.count, self.parted)
         # every worker, in order (a decision's usual call): worked on in place; else their columns
         # (take, not [:, ranks]: that returns the columns in the other memory order, slow to reduce)
@@ -116,7 +129,7 @@ class TimeModels:
         # correct them. They are forgotten: the new point starts the model afresh.
         low, high = FAR * t < predicted, t > FAR * predicted
         size = np.where(held, bs, 0.0).max(axis=0)
-        fitted = _spread(w, bs)
+        fitted = _spread(w, bs, span)
         far = ~change & held.any(axis=0) & ((fitted & (low | high)) | (~fitted & ((b < size) & low | (b > size) & high)))
         scale = np.ones(len(ranks))
         scale[change] = t[change] / predicted[change]
@@ -133,7 +146,7 @@ class TimeModels:
         # again, moved along the line: a plan that moves by a few samples each window keeps
         # averaging over windows and keeps the far points its slope comes from (at least twice
         # as far apart); without a fit only the same size is, so that the sizes can spread out
-        reach = np.where(_spread(w, bs), 0.5 * MIN_SPREAD * bs[nearest, cols], 0.0) if self.affine else 0.0
+        reach = np.where(_spread(w, bs, span), 0.5 * MIN_SPREAD * bs[nearest, cols], 0.0) if self.affine else 0.0
         again = distance[nearest, cols] <= reach
         moved = np.where(again, scale * line[:, 1] * (b - bs[nearest, cols]), 0.0)
         ts[nearest, cols] += moved
@@ -164,7 +177,7 @@ class TimeModels:
             for stored, worked in zip(points, (w, bs, ts, ss, ns, gap)):
                 stored[:, ranks] = worked
         self._measured[ranks] = True
-        self._lines[ranks] = _fit(w, bs, ss, b, steady) if self.affine else _through_origin(b, steady)
+        self._lines[ranks] = _fit(w, bs, ss, b, steady, span) if self.affine else _through_origin(b, steady)
         return change
 
     def trusted_at(self, ranks, batches) -> np.ndarray:
@@ -246,25 +259,27 @@ def _near(b: np.ndarray, bs: np.ndarray, held: np.ndarray) -> np.ndarray:
     return np.any(held & (np.abs(b - bs) <= MIN_SPREAD * bs), axis=0)
 
 
-def _spread(w: np.ndarray, bs: np.ndarray) -> np.ndarray:
-    """Whether each column holds two or more points spanning MIN_SPREAD of its largest batch: enough for a fit."""
+def _spread(w: np.ndarray, bs: np.ndarray, span: np.ndarray) -> np.ndarray:
+    """Whether each column holds two or more points spanning `span` (its own, a fraction) of its largest
+    batch: enough for a fit."""
     held = w > 0
     top = np.where(held, bs, 0.0).max(axis=0)
     bottom = np.where(held, bs, np.inf).min(axis=0)
-    return (np.count_nonzero(held, axis=0) >= 2) & (top - bottom >= MIN_SPREAD * top)
+    return (np.count_nonzero(held, axis=0) >= 2) & (top - bottom >= span * top)
 
 
 def _through_origin(nb: np.ndarray, nt: np.ndarray) -> np.ndarray:
     return np.stack([np.zeros(len(nb)), nt / nb], axis=1)
 
 
-def _fit(w: np.ndarray, bs: np.ndarray, ts: np.ndarray, nb: np.ndarray, nt: np.ndarray) -> np.ndarray:
-    """Each column's (a, c) from its points (weights `w`, batches `bs`, times `ts`) and its
-    newest point (`nb`, `nt`)."""
+def _fit(w: np.ndarray, bs: np.ndarray, ts: np.ndarray, nb: np.ndarray, nt: np.ndarray,
+         span: np.ndarray) -> np.ndarray:
+    """Each column's (a, c) from its points (weights `w`, batches `bs`, times `ts`), its
+    newest point (`nb`, `nt`) and the span its sizes need for a slope."""
     out = _through_origin(nb, nt)
-    fit = _spread(w, bs)
+    fit = _spread(w, bs, span)
     # too close together for a slope: through the origin and the points' weighted mean, every
-    # recent window counting rather than the newest alone (the sizes differ by under MIN_SPREAD,
+    # recent window counting rather than the newest alone (the sizes differ by under their span,
     # so a fixed cost bends it little)
     few = ~fit
     wf = np.compress(few, w, axis=1)  # (compress, not [:, few]: see observe)

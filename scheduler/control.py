@@ -257,7 +257,7 @@ class BatchControl:
         # does one that missed the window of a plan decided on first steps, which may have been a
         # warm-up's (under quotas a worker's second step at a new batch ran 1.4x its third)
         self.models.reset(measured[(~self._stepped[measured] | self._hasty) & ~agreed])
-        self.models.observe(measured, batches, times)
+        self.models.observe(measured, batches, times, self._windows.noise.spreads(measured))
         self._confirmed[measured] = agreed
 
     def _unfounded_pins(self, ranks: np.ndarray, sub: Decision, reason: str) -> np.ndarray:

@@ -108,6 +108,10 @@ class StepNoise:
             return False
         return max(seconds / typical, typical / seconds) > 1 + self.tolerance(rank)
 
+    def spreads(self, ranks) -> np.ndarray:
+        """The last spread estimated of each of `ranks` (0: none yet), without estimating anew."""
+        return np.asarray(self._spread)[ranks]
+
     def tolerance(self, rank: int) -> float:
         """How far, relative, a step may be off the worker's window (either way, as a factor:
         1 + tolerance) and still belong to it."""

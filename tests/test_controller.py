@@ -339,6 +339,18 @@ def test_fit_needs_two_sizes_spanning_ten_percent():
     assert affine_model(5.0, 1.0, 100, 50, affine=False).line() == (0.0, 55.0 / 50)
 
 
+def test_a_slope_needs_sizes_three_step_noises_apart():
+    """With steps 5 % apart (their step noise), sizes must span 15 %: 100 and 90 are one size's
+    throughput, 100 and 80 a line."""
+    for low, fitted in ((90, False), (80, True)):
+        models = TimeModels(1)
+        for b in (100, low):
+            models.observe([0], [b], [5.0 + b], noise=[0.05])
+        line = tuple(models.lines([0])[0])
+        assert line == (pytest.approx((5.0, 1.0)) if fitted else (0.0, pytest.approx((0.5 * 105 + 5.0 + low)
+                                                                                    / (0.5 * 100 + low))))
+
+
 def test_a_steady_batch_keeps_its_fit_and_averages_its_noise():
     """Measurements at a size already held age only that point: a plan that stays put
     for many windows keeps the slope it learnt from the sizes before, and its point
@@ -537,7 +549,7 @@ def test_a_fitted_line_runs_through_the_newest_point(windows):
     fitted = 0
     for b, noise in windows:
         model.observe(b, (0.1 + 0.03 * b) * noise)
-        if timemodel._spread(m.weight, m.batch)[0]:
+        if timemodel._spread(m.weight, m.batch, m._span)[0]:
             newest = (m.weight[:, 0] > 0) & (m.batch[:, 0] == b)
             assert model.predict(b) == pytest.approx(float(m.steady[newest, 0][0]))
             fitted += 1
