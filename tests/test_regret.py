@@ -512,8 +512,8 @@ def noisy_window(ctl, times, pattern=(0.95, 1.0, 1.05)):
 def test_two_windows_a_few_samples_apart_give_a_noisy_worker_no_slope():
     """Under CPU quotas 9/9/6/24 worker 2's windows at 13 and 15 samples took 1.442 and 1.463 s
     (medians of steps several % apart): a line through them has a fixed cost of 1.3 s and 0.01 s a
-    sample, and the next plan gave the worker 18.5 samples of 128 (it ran them 31 % slower than the
-    plan before, 12 steps until the plan went back). Two sizes 13 % apart are no slope for steps
+    sample, and the next plan gave the worker 19 samples of 128 (steps of 1.61 s where the plan
+    before measured 1.18; 12 steps until the plan went back). Two sizes 13 % apart are no slope for steps
     that noisy: the worker keeps its throughput's share."""
     job = JobSpec(num_workers=4, global_batch=128, batching="dynamic", adjust_every=ADJUST_EVERY)
     ctl = BatchControl(job, BatchPlan(0, (23, 22, 13, 70)))
