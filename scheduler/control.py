@@ -29,14 +29,14 @@ from omnips.timemodel import CHANGE, TimeModels, off_by_far
 
 from .bounds import BatchBounds
 from .regret import BACK_WINDOWS, REGRET, PlanMemory, Seen
-from .windows import Windows, host_pace
+from .windows import Windows, first_miss, host_pace
 
 # steps in the first window of a worker never measured in real steps, and in the window of a plan decided
 # on fewer of them (under CPU quotas a plan from one first step, a warm-up's, ran 14 steps 0.2 s a step
 # from the next): their median outvotes one slow step (a probe plan went to [63, 1] on a 6x step). A
-# first step off its model's guess by CHANGE to FAR re-plans at once, as a change of speed does, and two
-# such off by any factor (the probe was wrong, not a step: under CPU quotas its guesses were 0.3-1.9x the
-# steps, and each step waited for ran on them)
+# first step off its model's guess by a factor windows.FIRST_MISS to FAR re-plans at once, as a change of
+# speed does, and two such off by any factor (the probe was wrong, not a step: under CPU quotas its
+# guesses were 0.3-1.9x the steps, and each step waited for ran on them)
 FIRST_WINDOW = 3
 SHRINK = 0.5  # a worker goes to the minimum batch on one window's word only from below 1 / SHRINK times it
 # a plan the deadband holds back, proposed by this many decisions running and predicted this
@@ -116,7 +116,7 @@ class BatchControl:
         self._full: set[int] = set()
         self._measuring: set[int] = set()  # workers with a step in their window
         self._changing: set[int] = set()
-        self._missed: set[int] = set()  # workers whose first measured step missed its guess by CHANGE
+        self._missed: set[int] = set()  # workers whose first measured step missed its guess (first_miss)
         for rank in np.flatnonzero(self._windows.lengths()).tolist():
             self._track(rank)  # (only a rank in the plan has a window)
 
@@ -146,7 +146,7 @@ class BatchControl:
         else:
             self._full.discard(rank)
         guess = self._guess[rank]  # (a nan prediction or guess, untrusted or none, misses nothing)
-        if not self._stepped[rank] and len(window) == 1 and CHANGE < abs(window[0] / guess - 1):
+        if not self._stepped[rank] and len(window) == 1 and first_miss(window[0], guess):
             self._missed.add(rank)
         else:
             self._missed.discard(rank)
@@ -156,8 +156,8 @@ class BatchControl:
             self._changing.discard(rank)
 
     def _changes(self) -> tuple[set[int], set[int]]:
-        """The workers whose speed changed (Windows.changed, or a first step off its guess by CHANGE
-        to FAR), and those whose first step missed its guess: both at the host's pace once every
+        """The workers whose speed changed (Windows.changed, or a first step off its guess by
+        FIRST_MISS to FAR), and those whose first step missed its guess: both at the host's pace once every
         worker has a step (four equal workers' first steps under CPU quotas ran 1.13, 1.19, 1.30 and
         1.13x the probe's guesses: the 1.30, read as a miss, re-planned on that step and moved the
         plan 3 samples off the equal split)."""

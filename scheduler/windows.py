@@ -46,6 +46,14 @@ PACE_WORKERS = 3
 # a worker for the 16 steps its next window took
 SETTLE = 1
 
+# a first measured step off its model's guess by this factor, either way, re-plans before the first
+# window is full (scheduler/control.py's FIRST_WINDOW): under CPU quotas, of 600 workers' first steps
+# 13 % ran more than 20 % off the median of their next steps at the same batch, 2.7 % more than 1.35x,
+# 0.3 % more than 1.5x. At 20 % one of four workers' noise re-planned at once in about 43 % of jobs:
+# in three runs it put a worker 3-6 samples off for 5-6 steps, and the windows after, chasing that
+# plan, 1-3 samples off for 13-22 more
+FIRST_MISS = 1.5
+
 RECENT = 16  # reports kept per worker
 MIN_REPORTS = 5  # fewer say nothing of the spread: the last estimate (or none) stands
 SPREAD_K = 3.0  # robust standard deviations off the window that make a step far off
@@ -57,6 +65,11 @@ def log_spread(times) -> float:
     logs = [math.log(t) for t in times]
     med = statistics.median(logs)
     return MAD_SIGMA * statistics.median(abs(x - med) for x in logs)
+
+
+def first_miss(seconds: float, guess: float) -> bool:
+    """Whether a worker's first measured step missed its model's `guess` (nan: misses nothing)."""
+    return max(seconds / guess, guess / seconds) > FIRST_MISS
 
 
 def host_pace(ratios: np.ndarray) -> float:
@@ -174,10 +187,10 @@ class Windows:
         return pace == 1.0 or all(self.noise.far(rank, t, pace * predicted[rank]) for t in last)
 
     def misses(self, ranks: set[int], guess: np.ndarray) -> set[int]:
-        """Of `ranks`, whose first measured step missed its `guess` by CHANGE, those that miss it
-        at the host's pace too, over every worker's latest step: a slower host is no miss."""
+        """Of `ranks`, whose first measured step missed its `guess` (first_miss), those that miss
+        it at the host's pace too, over every worker's latest step: a slower host is no miss."""
         pace = self._pace(guess)
-        return {r for r in ranks if CHANGE < abs(self._steps[r][0] / (pace * guess[r]) - 1)}
+        return {r for r in ranks if first_miss(self._steps[r][0], pace * guess[r])}
 
     def _pace(self, expected: np.ndarray) -> float:
         """The host's pace over every worker's latest step against its `expected` time (nan: none)."""

@@ -171,10 +171,12 @@ def test_a_plan_measured_on_one_first_step_is_not_gone_back_to():
     """Under CPU quotas at HL1 the probe planned [27, 31, 38, 32] for four equal workers, its first
     step missed the probe's guesses and re-planned at once, and the next plan's window ran while one
     worker was slow: the regret guard went back to the probe's plan on its one step (a warm-up's
-    measurement) and held it 18 steps. A plan measured only on first steps is no plan to go back to."""
+    measurement) and held it 18 steps. A plan measured only on first steps is no plan to go back to.
+    (Here the probe is further off, its guesses for workers 0 and 2 beyond FIRST_MISS of their first
+    steps: those nearer no longer re-plan on one step.)"""
     a, c = [0.1] * 4, [0.04] * 4
-    probe_plan = (27, 31, 38, 32)
-    plans, decisions = drive(a, c, 128, slowed(0, 1.3, 2, 12), steps=60, probe_c=[0.045, 0.04, 0.032, 0.038])
+    probe_plan = (18, 30, 48, 32)
+    plans, decisions = drive(a, c, 128, slowed(0, 1.3, 2, 12), steps=60, probe_c=[0.065, 0.04, 0.025, 0.038])
     assert plans[0] == plans[1] == probe_plan and decisions[0][0] == 1  # decided on its one measured step
     assert probe_plan not in plans[2:] and not any(reason == "regret" for _, reason, _ in decisions)
     assert plans[-1] == oracle(a, c, 128)
