@@ -50,9 +50,9 @@ MIN_SPREAD = 0.1  # distinct batch sizes must span this fraction of the largest 
 # and SLOPE_K times the worker's step noise (a robust standard deviation of its steps' log times,
 # `observe`'s noise): two windows' medians at sizes a few % apart differ by their noise as much as by
 # the batch, and the slope through them is anything (under CPU quotas, points at 13 and 15 samples
-# 1.5 % apart in time gave a worker a fixed cost of 85 % of its step and the next plan 19 samples: steps
-# of 1.61 s where the plan before measured 1.18, back after 12 steps). With SLOPE_K = 3, a span of three step noises, the
-# slope from two windows of three steps is within about a third.
+# 1.5 % apart in time gave a worker a fixed cost of 85 % of its step and the next plan 19 samples:
+# steps of 1.61 s where the plan before measured 1.18, back after 12 steps). With SLOPE_K = 3, a span
+# of three step noises, the slope from two windows of three steps is within about a third.
 SLOPE_K = 3.0
 MIN_WEIGHT = 0.02  # points weighing less are dropped
 REPEAT = 0.8  # weight left to a point's long average when its size is measured again
@@ -90,6 +90,7 @@ class TimeModels:
         """Forget everything measured of `ranks` (a new worker took them)."""
         self.weight[:, ranks] = 0.0
         self._measured[ranks] = False
+        self._span[ranks] = MIN_SPREAD
 
     def measured(self, ranks) -> np.ndarray:
         return self._measured[ranks]
