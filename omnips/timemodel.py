@@ -1,7 +1,7 @@
 """Workers' compute times as lines in their batch sizes, fitted from recent measurements.
 
-`observe(ranks, batches, seconds)` takes each worker's robust time for a window at its
-batch; `lines(ranks)` returns (a, c) with t(b) ~ a + c*b. With points at two or more
+`observe(ranks, batches, seconds, noise)` takes each worker's robust time for a window at its
+batch (and its step noise, which sets how far apart sizes must be for a slope: SLOPE_K); `lines(ranks)` returns (a, c) with t(b) ~ a + c*b. With points at two or more
 batch sizes far enough apart, its slope is a weighted least-squares fit's (older points
 weigh less: the worker's speed may drift) and it runs through the newest point: the plan
 in force is judged by what it measured, the other points only say how the time moves
@@ -110,9 +110,9 @@ class TimeModels:
             raise ValueError(f"a measurement needs batch >= 1 and time > 0, got ({b[i]:g}, {t[i]:g})")
         if not len(ranks):
             return np.zeros(0, dtype=bool)
+        span = self._span[ranks]  # the span the line in use was fitted under (a copy)
         if noise is not None:
             self._span[ranks] = np.maximum(MIN_SPREAD, SLOPE_K * np.nan_to_num(np.asarray(noise, dtype=np.float64)))
-        span = self._span[ranks]
         points = (self.weight, self.batch, self.time, self.steady, self.count, self.parted)
         # every worker, in order (a decision's usual call): worked on in place; else their columns
         # (take, not [:, ranks]: that returns the columns in the other memory order, slow to reduce)
@@ -178,7 +178,7 @@ class TimeModels:
             for stored, worked in zip(points, (w, bs, ts, ss, ns, gap)):
                 stored[:, ranks] = worked
         self._measured[ranks] = True
-        self._lines[ranks] = _fit(w, bs, ss, b, steady, span) if self.affine else _through_origin(b, steady)
+        self._lines[ranks] = _fit(w, bs, ss, b, steady, self._span[ranks]) if self.affine else _through_origin(b, steady)
         return change
 
     def trusted_at(self, ranks, batches) -> np.ndarray:
@@ -280,9 +280,11 @@ def _fit(w: np.ndarray, bs: np.ndarray, ts: np.ndarray, nb: np.ndarray, nt: np.n
     out = _through_origin(nb, nt)
     fit = _spread(w, bs, span)
     # too close together for a slope: through the origin and the points' weighted mean, every
-    # recent window counting rather than the newest alone (the sizes differ by under their span,
-    # so a fixed cost bends it little)
-    few = ~fit
+    # recent window counting rather than the newest alone (the sizes differ by under MIN_SPREAD,
+    # so a fixed cost bends it little); sizes further apart than that but not than the worker's
+    # span: through the origin and the newest point (`out` as it is), which a fixed cost would
+    # put off the weighted mean
+    few = ~fit & ~_spread(w, bs, MIN_SPREAD)
     wf = np.compress(few, w, axis=1)  # (compress, not [:, few]: see observe)
     out[few, 1] = (wf * np.compress(few, ts, axis=1)).sum(axis=0) / (wf * np.compress(few, bs, axis=1)).sum(axis=0)
     if not fit.any():

@@ -92,7 +92,9 @@ def host_pace(ratios: np.ndarray) -> float:
 
 class StepNoise:
     """Kept cheap per report (a report costs O(1) at thousands of workers): the spread is
-    computed only when a step is further off than CHANGE, where the tolerance matters."""
+    computed only when a step is further off than CHANGE, where the tolerance matters, and
+    when the worker moves to another batch; the time models take the last estimate
+    (`spreads`) for the span a slope needs (omnips/timemodel.SLOPE_K)."""
 
     def __init__(self, n: int):
         self._recent = [deque(maxlen=RECENT) for _ in range(n)]

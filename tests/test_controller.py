@@ -15,7 +15,7 @@ from omnips import timemodel
 from omnips.timemodel import CHANGE, DRIFT, FAR, REPEAT, TimeModels
 from omnips.scheduler.disturbance import MIN_JUDGED
 from omnips.scheduler.regret import FORGET_WINDOWS
-from omnips.scheduler.windows import CHANGE_STEPS, FIRST_MISS
+from omnips.scheduler.windows import CHANGE_STEPS, FIRST_MISS, first_miss
 from omnips.scheduler.control import FIRST_WINDOW, MIN_GAIN, PERSIST, WIDE_GAIN, Adjustment, BatchControl
 
 
@@ -340,15 +340,25 @@ def test_fit_needs_two_sizes_spanning_ten_percent():
 
 
 def test_a_slope_needs_sizes_three_step_noises_apart():
-    """With steps 5 % apart (their step noise), sizes must span 15 %: 100 and 90 are one size's
-    throughput, 100 and 80 a line."""
-    for low, fitted in ((90, False), (80, True)):
+    """With steps 5 % apart (their step noise), sizes must span 15 %: 100 and 90 give the newest
+    window's throughput (the weighted mean of sizes that far apart is the fixed cost's), 100 and 80 a
+    line; without a noise estimate 10 % is enough."""
+    for low, noise, line in ((90, 0.0, (5.0, 1.0)), (80, 0.05, (5.0, 1.0)), (90, 0.05, (0.0, 95.0 / 90))):
         models = TimeModels(1)
         for b in (100, low):
-            models.observe([0], [b], [5.0 + b], noise=[0.05])
-        line = tuple(models.lines([0])[0])
-        assert line == (pytest.approx((5.0, 1.0)) if fitted else (0.0, pytest.approx((0.5 * 105 + 5.0 + low)
-                                                                                    / (0.5 * 100 + low))))
+            models.observe([0], [b], [5.0 + b], noise=[noise])
+        assert tuple(models.lines([0])[0]) == pytest.approx(line)
+    # the span is the worker's: a new one on the rank starts from MIN_SPREAD's
+    models.reset([0])
+    for b in (100, 90):
+        models.observe([0], [b], [5.0 + b])
+    assert tuple(models.lines([0])[0]) == pytest.approx((5.0, 1.0))
+
+
+def test_a_first_step_misses_its_guess_beyond_first_miss_either_way():
+    assert first_miss(1.51, 1.0) and first_miss(1.0, 1.51) and first_miss(0.6, 1.0)
+    assert not first_miss(1.5, 1.0) and not first_miss(1.0, 1.5) and not first_miss(1.3, 1.0)
+    assert not first_miss(1.0, float("nan"))
 
 
 def test_a_steady_batch_keeps_its_fit_and_averages_its_noise():

@@ -535,3 +535,4 @@ def test_the_same_two_sizes_give_a_quiet_worker_its_slope():
     noisy_window(ctl, [1.0 + 0.1 * 15, 0.1 * 13], pattern=(0.999, 1.0, 1.001))
     a, c = ctl.models.lines(np.array([0]))[0]
     assert (a, c) == (pytest.approx(1.0, rel=0.05), pytest.approx(0.1, rel=0.05))
+    assert 0 < ctl._windows.noise.spreads([0])[0] < 0.01  # its noise measured, and small
