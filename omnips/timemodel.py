@@ -1,7 +1,8 @@
 """Workers' compute times as lines in their batch sizes, fitted from recent measurements.
 
 `observe(ranks, batches, seconds, noise)` takes each worker's robust time for a window at its
-batch (and its step noise, which sets how far apart sizes must be for a slope: SLOPE_K); `lines(ranks)` returns (a, c) with t(b) ~ a + c*b. With points at two or more
+batch (and its step noise, which sets how far apart sizes must be for a slope: SLOPE_K);
+`lines(ranks)` returns (a, c) with t(b) ~ a + c*b. With points at two or more
 batch sizes far enough apart, its slope is a weighted least-squares fit's (older points
 weigh less: the worker's speed may drift) and it runs through the newest point: the plan
 in force is judged by what it measured, the other points only say how the time moves
@@ -249,10 +250,16 @@ def _ratio(sizes, seconds) -> float | None:
     return max(a, 0.0) / c if c > 0 else None
 
 
+def off_by(seconds: float, expected: float, factor: float) -> bool:
+    """Whether a time missed `expected` by more than `factor`, either way (half the time is as
+    far off as twice it); a nan `expected` misses nothing."""
+    return seconds > factor * expected or factor * seconds < expected
+
+
 def off_by_far(seconds: float, predicted: float) -> bool:
     """Whether a step missed a prediction by more than a factor FAR, either way: no line's
     error, wherever the line was fitted (TimeModels.observe drops the points it makes wrong)."""
-    return seconds > FAR * predicted or FAR * seconds < predicted
+    return off_by(seconds, predicted, FAR)
 
 
 def _near(b: np.ndarray, bs: np.ndarray, held: np.ndarray) -> np.ndarray:
@@ -284,7 +291,7 @@ def _fit(w: np.ndarray, bs: np.ndarray, ts: np.ndarray, nb: np.ndarray, nt: np.n
     # so a fixed cost bends it little); sizes further apart than that but not than the worker's
     # span: through the origin and the newest point (`out` as it is), which a fixed cost would
     # put off the weighted mean
-    few = ~fit & ~_spread(w, bs, MIN_SPREAD)
+    few = ~_spread(w, bs, MIN_SPREAD)  # (none of them fitted: a worker's span is MIN_SPREAD at least)
     wf = np.compress(few, w, axis=1)  # (compress, not [:, few]: see observe)
     out[few, 1] = (wf * np.compress(few, ts, axis=1)).sum(axis=0) / (wf * np.compress(few, bs, axis=1)).sum(axis=0)
     if not fit.any():

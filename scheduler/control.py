@@ -157,8 +157,8 @@ class BatchControl:
 
     def _changes(self) -> tuple[set[int], set[int]]:
         """The workers whose speed changed (Windows.changed, or a first step off its guess by
-        FIRST_MISS to FAR), and those whose first step missed its guess: both at the host's pace once every
-        worker has a step (four equal workers' first steps under CPU quotas ran 1.13, 1.19, 1.30 and
+        FIRST_MISS to FAR), and those whose first step missed its guess: both at the host's pace
+        once every worker has a step (four equal workers' first steps under CPU quotas ran 1.13, 1.19, 1.30 and
         1.13x the probe's guesses: the 1.30, read as a miss while 20 % was one, re-planned on that
         step and moved the plan 3 samples off the equal split)."""
         missed = self._windows.misses(self._missed, self._guess) if len(self._measuring) == len(self._active) else set()

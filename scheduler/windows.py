@@ -24,7 +24,7 @@ from collections import deque
 
 import numpy as np
 
-from omnips.timemodel import CHANGE, off_by_far
+from omnips.timemodel import CHANGE, off_by, off_by_far
 
 from .disturbance import Effect
 
@@ -69,7 +69,7 @@ def log_spread(times) -> float:
 
 def first_miss(seconds: float, guess: float) -> bool:
     """Whether a worker's first measured step missed its model's `guess` (nan: misses nothing)."""
-    return max(seconds / guess, guess / seconds) > FIRST_MISS
+    return off_by(seconds, guess, FIRST_MISS)
 
 
 def host_pace(ratios: np.ndarray) -> float:
@@ -121,7 +121,7 @@ class StepNoise:
         is near everything."""
         if not abs(seconds - typical) > CHANGE * typical:
             return False
-        return max(seconds / typical, typical / seconds) > 1 + self.tolerance(rank)
+        return off_by(seconds, typical, 1 + self.tolerance(rank))
 
     def spreads(self, ranks) -> np.ndarray:
         """The last spread estimated of each of `ranks` (0: none yet), without estimating anew."""

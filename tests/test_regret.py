@@ -275,11 +275,12 @@ def test_no_plan_slower_than_uniform_batches_holds_for_more_than_two_windows(cs,
     assert longest <= 2 * ADJUST_EVERY + CHANGE_STEPS, (longest, plans)
 
 
-def window(ctl, times):
-    """A full window of every worker at its batch in the plan (its first step unmeasured)."""
+def window(ctl, times, pattern=(1.0,)):
+    """A full window of every worker at its batch in the plan (its first step unmeasured), each
+    step's time off `times` by `pattern` in turn."""
     for rank, t in enumerate(times):
-        for _ in range(ADJUST_EVERY):
-            ctl.on_step(rank, ctl.plan.batches[rank], t)
+        for i in range(ADJUST_EVERY):
+            ctl.on_step(rank, ctl.plan.batches[rank], t * pattern[i % len(pattern)])
     assert ctl.ready
     return ctl.replan()
 
@@ -500,28 +501,21 @@ def test_a_window_the_whole_host_ran_slower_leaves_the_plan_of_equal_workers():
 def test_the_host_s_pace_is_the_median_only_where_the_workers_moved_together(ratios, pace):
     assert host_pace(np.asarray(ratios)) == pytest.approx(pace)
 
-
-def noisy_window(ctl, times, pattern=(0.95, 1.0, 1.05)):
-    """A full window of every worker at its batch, each step's time off `times` by `pattern` in turn:
-    steps about 7 % apart (a robust standard deviation of their logarithms), as under CPU quotas."""
-    for rank, t in enumerate(times):
-        for i in range(ADJUST_EVERY):
-            ctl.on_step(rank, ctl.plan.batches[rank], t * pattern[i % len(pattern)])
-    assert ctl.ready
-    return ctl.replan()
+# steps about 7 % apart (a robust standard deviation of their logarithms), as under CPU quotas
+NOISY = (0.95, 1.0, 1.05)
 
 
 def test_two_windows_a_few_samples_apart_give_a_noisy_worker_no_slope():
     """Under CPU quotas 9/9/6/24 worker 2's windows at 13 and 15 samples took 1.442 and 1.463 s
     (medians of steps several % apart): a line through them has a fixed cost of 1.3 s and 0.01 s a
     sample, and the next plan gave the worker 19 samples of 128 (steps of 1.61 s where the plan
-    before measured 1.18; 12 steps until the plan went back). Two sizes 13 % apart are no slope for steps
-    that noisy: the worker keeps its throughput's share."""
+    before measured 1.18; 12 steps until the plan went back). Two sizes 13 % apart are no slope
+    for steps that noisy: the worker keeps its throughput's share."""
     job = JobSpec(num_workers=4, global_batch=128, batching="dynamic", adjust_every=ADJUST_EVERY)
     ctl = BatchControl(job, BatchPlan(0, (23, 22, 13, 70)))
-    noisy_window(ctl, [1.66, 1.569, 1.442, 1.748])
+    window(ctl, [1.66, 1.569, 1.442, 1.748], NOISY)
     ctl.plan = BatchPlan(ctl.plan.gen + 1, (23, 23, 15, 67))  # (as in the run)
-    adj = noisy_window(ctl, [1.383, 1.504, 1.463, 1.453])
+    adj = window(ctl, [1.383, 1.504, 1.463, 1.453], NOISY)
     assert 14 <= ctl.plan.batches[2] <= 16, (ctl.plan, adj)
     assert adj.decision.targets[2] == pytest.approx(15 * 1.453 / 1.463, abs=1.0)
 
@@ -530,9 +524,9 @@ def test_the_same_two_sizes_give_a_quiet_worker_its_slope():
     """Steps within a fraction of a % of each other: 13 and 15 samples are enough for a line."""
     job = JobSpec(num_workers=2, global_batch=28, batching="dynamic", adjust_every=ADJUST_EVERY)
     ctl = BatchControl(job, BatchPlan(0, (13, 15)))
-    noisy_window(ctl, [1.0 + 0.1 * 13, 0.1 * 15], pattern=(0.999, 1.0, 1.001))
+    window(ctl, [1.0 + 0.1 * 13, 0.1 * 15], (0.999, 1.0, 1.001))
     ctl.plan = BatchPlan(ctl.plan.gen + 1, (15, 13))
-    noisy_window(ctl, [1.0 + 0.1 * 15, 0.1 * 13], pattern=(0.999, 1.0, 1.001))
+    window(ctl, [1.0 + 0.1 * 15, 0.1 * 13], (0.999, 1.0, 1.001))
     a, c = ctl.models.lines(np.array([0]))[0]
     assert (a, c) == (pytest.approx(1.0, rel=0.05), pytest.approx(0.1, rel=0.05))
     assert 0 < ctl._windows.noise.spreads([0])[0] < 0.01  # its noise measured, and small
