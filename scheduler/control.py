@@ -222,7 +222,7 @@ class BatchControl:
         if self._persists(sub) and not self.ran.ran_slower(spread(sub.held, ranks, n), batches, MIN_GAIN):
             sub, reason = Decision(sub.held, sub.targets, sub.held_s), "held"
             rule = f"held back {PERSIST} windows running, predicted faster each time"
-        even = None if free else self._even_within(sub, lines, ranks)  # (chosen, not held: a guess's plan too)
+        even = None if free else self._even_within(sub, lines, ranks, reason)  # (chosen, not held: a guess's too)
         if even is not None:
             sub, rule = even, even.rule
         targets = np.zeros(n)
@@ -312,7 +312,7 @@ class BatchControl:
                     f"predicted ({self._ms(uniform_s)}): the uniform split, to measure it")
         return decision, reason, rule
 
-    def _even_within(self, sub: Decision, lines: np.ndarray, ranks: np.ndarray) -> Decision | None:
+    def _even_within(self, sub: Decision, lines: np.ndarray, ranks: np.ndarray, reason: str) -> Decision | None:
         """The uniform split (a decision for `ranks`) where the `lines` predict it within the
         job's deadband of the best plan's time: workers equal within the models' errors are given
         equal batches. Else a plan a sample or two off the equal split, the models' noise, held in
@@ -323,7 +323,8 @@ class BatchControl:
         decided = sub.batches if sub.batches is not None else now
         if even is None or np.array_equal(even, decided):  # (or the decision is the uniform split already)
             return None
-        even_s, band = float(np.max(lines[:, 0] + lines[:, 1] * even)), self.job.deadband
+        band = max(self.job.deadband, PROBE_NOISE) if reason == "probe" else self.job.deadband
+        even_s = float(np.max(lines[:, 0] + lines[:, 1] * even))
         if even_s > (sub.held_s if sub.held is not None else sub.predicted_s) * (1 + band):  # the best plan's
             return None
         return Decision(None if np.array_equal(even, now) else tuple(even.tolist()), sub.targets, even_s,
