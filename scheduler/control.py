@@ -323,17 +323,17 @@ class BatchControl:
         decided = sub.batches if sub.batches is not None else now
         if even is None or np.array_equal(even, decided):  # (or the decision is the uniform split already)
             return None
-        band = max(self.job.deadband, PROBE_NOISE) if reason == "probe" else self.job.deadband
+        band, what = ((max(self.job.deadband, PROBE_NOISE), "the probe's noise") if reason == "probe"
+                      else (self.job.deadband, "the deadband"))
         even_s = float(np.max(lines[:, 0] + lines[:, 1] * even))
         if even_s > (sub.held_s if sub.held is not None else sub.predicted_s) * (1 + band):  # the best plan's
             return None
         return Decision(None if np.array_equal(even, now) else tuple(even.tolist()), sub.targets, even_s,
-                        rule=f"the uniform split, predicted within the {band:.0%} deadband of the best plan")
+                        rule=f"the uniform split, predicted within {band:.0%} ({what}) of the best plan")
 
     def _ms(self, seconds: float) -> str:
         """A time of the models or the plans' memory, in words at the host's pace now."""
         return f"{1000 * self._pace * seconds:.1f} ms"
-
 
     def _persists(self, sub: Decision) -> bool:
         """Whether the plan the deadband held back has now been proposed PERSIST times running,

@@ -909,8 +909,8 @@ def test_a_held_back_plan_that_ran_measured_slower_stays_held():
     assert max(times((16, 22, 21, 9))) < max(times((16, 23, 20, 9))) / (1 + MIN_GAIN)
 
 
-SNAP = "the uniform split, predicted within the 5% deadband of the best plan"
-PROBE_SNAP = f"the uniform split, predicted within the {PROBE_NOISE:.0%} deadband of the best plan"
+SNAP = "the uniform split, predicted within 5% (the deadband) of the best plan"
+PROBE_SNAP = f"the uniform split, predicted within {PROBE_NOISE:.0%} (the probe's noise) of the best plan"
 
 
 def near_equal(faster, start=None):
