@@ -129,7 +129,7 @@ class Decision:
     predicted_s: float  # the slowest worker's predicted step time under `batches` (or the current ones)
     held: tuple[int, ...] | None = None  # the plan the deadband held back, if it differs from the current one
     held_s: float = math.nan  # the slowest worker's predicted step time under `held`
-    rule: str = ""  # what held the plan, in words, when `batches` is None
+    rule: str = ""  # what decided, in words, where no time model's equal time did (what held the plan)
 
 
 def _line_arrays(lines) -> tuple[np.ndarray, np.ndarray]:
@@ -256,6 +256,18 @@ def decide(batches, lines, total: int, lo, hi, deadband: float, measured=None) -
                 return Decision(None, tuple(targets.tolist()), now_s, tuple(new), new_s, rule)
             return Decision(None, tuple(targets.tolist()), now_s, rule=rule)
     return Decision(tuple(new), tuple(targets.tolist()), new_s)
+
+
+def alike(lines, batches, best_s: float, band: float) -> float | None:
+    """The slowest worker's predicted time under `batches` (the uniform split) where it lies
+    within `band` of `best_s` (the best plan's) and within `band` three times over of the fastest
+    worker's: workers the lines cannot tell apart (under CPU quotas the probe's passes put four
+    equal workers 1.5x apart). None otherwise: a worker 4x faster than 63 others moves the slowest
+    worker's time by 5 % only."""
+    a, c = _line_arrays(lines)
+    times = a + c * np.asarray(batches, dtype=np.float64)
+    slowest = float(times.max())
+    return None if slowest > best_s * (1 + band) or slowest > times.min() * (1 + band) ** 3 else slowest
 
 
 def balanced(batches, times, band: float) -> bool:

@@ -8,7 +8,7 @@ Pure: no clock, no I/O.
 
 import numpy as np
 
-from omnips.batching import initial_batches, spread
+from omnips.batching import equal_time, integerize, spread
 
 
 class BatchBounds:
@@ -17,7 +17,7 @@ class BatchBounds:
         self.hard = [job_max] * n  # the job's bound, --max-batch on the worker, an out-of-memory step: only falls
         self.memory: list[int | None] = [None] * n  # from the worker's free memory: follows it
         self.array = np.full(n, job_max, dtype=np.int64)  # the lower of the two, kept current
-        self._even: tuple[tuple[bytes, bytes], tuple[int, ...] | None] | None = None  # (ranks and bounds, the split)
+        self._uniform: tuple[tuple[bytes, bytes], np.ndarray | None] | None = None  # (ranks and bounds, real split)
 
     def limit(self, rank: int, max_batch: int, active: np.ndarray) -> None:
         """The worker can hold at most `max_batch` samples in one pass. ValueError when the
@@ -39,19 +39,25 @@ class BatchBounds:
         self._set(rank)
         return True
 
-    def uniform(self, ranks: np.ndarray) -> tuple[int, ...] | None:
+    def uniform(self, ranks: np.ndarray, lines: np.ndarray) -> tuple[int, ...] | None:
         """Equal batches for `ranks` within their bounds, as a plan of every rank (0 for the others),
-        or None where the bounds allow none (kept while the ranks and bounds stay: at thousands of
-        workers a split costs a tenth of a decision)."""
+        the samples an equal split leaves over going to the workers one more sample slows least by
+        their `lines` (omnips/batching.integerize); None where the bounds allow no split. The
+        real-valued split is kept while the ranks and bounds stay (at thousands of workers it
+        costs a tenth of a decision)."""
         key = (ranks.tobytes(), self.array[ranks].tobytes())
-        if self._even is None or self._even[0] != key:
+        if self._uniform is None or self._uniform[0] != key:
             try:
-                even = initial_batches("uniform", self.global_batch, [1.0] * len(ranks), self.min_batch,
-                                       self.array[ranks])
-                self._even = (key, spread(even, ranks, len(self.array)))
+                real = equal_time(np.tile([0.0, 1.0], (len(ranks), 1)), self.global_batch, self.min_batch,
+                                  self.array[ranks])
             except ValueError:
-                self._even = (key, None)
-        return self._even[1]
+                real = None
+            self._uniform = (key, real)
+        real = self._uniform[1]
+        if real is None:
+            return None
+        return spread(integerize(real, self.global_batch, self.min_batch, self.array[ranks], lines), ranks,
+                      len(self.array))
 
     def _set(self, rank: int) -> None:
         h, m = self.hard[rank], self.memory[rank]

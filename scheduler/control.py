@@ -6,14 +6,13 @@ fits the time models and asks the controller (omnips/batching.py) for the next b
 A worker's first step at a new batch size is not measured (it pays for warming up), nor
 reports still at an older batch (ASP workers switch at their next reply).
 
-On real, noisy machines three rules keep one bad measurement from locking a bad plan in: a
-step far off the worker's window (how far: its own noise, scheduler/windows.py) is an outlier
-until CHANGE_STEPS in a row say its speed changed (and then the others' latest steps count
-with it: a slowdown of the whole host shows on some workers a step before others); a worker
-goes to the minimum batch (where it is measured at nothing larger again) only on repeated
-measurements: its last window agreed with what its model predicted, else it goes to half its
-batch; and measured step times outrank the models (scheduler/regret.py): the plan goes back
-to a plan measured faster.
+On real, noisy machines four rules keep noise from locking a bad plan in: a step far off the
+worker's window (how far: its own noise, scheduler/windows.py) is an outlier until CHANGE_STEPS
+in a row say its speed changed (and then the others' latest steps count with it: a slowdown of
+the whole host shows on some workers a step before others); a worker goes to the minimum batch
+(measured at nothing larger again) only where its last window agreed with its model, else to
+half its batch; workers the models cannot tell apart get the uniform split; and measured step
+times outrank the models (scheduler/regret.py): the plan goes back to a plan measured faster.
 
 A report costs O(1) (the scheduler asks `ready` after each), a decision a few numpy operations
 over all workers: the models' predictions at the plan's batches are kept for the change check.
@@ -23,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from omnips.batching import PROBE_NOISE, BatchPlan, Decision, decide, spread
+from omnips.batching import PROBE_NOISE, BatchPlan, Decision, alike, decide, spread
 from omnips.job import JobSpec
 from omnips.timemodel import CHANGE, TimeModels, off_by_far
 
@@ -177,9 +176,9 @@ class BatchControl:
         return bool(changing) or len(missed) > 1
 
     def replan(self, reason: str = "window", active: list[int] | None = None) -> Adjustment:
-        """Feed the windows to the time models and decide for the `active` ranks (default:
-        those in the plan); the plan changes unless the decision falls inside the deadband,
-        which a memory limit or a change of membership does not wait for."""
+        """Feed the windows to the time models and decide for the `active` ranks (default: those in the
+        plan): the equal-time plan, unless the deadband holds the plan in force (not for a memory limit
+        or a change of membership), workers alike get the uniform split, or measured times outrank it."""
         batches = self.plan.batches
         n = len(batches)
         measured = np.flatnonzero(self._windows.lengths())
@@ -219,18 +218,19 @@ class BatchControl:
             sub = decide(self._batches[ranks], lines, self.job.global_batch, lo, self._bounds[ranks], band, window_s)
             rule = (f"worker(s) {ranks[pinned].tolist()} not put at the minimum batch on one window's "
                     "measurement: half their batch for now")
+        cause, uniform = reason, self.bounds.uniform(ranks, lines)
         if self._persists(sub) and not self.ran.ran_slower(spread(sub.held, ranks, n), batches, MIN_GAIN):
             sub, reason = Decision(sub.held, sub.targets, sub.held_s), "held"
             rule = f"held back {PERSIST} windows running, predicted faster each time"
-        even = None if free else self._even_within(sub, lines, ranks, reason)  # (chosen, not held: a guess's too)
+        even = None if free or pinned.any() else self._alike(sub, lines, ranks, cause, uniform)  # a guess's too
         if even is not None:
-            sub, rule = even, even.rule
+            sub, reason, rule = even, cause, even.rule
         targets = np.zeros(n)
         targets[ranks] = sub.targets
         decision = Decision(None if sub.batches is None else spread(sub.batches, ranks, n),
                             tuple(targets.tolist()), sub.predicted_s)
         if step_s is not None and not free:
-            decision, reason, rule = self._regret(decision, reason, rule, ranks, step_s)
+            decision, reason, rule = self._regret(decision, reason, rule, ranks, step_s, uniform)
         if decision.batches is not None and decision.batches != batches:
             self.adjustments += reason not in ("membership", "probe")
             self.plan = BatchPlan(self.plan.gen + 1, decision.batches)
@@ -271,8 +271,8 @@ class BatchControl:
         return ((to <= self.min_batch) & (SHRINK * self._batches[ranks] > self.min_batch)
                 & ~self._confirmed[ranks])
 
-    def _regret(self, decision: Decision, reason: str, rule: str, ranks: np.ndarray,
-                step_s: float) -> tuple[Decision, str, str]:
+    def _regret(self, decision: Decision, reason: str, rule: str, ranks: np.ndarray, step_s: float,
+                uniform: tuple[int, ...] | None) -> tuple[Decision, str, str]:
         """Measured times outrank the models: the plan in force, measured REGRET slower than
         the best plan measured lately, goes back to that one; a plan measured that much slower
         than the best remembered is not taken again; and where the models are for staying, the
@@ -294,14 +294,13 @@ class BatchControl:
                     f"{list(proposed)} measured {self._ms(self.ran.step_s(proposed))}, more than "
                     f"{REGRET:.0%} slower than {list(best[0])}: not taken again for now")
         if proposed is None or proposed == current:
-            return self._uniform_instead(decision, reason, rule, ranks, step_s)
+            return self._uniform_instead(decision, reason, rule, ranks, step_s, uniform)
         return decision, reason, rule
 
-    def _uniform_instead(self, decision: Decision, reason: str, rule: str, ranks: np.ndarray,
-                         step_s: float) -> tuple[Decision, str, str]:
+    def _uniform_instead(self, decision: Decision, reason: str, rule: str, ranks: np.ndarray, step_s: float,
+                         uniform: tuple[int, ...] | None) -> tuple[Decision, str, str]:
         """The models for staying, but the plan in force measured REGRET slower than they predict
-        the uniform split, not yet measured: they are wrong somewhere, so measure that split."""
-        uniform = self.bounds.uniform(ranks)
+        the `uniform` split, not yet measured: they are wrong somewhere, so measure that split."""
         if (uniform is None or uniform == self.plan.batches or uniform in self.ran
                 or not self.models.measured(ranks).all()):
             return decision, reason, rule
@@ -312,24 +311,24 @@ class BatchControl:
                     f"predicted ({self._ms(uniform_s)}): the uniform split, to measure it")
         return decision, reason, rule
 
-    def _even_within(self, sub: Decision, lines: np.ndarray, ranks: np.ndarray, reason: str) -> Decision | None:
-        """The uniform split (a decision for `ranks`) where the `lines` predict it within the
-        job's deadband of the best plan's time: workers equal within the models' errors are given
-        equal batches. Else a plan a sample or two off the equal split, the models' noise, held in
-        the deadband: at HL1 under CPU quotas [31, 31, 33, 33] held 32 steps, the two workers at 33
-        the slowest in 8 steps of 10. (The regret guard still refuses it where it measured slower.)"""
-        uniform, now = self.bounds.uniform(ranks), self._batches[ranks]
-        even = None if uniform is None else np.asarray(uniform)[ranks]
-        decided = sub.batches if sub.batches is not None else now
-        if even is None or np.array_equal(even, decided):  # (or the decision is the uniform split already)
-            return None
+    def _alike(self, sub: Decision, lines: np.ndarray, ranks: np.ndarray, reason: str,
+               uniform: tuple[int, ...] | None) -> Decision | None:
+        """The `uniform` split (a decision for `ranks`) where the `lines` predict every worker's time
+        under it within the deadband of the best plan's (at the probe, its noise), unless it measured
+        REGRET slower than the best in two windows (one window's time against another's is the host's
+        noise as much: refusing it on 1-5 % put HL1's replays 0.2 % further off the uniform job):
+        equal batches for workers the models cannot tell apart, where a plan a sample or two off,
+        their noise, held in the deadband (under CPU quotas at HL1 [31, 31, 33, 33] held 32 steps)."""
+        now, ran, even = self._batches[ranks], self.ran, None if uniform is None else np.asarray(uniform)[ranks]
+        if even is None or np.array_equal(even, sub.batches if sub.batches is not None else now) or (
+                uniform in ran and ran.worse(uniform, ran.best()[1])):
+            return None  # (none, the decision already, or measured slower)
         band, what = ((max(self.job.deadband, PROBE_NOISE), "the probe's noise") if reason == "probe"
                       else (self.job.deadband, "the deadband"))
-        even_s = float(np.max(lines[:, 0] + lines[:, 1] * even))
-        if even_s > (sub.held_s if sub.held is not None else sub.predicted_s) * (1 + band):  # the best plan's
-            return None
-        return Decision(None if np.array_equal(even, now) else tuple(even.tolist()), sub.targets, even_s,
-                        rule=f"the uniform split, predicted within {band:.0%} ({what}) of the best plan")
+        even_s = alike(lines, even, sub.held_s if sub.held is not None else sub.predicted_s, band)
+        return None if even_s is None else Decision(
+            None if np.array_equal(even, now) else tuple(even.tolist()), sub.targets, even_s,
+            rule=f"the uniform split, every worker predicted within {band:.0%} ({what}) of the best plan")
 
     def _ms(self, seconds: float) -> str:
         """A time of the models or the plans' memory, in words at the host's pace now."""

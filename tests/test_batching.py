@@ -10,7 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from omnips import codec, protocol
-from omnips.batching import (PROBE_RETRIES, PROBE_ROUNDS, BatchPlan, Decision, balanced, decide, equal_time,
+from omnips.batching import (PROBE_RETRIES, PROBE_ROUNDS, BatchPlan, Decision, alike, balanced, decide, equal_time,
                              initial_batches, integerize, probe_times, probe_too_flat)
 from omnips.protocol import Plan, ProtocolError
 
@@ -551,3 +551,14 @@ def test_the_probes_spread_is_how_far_a_sizes_slowest_pass_ran_over_its_fastest_
     assert seconds == [0.020, 0.050] and rounds == PROBE_ROUNDS and spread == pytest.approx(0.2)
     passes = {2: [0.090, 0.020], 4: [0.040, 0.040]}  # one slow pass: an outlier the fastest leaves out
     assert probe_times(lambda size: passes[size].pop(0), (2, 4)) == ([0.020, 0.040], PROBE_ROUNDS, 0.0)
+
+
+def test_workers_are_alike_where_the_uniform_split_is_within_the_band_of_the_best_and_of_the_fastest():
+    lines = [(0.0, 0.001), (0.0, 0.001), (0.0, 0.001 / 1.06), (0.0, 0.001 / 1.06)]
+    best_s = 0.001 * 128 / (2 + 2 * 1.06)  # the equal-time plan's time
+    assert alike(lines, [32] * 4, best_s, 0.05) == pytest.approx(0.032)
+    assert alike(lines, [32] * 4, best_s, 0.02) is None  # 3 % slower than the best
+    # one worker 4x faster than 63 others: the uniform split 5 % slower than the best, but not alike
+    many = [(0.0, 0.001 / 4)] + [(0.0, 0.001)] * 63
+    best_s = 0.001 * 32 * 64 / (63 + 4)
+    assert 0.032 <= best_s * 1.05 and alike(many, [32] * 64, best_s, 0.05) is None
