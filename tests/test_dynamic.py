@@ -63,20 +63,19 @@ def test_without_the_probe_the_first_steps_run_the_split_by_capacity(run_job):
     assert {"compute_s", "throughput", "predicted_step_s", "measured_batches"} <= assigns[1].keys()
 
 
-def test_the_first_full_window_moves_a_plan_the_deadband_would_hold(run_job):
+def test_equal_workers_declared_apart_get_the_uniform_split_though_the_deadband_would_hold_it(run_job):
     # equal virtual devices, capacities 33:31: 68 ms against 66 for 32/32 (3 %), a one-sample
-    # move on each worker, inside the deadband. The declared split is a guess, as a probe's
-    # plan is: the first steps' decision keeps it (inside the deadband), the first full window
-    # moves it (scheduler/control.py; the deadband's own rule, a held-back plan taken once it
-    # persists, is tested on crafted windows in test_controller.py)
+    # move on each worker, inside the deadband; but the workers are alike (scheduler/control.py:
+    # the rules of the deadband and of a guess's plan are tested on crafted windows in
+    # test_controller.py), and the first decision takes the uniform split
     workers = [WorkerSpec(ms_per_step=2, ms_per_sample=2, capacity=c) for c in (33, 31)]
     run = run_job([*BASE, "--adjust-every", "4", "--max-steps", "16", "--no-probe"], workers)
     assigns = _assigns(run)
     assert [(e["reason"], e["batches"]) for e in assigns] == [("start", [33, 31]), ("window", [32, 32])]
     assert run.summary["adjustments"] == 1 and run.summary["final_batches"] == [32, 32]
-    # the second decision: after the first window of 3 (step 0 at a new size is not measured), at
-    # step 3, then after the next, at 6 (9: one window more, if a busy host bent a time the other way)
-    assert 6 <= assigns[1]["step"] <= 9, assigns[1]
+    # after the first window of 3 (step 0 at a new size is not measured), at step 3 (up to 9: a
+    # window or two more, if a busy host bent a time the other way)
+    assert 3 <= assigns[1]["step"] <= 9 and assigns[1]["rule"].startswith("the uniform split"), assigns[1]
     assert assigns[1]["predicted_step_s"] < 0.99 * max(assigns[1]["compute_s"])
 
 
