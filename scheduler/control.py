@@ -313,8 +313,8 @@ class BatchControl:
 
     def _alike(self, sub: Decision, lines: np.ndarray, ranks: np.ndarray, reason: str,
                uniform: tuple[int, ...] | None) -> Decision | None:
-        """The `uniform` split (a decision for `ranks`) where the `lines` predict every worker's time
-        under it within the deadband of the best plan's (at the probe, its noise), unless it measured
+        """The `uniform` split (a decision for `ranks`) where the `lines` find the workers alike under
+        it (batching.alike: within the deadband of the best plan's, at the probe its noise), unless it measured
         REGRET slower than the best in two windows (one window's time against another's is the host's
         noise as much: refusing it on 1-5 % put HL1's replays 0.2 % further off the uniform job):
         equal batches for workers the models cannot tell apart, where a plan a sample or two off,
