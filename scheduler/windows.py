@@ -13,7 +13,10 @@ slower than the others held for 55 steps. A worker's tolerance is therefore the 
 CHANGE and SPREAD_K robust standard deviations (1.4826 x the median absolute deviation) of
 the logarithms of its last RECENT reports, outliers included: times are off by factors (half
 the time is as far off as twice it; a tolerance of 54 % read as a difference hid a worker's
-steps at half their time, a neighbour's hog gone, for a whole window).
+steps at half their time, a neighbour's hog gone, for a whole window). A far-off step joins the
+spread only once the next step shows it an outlier: counted at once, a change's first step
+widened the tolerance that judged the second (a neighbour's hog gone, a worker's second step
+at 0.47x its window fell inside it, and the change waited 10 steps for a full window).
 
 Pure: no clock, no I/O.
 """
@@ -90,6 +93,17 @@ def host_pace(ratios: np.ndarray) -> float:
     return float(np.median(ratios)) if moved >= PACE_SHARE * len(ratios) else 1.0
 
 
+def _since_change(suspects: list[float], typical: float) -> list[float]:
+    """Of the far-off steps that show a change of speed, those at the new speed: the first ran
+    partly at the old one where it is off by less than half as much as each of the next, as
+    factors (under a CPU quota halved, a worker's steps went 1.41, 1.71, 2.70, 2.90 s: a window
+    of 1.71 and 2.70 rescaled its model by 1.56 where its speed had moved by 2, and the next
+    window's point at another batch, against the others so rescaled, made a line of fixed cost
+    whose plan took 29 samples off it)."""
+    first, rest = abs(math.log(suspects[0] / typical)), [abs(math.log(t / typical)) for t in suspects[1:]]
+    return suspects[1:] if rest and 2 * first < min(rest) else list(suspects)
+
+
 class StepNoise:
     """Kept cheap per report (a report costs O(1) at thousands of workers): the spread is
     computed only when a step is further off than CHANGE, where the tolerance matters, and
@@ -100,8 +114,11 @@ class StepNoise:
         self._recent = [deque(maxlen=RECENT) for _ in range(n)]
         self._spread = [0.0] * n  # the last estimate, kept through a move: a noisy machine stays noisy
 
-    def add(self, rank: int, seconds: float) -> None:
-        self._recent[rank].append(seconds)
+    def add(self, rank: int, *seconds: float) -> None:
+        self._recent[rank].extend(seconds)
+
+    def pop(self, rank: int) -> None:
+        self._recent[rank].pop()
 
     def restart(self, rank: int, times=()) -> None:
         """The worker moved to another batch, or changed speed: its reports from before no
@@ -237,15 +254,18 @@ class Windows:
         self._latest[rank] = seconds
         self.noise.add(rank, seconds)
         if self.noise.far(rank, seconds, typical):
+            self.noise.pop(rank)  # a suspect: see the docstring
             if suspects and (suspects[-1] > typical) != (seconds > typical):
+                self.noise.add(rank, *suspects)  # outliers, then
                 suspects.clear()
             suspects.append(seconds)
             if len(suspects) < CHANGE_STEPS:
                 return False  # an outlier, unless the next steps say the same
-            steps[:] = suspects
-            self.noise.restart(rank, suspects)
+            steps[:] = _since_change(suspects, typical)
+            self.noise.restart(rank, steps)
             suspects.clear()
         else:
+            self.noise.add(rank, *suspects)  # (they were outliers)
             suspects.clear()
             steps.append(seconds)
         self.median[rank] = statistics.median(steps)

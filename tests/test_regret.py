@@ -216,9 +216,11 @@ def test_steps_noisy_by_a_quota_still_fill_windows_and_the_plan_follows():
         plans, decisions = drive(a, c, 128, lambda step, b, t: t * factors[step], steps=300,
                                  probe_c=[0.0027, 0.0026, 0.0015, 0.0010])
         steps = [step for step, _, _ in decisions]
-        # a decision every window or two (before: 5, then 113), a window's outliers left out of it
-        # (the longest gap over the 30 draws: 23 steps)
-        assert max(np.diff(steps)) <= 3 * ADJUST_EVERY, steps
+        # decisions go on (before: 5, then 113), a window's outliers left out of it (the longest gap
+        # over the 30 draws: 22 steps while a suspect widened the tolerance that judged the next step,
+        # 39 since it does not: windows/StepNoise; this noise, 1 step in 9 more than 1.4x off, is far
+        # wider than the cgroup runs' now, 78 of 55,907 steps 1.5x off their last 9)
+        assert max(np.diff(steps)) <= 4 * ADJUST_EVERY, steps
         true = [max(ci * bi for ci, bi in zip(c, p)) for p in plans]
         assert true[0] > 1.4 * best  # the probe's plan is far off (it overloads worker 2)
         settled.append(np.mean(true[100:]) / best)
@@ -414,6 +416,39 @@ def test_a_far_step_is_an_outlier_and_change_steps_in_a_row_to_one_side_a_change
     slow = [0.250 + 0.001 * k for k in range(CHANGE_STEPS)]
     assert not any(w.add(0, 16, t) for t in slow[:-1])
     assert w.add(0, 16, slow[-1]) and w[0] == slow  # CHANGE_STEPS in a row: the window restarts from them
+
+
+def test_a_change_is_judged_by_the_spread_before_it():
+    """Worker 0's steps at 12 samples under a neighbour's CPU hog (its quota shared), then the hog
+    gone (the cgroup benchmark's neighbour case). Counted in the spread at once, the first step
+    after (0.57 s) widened the tolerance so far that the second (0.73 s, 0.47x the window's)
+    fell inside it: the window took it, and the change waited 10 steps for a full window."""
+    from omnips.scheduler.windows import Windows
+    hog = [1.6, 2.22, 1.13, 1.49, 1.47, 1.87, 1.75, 1.11, 1.14, 1.52, 1.73, 1.72, 1.61, 2.24, 1.43, 1.1,
+           1.48, 1.74, 0.97]
+    w = Windows(1)
+    w.add(0, 12, 3.0)  # the first step at a size: warm-up, not measured
+    for t in hog:
+        w.add(0, 12, t)
+    w.clear()
+    for t in hog[-8:]:
+        w.add(0, 12, t)  # the window since the last decision
+    assert not w.add(0, 12, 0.57)  # far: a suspect
+    assert w.add(0, 12, 0.73) and w[0] == [0.57, 0.73]  # the second: a change
+
+
+def test_a_change_s_window_leaves_out_a_step_that_ran_partly_at_the_old_speed():
+    """A CPU quota halved mid-step: the worker's steps went 1.41 s, then 1.71 (partly at each
+    speed), 2.70, 2.90. The change's window starts at 2.70: with 1.71 in it the model was rescaled
+    by 1.56 where the speed moved by 2. A first step about as far off as the next stays in."""
+    from omnips.scheduler.windows import Windows
+    w = Windows(1)
+    w.add(0, 67, 3.0)  # warm-up
+    for t in (1.40, 1.42, 1.41, 1.43, 1.39, 1.41):
+        w.add(0, 67, t)
+    assert not w.add(0, 67, 1.71)
+    assert w.add(0, 67, 2.70) and w[0] == [2.70]
+    assert w.add(0, 67, 2.90) and w[0] == [2.70, 2.90]
 
 
 def equal_workers() -> BatchControl:
