@@ -35,7 +35,8 @@ from .windows import Windows, first_miss, host_pace
 # from the next): their median outvotes one slow step (a probe plan went to [63, 1] on a 6x step). A
 # first step off its model's guess by a factor windows.FIRST_MISS to FAR re-plans at once, as a change of
 # speed does, and two such off by any factor (the probe was wrong, not a step: under CPU quotas its
-# guesses were 0.3-1.9x the steps, and each step waited for ran on them)
+# guesses were 0.3-1.9x the steps, and each step waited for ran on them); so does one at a batch its model
+# has not measured near (a hog gone, a worker measured at 11 samples ran 1.86 s at 30 on a guess of 1.20)
 FIRST_WINDOW = 3
 SHRINK = 0.5  # a worker goes to the minimum batch on one window's word only from below 1 / SHRINK times it
 # a plan the deadband holds back, proposed by this many decisions running and predicted this
@@ -139,12 +140,10 @@ class BatchControl:
         # the job's start, a joiner, a hasty plan: see FIRST_WINDOW
         need = self._first_window if not self._stepped[rank] or self._hasty else self.job.adjust_every - 1
         (self._measuring.add if window else self._measuring.discard)(rank)
-        if len(window) >= need:
-            self._full.add(rank)
-        else:
-            self._full.discard(rank)
+        (self._full.add if len(window) >= need else self._full.discard)(rank)
         guess = self._guess[rank]  # (a nan prediction or guess, untrusted or none, misses nothing)
-        if not self._stepped[rank] and len(window) == 1 and first_miss(window[0], guess):
+        untried = not self._stepped[rank] or not np.isfinite(self._predicted[rank])  # see FIRST_WINDOW
+        if untried and len(window) == 1 and first_miss(window[0], guess):
             self._missed.add(rank)
         else:
             self._missed.discard(rank)

@@ -1388,6 +1388,34 @@ def test_steps_far_off_a_guess_between_the_sizes_measured_are_a_change_of_speed(
     assert ctl.plan.batches[0] >= 20
 
 
+@pytest.mark.parametrize("off, decided_after", [(1.0, None), (FIRST_MISS * 0.95, None), (FIRST_MISS * 1.05, 1),
+                                                (1 / (FIRST_MISS * 1.05), 1)])
+def test_a_first_step_at_a_batch_far_from_the_sizes_measured_that_misses_its_guess_re_plans_at_once(
+        off, decided_after):
+    """A neighbour's CPU hog gone, worker 0 measured at 11 samples was given 30, guessed at 1.20 s
+    there: its steps ran 1.63-1.91 s, and the others waited 10 steps, a full window, since a miss
+    between or beyond the sizes measured may be the line's error. Its first measured step there,
+    off its guess by more than FIRST_MISS either way, re-plans as a worker's first step ever does."""
+    c = 0.05
+    ctl = control(num_workers=4, global_batch=128, adjust_every=10)
+    ctl.probed({r: ([2, 4], [c * 2, c * 4]) for r in range(4)}, {})
+    ctl.plan = BatchPlan(ctl.plan.gen + 1, (11, 39, 39, 39))
+    run_window(ctl, [c * b for b in ctl.plan.batches])
+    ctl.replan()
+    ctl.plan = BatchPlan(ctl.plan.gen + 1, (30, 33, 33, 32))
+    assert not ctl.models.trusted_at([0], [30])[0]
+    guess = float(ctl.models.predict([0], [30])[0])
+    step_all(ctl, lambda rank, b: 2.0)  # the first steps at the new batches: not measured
+    for k in range(ctl.job.adjust_every - 2):
+        step_all(ctl, lambda rank, b: guess * off if rank == 0 else c * b)
+        if ctl.ready:
+            break
+    assert (k + 1 if ctl.ready else None) == decided_after
+    if decided_after:
+        ctl.replan()
+        assert (ctl.plan.batches[0] < 30) == (off > 1)
+
+
 @pytest.mark.parametrize("evaluation_slows, decided_after", [(1.0, CHANGE_STEPS), (1.3, CHANGE_STEPS + 1)])
 def test_a_change_that_begins_at_an_evaluation_is_seen_from_it_where_evaluations_slow_nothing(
         evaluation_slows, decided_after):
