@@ -117,9 +117,6 @@ class StepNoise:
     def add(self, rank: int, *seconds: float) -> None:
         self._recent[rank].extend(seconds)
 
-    def pop(self, rank: int) -> None:
-        self._recent[rank].pop()
-
     def restart(self, rank: int, times=()) -> None:
         """The worker moved to another batch, or changed speed: its reports from before no
         longer measure its spread (a change would inflate it); `times` are its first since."""
@@ -132,26 +129,28 @@ class StepNoise:
         self._recent[rank].clear()
         self._spread[rank] = 0.0
 
-    def far(self, rank: int, seconds: float, typical: float) -> bool:
+    def far(self, rank: int, seconds: float, typical: float, new: bool = False) -> bool:
         """Whether `seconds` is further off `typical` than the worker's tolerance (its spread
-        computed only past CHANGE, where it matters), as a factor either way; a nan `typical`
-        is near everything."""
+        computed only past CHANGE, where it matters, with `seconds` among its reports where it is
+        a `new` one, not kept yet), as a factor either way; a nan `typical` is near everything."""
         if not abs(seconds - typical) > CHANGE * typical:
             return False
-        return off_by(seconds, typical, 1 + self.tolerance(rank))
+        return off_by(seconds, typical, 1 + self.tolerance(rank, (seconds,) if new else ()))
 
     def spreads(self, ranks) -> np.ndarray:
         """The last spread estimated of each of `ranks` (0: none yet), without estimating anew."""
         return np.asarray(self._spread)[ranks]
 
-    def tolerance(self, rank: int) -> float:
+    def tolerance(self, rank: int, new=()) -> float:
         """How far, relative, a step may be off the worker's window (either way, as a factor:
-        1 + tolerance) and still belong to it."""
-        return max(CHANGE, math.expm1(SPREAD_K * self._estimate(rank)))
+        1 + tolerance) and still belong to it; `new`: reports counted as if kept."""
+        return max(CHANGE, math.expm1(SPREAD_K * self._estimate(rank, new)))
 
-    def _estimate(self, rank: int) -> float:
-        if len(self._recent[rank]) >= MIN_REPORTS:
-            self._spread[rank] = log_spread(self._recent[rank])
+    def _estimate(self, rank: int, new=()) -> float:
+        recent = self._recent[rank]
+        reports = [*list(recent)[max(0, len(recent) + len(new) - RECENT):], *new] if new else recent
+        if len(reports) >= MIN_REPORTS:
+            self._spread[rank] = log_spread(reports)
         return self._spread[rank]
 
 
@@ -252,9 +251,7 @@ class Windows:
         typical = self.median[rank] if steps else np.nan
         self._at_batch[rank] += 1
         self._latest[rank] = seconds
-        self.noise.add(rank, seconds)
-        if self.noise.far(rank, seconds, typical):
-            self.noise.pop(rank)  # a suspect: see the docstring
+        if self.noise.far(rank, seconds, typical, new=True):  # kept only if an outlier: see the docstring
             if suspects and (suspects[-1] > typical) != (seconds > typical):
                 self.noise.add(rank, *suspects)  # outliers, then
                 suspects.clear()
@@ -265,7 +262,7 @@ class Windows:
             self.noise.restart(rank, steps)
             suspects.clear()
         else:
-            self.noise.add(rank, *suspects)  # (they were outliers)
+            self.noise.add(rank, *suspects, seconds)  # (the suspects were outliers)
             suspects.clear()
             steps.append(seconds)
         self.median[rank] = statistics.median(steps)
