@@ -36,7 +36,7 @@ from .windows import Windows, first_miss, host_pace
 # first step off its model's guess by a factor windows.FIRST_MISS to FAR re-plans at once, as a change of
 # speed does, and two such off by any factor (the probe was wrong, not a step: under CPU quotas its
 # guesses were 0.3-1.9x the steps, and each step waited for ran on them); so does one at a batch its model
-# has not measured near (a hog gone, a worker measured at 11 samples ran 1.86 s at 30 on a guess of 1.20)
+# has not measured near (replayed under CPU quotas, a worker given 16 samples ran 2.18 s on a guess of 1.13)
 FIRST_WINDOW = 3
 SHRINK = 0.5  # a worker goes to the minimum batch on one window's word only from below 1 / SHRINK times it
 # a plan the deadband holds back, proposed by this many decisions running and predicted this
