@@ -251,7 +251,7 @@ class Windows:
         typical = self.median[rank] if steps else np.nan
         self._at_batch[rank] += 1
         self._latest[rank] = seconds
-        if self.noise.far(rank, seconds, typical, new=True):  # kept in the spread later, if an outlier: see the docstring
+        if self.noise.far(rank, seconds, typical, new=True):  # kept later if an outlier: see the docstring
             if suspects and (suspects[-1] > typical) != (seconds > typical):
                 self.noise.add(rank, *suspects)  # outliers, then
                 suspects.clear()
