@@ -141,14 +141,13 @@ class StepNoise:
         """The last spread estimated of each of `ranks` (0: none yet), without estimating anew."""
         return np.asarray(self._spread)[ranks]
 
-    def tolerance(self, rank: int, new=()) -> float:
+    def tolerance(self, rank: int, also=()) -> float:
         """How far, relative, a step may be off the worker's window (either way, as a factor:
-        1 + tolerance) and still belong to it; `new`: reports counted as if kept."""
-        return max(CHANGE, math.expm1(SPREAD_K * self._estimate(rank, new)))
+        1 + tolerance) and still belong to it; `also`: reports counted as if kept."""
+        return max(CHANGE, math.expm1(SPREAD_K * self._estimate(rank, also)))
 
-    def _estimate(self, rank: int, new=()) -> float:
-        recent = self._recent[rank]
-        reports = [*list(recent)[max(0, len(recent) + len(new) - RECENT):], *new] if new else recent
+    def _estimate(self, rank: int, also=()) -> float:
+        reports = [*self._recent[rank], *also][-RECENT:] if also else self._recent[rank]
         if len(reports) >= MIN_REPORTS:
             self._spread[rank] = log_spread(reports)
         return self._spread[rank]
