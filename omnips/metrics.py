@@ -106,7 +106,7 @@ class RunDir:
         write, and dynamic batching did not measure it."""
         extra = {"disturbed": True} if disturbed else {}
         self.event("step", worker=r.rank, step=r.step, batch=r.batch, epoch=epoch, compute_s=r.compute_s,
-                   network_s=r.network_s, wait_s=r.wait_s, loss=r.loss, staleness=r.staleness,
+                   network_s=r.network_s, wait_s=r.wait_s, overhead_s=r.overhead_s, loss=r.loss, staleness=r.staleness,
                    mem_batch=r.mem_batch, mem_free=r.mem_free, sample_bytes=r.sample_bytes, **extra)
 
     def flush(self) -> None:

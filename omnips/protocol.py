@@ -17,16 +17,15 @@ from .fieldchecks import (MAX_BATCH, MAX_SECONDS, MAX_SPREAD, MIN_SECONDS, at_mo
                           local_endpoints_ok, measured, non_negative, short_line)
 from .job import JobSpec
 
-VERSION = 3
+VERSION = 4  # 4: a report carries overhead_s
 MAX_HEADER_BYTES = 1 << 20
 MAX_PARTS = 256  # a push in parts, and the answer to one, is at most this many messages: a part of a few
 # values would make one push (or one message asking for its answer in parts) into millions; and one burst
 # of parts must stay well below a socket's high-water mark (1000 messages), where sends fail
 MAX_RANKS = 4096  # servers or workers in one job (the scheduler's --num-servers/--num-workers bound)
 MAX_PHASE, MAX_REASON = 80, 2000  # characters of a heartbeat's phase and of a failure's reason, which are logged
-# data frame dtype tags -> the items' numpy dtype (little-endian); bfloat16 travels as
-# its uint16 bit patterns (omnips/wire.py converts). Which tag a message may carry is
-# the receiver's rule: the job's --wire-dtype for pushes and their replies, else float32.
+# data frame dtype tags -> the items' numpy dtype (little-endian); bfloat16 travels as its uint16 bit patterns
+# (omnips/wire.py converts); pushes and their replies carry the job's --wire-dtype, every other message float32
 DTYPES = {"f4": np.dtype("<f4"), "bf16": np.dtype("<u2"), "f2": np.dtype("<f2")}
 
 
@@ -123,11 +122,12 @@ class Report(Message):
     sample_bytes: int = 0  # bytes autograd keeps per sample; 0: not measured
     nonfinite: bool = False  # this step's gradient had NaN or inf (dropped, or the end of the job)
     done: bool = False
+    overhead_s: float = 0.0  # the step's time outside compute and the servers' hold (network_s among it)
 
     def check(self):
         non_negative(self, "rank", "step", "staleness", "mem_free", "sample_bytes")
         at_most(self, MAX_BATCH, "batch", "mem_batch")
-        at_most(self, MAX_SECONDS, "network_s", "wait_s")  # differences of clock readings: from 0, however small
+        at_most(self, MAX_SECONDS, "network_s", "wait_s", "overhead_s")  # differences of clock readings: from 0
         if not (self.compute_s == 0 or measured(self.compute_s)):
             raise ValueError(f"compute_s must be 0 or from {MIN_SECONDS:g} to {MAX_SECONDS:g} s, not {self.compute_s}")
 

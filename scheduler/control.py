@@ -1,8 +1,8 @@
 """Dynamic batching: measure each worker over a window, re-plan, hand out the new plan.
 
-Pure logic: `on_step` takes a worker's reported compute time (scheduler/disturbance.py: if it
-overlapped an evaluation); when every worker has a full window at its current batch, `replan`
-fits the time models and asks the controller (omnips/batching.py) for the next batch vector.
+Pure logic: `on_step` takes a worker's reported step time (compute and overhead: scheduler/planning.py;
+scheduler/disturbance.py: if it overlapped an evaluation); when every worker has a full window at its current
+batch, `replan` fits the time models and asks the controller (omnips/batching.py) for the next batch vector.
 A worker's first step at a new batch size is not measured (it pays for warming up), nor
 reports still at an older batch (ASP workers switch at their next reply).
 
@@ -52,7 +52,7 @@ WIDE_GAIN = 0.02
 @dataclass(frozen=True)
 class Adjustment:
     decision: Decision
-    times: tuple[float, ...]  # each worker's measured (median) compute time in the window
+    times: tuple[float, ...]  # each worker's measured (median) step time in the window
     batches: tuple[int, ...]  # the batches those times were measured at
     reason: str
     rule: str = ""  # which rule decided, in words (the `assign` event and the log carry it)
@@ -124,10 +124,10 @@ class BatchControl:
         """The ranks the plan gives a batch: the workers in the job."""
         return self._active.tolist()
 
-    def on_step(self, rank: int, batch: int, compute_s: float, disturbed: bool = False) -> None:
-        if batch != self.plan.batches[rank] or not batch or not compute_s > 0:
+    def on_step(self, rank: int, batch: int, seconds: float, disturbed: bool = False) -> None:
+        if batch != self.plan.batches[rank] or not batch or not seconds > 0:
             return  # still on an older plan
-        if self._windows.add(rank, batch, compute_s, disturbed):
+        if self._windows.add(rank, batch, seconds, disturbed):
             self._track(rank)
 
     def _track(self, rank: int) -> None:

@@ -102,7 +102,10 @@ class Planner:
         control, before = self.control, self.control.plan
         self._reported[r.rank] = r.step
         harmless = control.disturbances.harmless
-        control.on_step(r.rank, r.batch, r.compute_s, disturbed)
+        # the worker's step time: compute and overhead (taking the batch, the push compute left, loading the pulled
+        # parameters), not the servers' hold. A slow host is slow at both: under CPU quotas a thirtieth of a core's
+        # worker spent 60-90 ms a step outside compute, a quarter of a core's 12 (benchmarks/results/cgroup.md)
+        control.on_step(r.rank, r.batch, r.compute_s + r.overhead_s if r.compute_s > 0 else 0.0, disturbed)
         if control.disturbances.harmless != harmless:
             log.info("steps that overlap an evaluation or a checkpoint write are %s (the last %d ran %.2fx their "
                      "windows' times at the median)", "measured" if not harmless else "no longer measured",
@@ -124,7 +127,7 @@ class Planner:
         if adjustment is None or control.plan == before:
             return None
         self._record(adjustment, r.step, "new batches", measured_batches=list(adjustment.batches),
-                     compute_s=list(adjustment.times),
+                     step_s=list(adjustment.times),
                      throughput=[b / t if t > 0 else None for b, t in zip(adjustment.batches, adjustment.times)])
         return control.plan
 

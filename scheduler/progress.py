@@ -124,7 +124,7 @@ class Progress:
             return []
         w.next_step = r.step + 1
         if self.first_start is None:
-            self.first_start = now - (r.compute_s + r.network_s + r.wait_s)
+            self.first_start = now - (r.compute_s + r.overhead_s + r.wait_s)  # the whole step
         self.last_end = now
         w.steps += 1
         w.samples += r.batch

@@ -55,7 +55,7 @@ class Reports:
             log.info("worker %d finished after %d steps", r.rank, r.step)
             core.evals.final_if_done()
             return
-        disturbed = core.disturbances.touches(core.now, r.compute_s + r.network_s + r.wait_s)
+        disturbed = core.disturbances.touches(core.now, r.compute_s + r.overhead_s + r.wait_s)  # the whole step
         core.out.append(WriteStep(r, core.progress.epochs, disturbed))
         if core.job.mode != "bsp" and not core.planner.plan.stop:
             updates = sum(w.steps for w in core.progress.workers)

@@ -60,7 +60,10 @@ def test_without_the_probe_the_first_steps_run_the_split_by_capacity(run_job):
     assert assigns[0]["reason"] == "start" and assigns[1]["reason"] == "window"
     first = {e["worker"]: e["batch"] for e in run.events if e["event"] == "step" and e["step"] == 0}
     assert first == {0: 16, 1: 48} and assigns[0]["batches"] == [16, 48] and assigns[1]["batches"][0] > 40
-    assert {"compute_s", "throughput", "predicted_step_s", "measured_batches"} <= assigns[1].keys()
+    assert {"step_s", "throughput", "predicted_step_s", "measured_batches"} <= assigns[1].keys()
+    # a step's overhead (what the plan adds to its compute) holds its network time and more
+    steps = [e for e in run.events if e["event"] == "step"]
+    assert all(e["overhead_s"] >= e["network_s"] - 1e-6 for e in steps) and any(e["overhead_s"] > 0 for e in steps)
 
 
 def test_equal_workers_declared_apart_get_the_uniform_split_though_the_deadband_would_hold_it(run_job):
@@ -76,7 +79,7 @@ def test_equal_workers_declared_apart_get_the_uniform_split_though_the_deadband_
     # after the first window of 3 (step 0 at a new size is not measured), at step 3 (up to 9: a
     # window or two more, if a busy host bent a time the other way)
     assert 3 <= assigns[1]["step"] <= 9 and assigns[1]["rule"].startswith("the uniform split"), assigns[1]
-    assert assigns[1]["predicted_step_s"] < 0.99 * max(assigns[1]["compute_s"])
+    assert assigns[1]["predicted_step_s"] < 0.99 * max(assigns[1]["step_s"])
 
 
 def test_out_of_memory_lowers_the_bound_and_nothing_is_lost(run_job):

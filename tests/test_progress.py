@@ -7,9 +7,9 @@ from omnips.protocol import Report
 from omnips.scheduler.progress import Progress
 
 
-def report(rank, step, batch, compute_s, network_s=0.0, wait_s=0.0, loss=1.0, staleness=0):
+def report(rank, step, batch, compute_s, network_s=0.0, wait_s=0.0, loss=1.0, staleness=0, overhead_s=0.0):
     return Report(rank=rank, step=step, batch=batch, compute_s=compute_s, network_s=network_s, wait_s=wait_s,
-                  loss=loss, staleness=staleness)
+                  loss=loss, staleness=staleness, overhead_s=overhead_s)
 
 
 def test_the_time_counts_from_the_earliest_probe_pass():
@@ -26,7 +26,8 @@ def test_the_time_counts_from_the_earliest_probe_pass():
 
 def test_without_a_probe_the_time_counts_from_the_first_steps_start():
     p = Progress(JobSpec(mode="bsp", num_workers=2, global_batch=64), 1438)
-    p.on_report(report(0, 0, 32, compute_s=1.0, network_s=0.5, wait_s=0.5), now=20.0)  # began at 18 s
+    # began at 18 s: compute, overhead (the network's 0.25 s among it) and the servers' hold
+    p.on_report(report(0, 0, 32, compute_s=1.0, network_s=0.25, overhead_s=0.5, wait_s=0.5), now=20.0)
     p.on_report(report(1, 0, 32, compute_s=1.0), now=21.0)
     assert p.summary()["wall_s"] == 3.0
 

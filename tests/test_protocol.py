@@ -344,7 +344,8 @@ def test_missing_data_length():
     # 11 days for a pass; no pass holds 2**31 samples
     ("probe", "seconds", [0.01, 5e-324]), ("probe", "seconds", [0.01, 1e308]), ("probe", "batches", [1, 2 ** 63]),
     ("report", "compute_s", 1e-310), ("report", "compute_s", 2e6), ("report", "network_s", 1e300),
-    ("report", "wait_s", 1e300), ("report", "batch", 2 ** 31 + 1), ("report", "mem_batch", 2 ** 63),
+    ("report", "wait_s", 1e300), ("report", "overhead_s", -0.1), ("report", "overhead_s", math.nan),
+    ("report", "batch", 2 ** 31 + 1), ("report", "mem_batch", 2 ** 63),
     ("params", "held_s", -1.0), ("params", "held_s", math.nan), ("params", "held_s", 1e300), ("params", "version", -1),
     ("pull", "at", -1), ("pull", "gen", -2),
     ("plan", "plan.gen", -1), ("plan", "plan.batches", [0, 0]), ("plan", "plan.batches", [3, -1]),
@@ -457,8 +458,11 @@ def test_the_bounds_themselves_are_accepted():
         assert_same_message(decode([bytes(f) for f in encode(msg)]), msg)
 
 
-def test_a_peer_speaking_protocol_2_is_told_the_versions():
-    """Protocol 3 renamed fields and typed the plan, welcome and cluster map: a process of
-    the version before is refused before any of its fields is read."""
+def test_a_peer_speaking_an_older_protocol_is_told_the_versions():
+    """Protocol 3 renamed fields and typed the plan, welcome and cluster map, and 4 added a
+    report's overhead_s: a process of a version before is refused before any of its fields is read."""
     err = refused(frames_with({"v": 2, "op": "push", "rank": 1, "step": 0, "ver": 0, "batch": 4, "gen": 0}))
-    assert (err.code, err.text) == ("version", "protocol version 2, this process speaks 3")
+    assert (err.code, err.text) == ("version", "protocol version 2, this process speaks 4")
+    err = refused(frames_with({"v": 3, "op": "report", "rank": 0, "step": 0, "batch": 4, "compute_s": 0.1,
+                               "network_s": 0.0, "wait_s": 0.0, "loss": 1.0}))
+    assert (err.code, err.text) == ("version", "protocol version 3, this process speaks 4")

@@ -299,3 +299,29 @@ def test_bsp_decides_a_change_of_speed_once_every_worker_has_reported_the_step(m
     report(31, 3, 1.08)
     assert not control.ready  # decided
     assert c.planner.plan.batches[0] < 24 < 32 < min(c.planner.plan.batches[1:]), c.planner.plan.batches
+
+
+def test_bsp_plans_for_each_worker_s_step_with_its_overhead_not_its_compute_alone(make):
+    """Four workers compute equally fast; worker 3 spends 0.3 s a step outside compute and the
+    servers' hold (under a CPU quota a thirtieth of a core's worker spent 90 ms a step moving
+    its parameters, one at a quarter of a core 12 ms). Every step waits for its slowest worker's
+    compute and overhead, so the plan gives worker 3 fewer samples, and the assign event's
+    measured times are the steps' (compute and overhead)."""
+    c = make(num_workers=4, global_batch=128, max_steps=1000)
+    for rank in range(4):
+        register(c, b"W%d" % rank, "worker", rank)
+    for rank in range(4):
+        probe(c, b"W%d" % rank, rank, 0.035, 0.0325)
+    assert c.planner.plan.batches == (32,) * 4
+    assigns = []
+    for step in range(12):
+        for rank in range(4):
+            batch = c.planner.plan.batches[rank]
+            out = c.handle(b"W%d" % rank, Report(rank=rank, step=step, batch=batch, compute_s=0.035 + 0.0325 * batch,
+                                                 network_s=0.01, wait_s=0.0, loss=1.0,
+                                                 overhead_s=0.3 if rank == 3 else 0.0), 1.5 * step)
+            assigns += events(out, "assign")
+    assert assigns, "no plan after a window"
+    plan = c.planner.plan.batches
+    assert plan[3] < 32 < min(plan[:3]), plan
+    assert assigns[0]["step_s"][3] == pytest.approx(0.035 + 0.0325 * 32 + 0.3)

@@ -252,6 +252,7 @@ class _Session:
         """One step: compute, push and pull, report; None when a scheduler's message or a
         server's refusal interrupted it (the core knows which)."""
         step, batch = act.step, act.batch
+        began = time.monotonic()
         self.step = step
         self.link.state = {"phase": "computing", "step": step}
         if self.core.bsp:
@@ -280,7 +281,8 @@ class _Session:
                       network_s=max(0.0, ex.elapsed_s - ex.held_s), wait_s=ex.held_s, loss=loss,
                       staleness=staleness, mem_batch=self.trainer.max_batch,
                       mem_free=memory.free_bytes(self.flat.device),
-                      sample_bytes=self.sample_bytes, nonfinite=not finite)
+                      sample_bytes=self.sample_bytes, nonfinite=not finite,
+                      overhead_s=max(0.0, time.monotonic() - began - compute_s - ex.held_s))
         self.link.send(last)
         return last
 
