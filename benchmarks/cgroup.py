@@ -48,8 +48,10 @@ batches they had (benchmarks/heterogeneity.py's definition); balance = the ideal
 the slowest worker's compute summed over steps (communication left out); the dynamic run's
 efficiency over the static one's (what of the reachable the controller reaches: the
 communication, the host's noise per step and the evaluations bound both); the final plan,
-adjustments, and the periods in which the slowest worker ran out of quota (that the
-quota is what made it slow). The efficiency verdicts take each case's mean over its
+adjustments, the periods in which the slowest worker ran out of quota (that the
+quota is what made it slow), and the slowest and the fastest worker's median overhead a
+step in the dynamic run (the step outside compute and the servers' hold, which dynamic
+batching plans with the compute: a slow host is slow at both). The efficiency verdicts take each case's mean over its
 repeats (one run of a case moves by 2-4 points from the next), the lowest single run
 beside it; dynamic / uniform is judged on the worst run.
 
@@ -71,7 +73,7 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -202,9 +204,16 @@ def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int, 
     scenario = Scenario(c.name, ("1",) * 4, tuple(float(s) for s in c.speeds), ("--max-steps", str(steps)),
                         ((1.0,) * 4,))
     a = analyse(events, summary, scenario)
+    slowest, fastest = (min(range(4), key=lambda i: sign * c.speeds[i]) for sign in (1, -1))
     return {"case": c.name, "variant": variant, "wall_s": summary["wall_s"], "efficiency": a["efficiency"],
             "balance": a["balance"], "final": summary["final_batches"], "adjustments": summary["adjustments"],
-            "throttled": throttled, "accuracy": summary["final_test_accuracy"]}
+            "throttled": throttled, "accuracy": summary["final_test_accuracy"],
+            "overhead_ms": [overhead_ms(events, w) for w in (slowest, fastest)]}
+
+
+def overhead_ms(events: list[dict], worker: int) -> float:
+    """The worker's median step overhead (outside compute and the servers' hold), in ms."""
+    return 1000 * median(e["overhead_s"] for e in events if e["event"] == "step" and e["worker"] == worker)
 
 
 def run_case(root: Path, c: Case, steps: int, cores: float, seed: int, size: Size) -> list[dict]:
@@ -252,14 +261,15 @@ def groups(results: list[dict]) -> list[dict]:
 def table(results: list[dict], repeats: int) -> list[str]:
     lines = ["| case | repeat | uniform s | dynamic s | static s | dynamic / uniform | efficiency uniform "
              "| efficiency dynamic | efficiency static | dynamic / static efficiency | balance dynamic | final plan "
-             "| adjustments | slowest throttled (periods) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "| adjustments | slowest throttled (periods) | overhead ms, slowest / fastest |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for g, runs in enumerate(groups(results)):
         u, d, st = runs["uniform"], runs["affine"], runs["static"]
         lines.append(f"| {u['case']} | {g % repeats + 1} | {u['wall_s']:.2f} | {d['wall_s']:.2f} | {st['wall_s']:.2f} "
                      f"| {d['wall_s'] / u['wall_s']:.3f} | {u['efficiency']:.3f} | {d['efficiency']:.3f} "
                      f"| {st['efficiency']:.3f} | {d['efficiency'] / st['efficiency']:.3f} | {d['balance']:.3f} "
-                     f"| {d['final']} | {d['adjustments']} | {d['throttled']} |")
+                     f"| {d['final']} | {d['adjustments']} | {d['throttled']} "
+                     f"| {d['overhead_ms'][0]:.0f} / {d['overhead_ms'][1]:.0f} |")
     return lines
 
 
