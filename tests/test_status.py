@@ -33,7 +33,7 @@ def events():
         for rank, compute in ((0, 0.01), (1, 0.03)):
             yield {"event": "step", "t": 1.0 + step + rank * 0.01, "worker": rank, "step": step, "batch": 4,
                    "epoch": (2 * step + rank + 1) * 4 / 80, "compute_s": compute, "network_s": 0.005,
-                   "wait_s": 0.035 - compute, "loss": 1.0, "staleness": 0, "mem_batch": 0,
+                   "overhead_s": 0.005, "wait_s": 0.035 - compute, "loss": 1.0, "staleness": 0, "mem_batch": 0,
                    "mem_free": 1 << 30, "sample_bytes": 100}
         if step == 1:
             yield {"event": "assign", "t": 2.5, "gen": 1, "batches": [5, 3], "reason": "window", "step": 2,

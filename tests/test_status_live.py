@@ -50,7 +50,7 @@ def expected(events: list[dict]) -> dict:
         want[("omnips_epoch", ())] = steps[-1]["epoch"]
     for e in steps:  # each worker's latest step
         label = (("rank", str(e["worker"])),)
-        total = e["compute_s"] + e["network_s"] + e["wait_s"]
+        total = e["compute_s"] + e["overhead_s"] + e["wait_s"]
         want[("omnips_worker_batch", label)] = e["batch"]
         want[("omnips_worker_compute_seconds", label)] = e["compute_s"]
         want[("omnips_worker_wait_ratio", label)] = (e["network_s"] + e["wait_s"]) / total
