@@ -162,6 +162,7 @@ class Windows:
         self.noise = StepNoise(n)
         self.disturbances = Effect()  # whether steps that overlapped an evaluation or a checkpoint write ran slower
         self.median = np.zeros(n)  # of each window
+        self._current = np.zeros(n, dtype=bool)  # the median was measured at the worker's batch now
         self._batch: list[int | None] = [None] * n  # the batch each worker is measured at
         self._at_batch = np.zeros(n, dtype=np.int64)  # measured steps at it, outliers included
         self._latest = np.full(n, np.nan)  # each worker's latest measured step at it
@@ -224,6 +225,7 @@ class Windows:
     def forget(self, rank: int) -> None:
         """A worker new to its rank."""
         self._batch[rank] = None
+        self._current[rank] = False
         self._latest[rank] = np.nan
         self.noise.forget(rank)
 
@@ -240,14 +242,17 @@ class Windows:
         if self._batch[rank] != batch:
             self._batch[rank] = batch  # first step at this size: warm-up, not measured
             self._at_batch[rank] = 0
+            self._current[rank] = False
             self._latest[rank] = np.nan
             steps.clear()
             suspects.clear()
             self.noise.restart(rank)
             return True
-        # the worker's own recent history: its window (a window's first step is taken as it is:
-        # after a move the models' prediction is what the window is there to check)
-        typical = self.median[rank] if steps else np.nan
+        # the worker's own recent history: its window, or where it is empty the last one at this batch (a
+        # decision that left the batch; under CPU quotas at HL1 a window's first step at 1.4x, taken as it
+        # was, and one more later made a median 1.4x, and the plan moved 8 samples for 12 steps); a window's
+        # first step at a new batch is taken as it is: the models' prediction is what it is there to check
+        typical = self.median[rank] if steps or self._current[rank] else np.nan
         self._at_batch[rank] += 1
         self._latest[rank] = seconds
         if self.noise.far(rank, seconds, typical, new=True):  # kept later if an outlier: see the docstring
@@ -265,4 +270,5 @@ class Windows:
             suspects.clear()
             steps.append(seconds)
         self.median[rank] = statistics.median(steps)
+        self._current[rank] = True
         return True

@@ -451,6 +451,26 @@ def test_a_change_s_window_leaves_out_a_step_that_ran_partly_at_the_old_speed():
     assert w.add(0, 67, 2.90) and w[0] == [2.70, 2.90]
 
 
+def test_a_window_s_first_step_at_the_batch_it_had_is_judged_by_the_last_window():
+    """Four equal workers under CPU quotas at HL1 (benchmarks/cgroup.py): a decision left the plan,
+    and worker 2's next steps ran 1.06, 0.70 and 1.01 s at its 0.70 s a step. Taken as it was, the
+    new window's first step made the one that followed look like the outlier, the window's median
+    1.03, and the plan moved 8 samples for 12 steps. At a batch it had, the last window judges it;
+    at a new batch the first measured step is taken as it is (the window checks the model there)."""
+    from omnips.scheduler.windows import Windows
+    w = Windows(1)
+    w.add(0, 32, 2.3)  # warm-up
+    for t in (0.70, 0.72, 0.69, 0.71, 0.70):
+        w.add(0, 32, t)
+    w.clear()  # a decision that left the batch
+    assert not w.add(0, 32, 1.06)  # far off the last window: a suspect
+    assert w.add(0, 32, 0.70) and not w.add(0, 32, 1.01) and w.add(0, 32, 0.71)
+    assert w[0] == [0.70, 0.71] and w.median[0] == pytest.approx(0.705)
+    w.clear()
+    w.add(0, 24, 2.0)  # a new batch: warm-up, then its first measured step as it is
+    assert w.add(0, 24, 0.80) and w[0] == [0.80]
+
+
 def equal_workers() -> BatchControl:
     """Four workers probed alike, at 32 samples each of 128."""
     job = JobSpec(num_workers=4, global_batch=128, batching="dynamic", adjust_every=ADJUST_EVERY, max_steps=1000)
