@@ -267,18 +267,24 @@ def test_asp_reads_the_model_for_its_final_evaluation_once_every_worker_is_done(
     assert c.tick(1.0 + 121.0)[-1] == Finish("failed: servers did not answer the final evaluation pull within 120 s")
 
 
-def test_bsp_decides_a_change_of_speed_once_every_worker_has_reported_the_step(make):
-    """Worker 0 turns twice as slow (a neighbour's hog in its cgroup): its second slow step is a
-    change of speed at its first report of the step. The decision waits for the step's last
-    report, so that every worker's latest step is in: under CPU quotas a slowdown of the whole
-    host crossed one worker's tolerance a step before another's, and decided at the first
-    report, the later one's window made it look 30 % faster and the plan gave it samples."""
+def four_probed_alike(make) -> SchedulerCore:
+    """A BSP job of four workers whose probes agree: the uniform split of 128."""
     c = make(num_workers=4, global_batch=128, max_steps=1000)
     for rank in range(4):
         register(c, b"W%d" % rank, "worker", rank)
     for rank in range(4):
         probe(c, b"W%d" % rank, rank, 0.035, 0.0325)
     assert c.planner.plan.batches == (32,) * 4
+    return c
+
+
+def test_bsp_decides_a_change_of_speed_once_every_worker_has_reported_the_step(make):
+    """Worker 0 turns twice as slow (a neighbour's hog in its cgroup): its second slow step is a
+    change of speed at its first report of the step. The decision waits for the step's last
+    report, so that every worker's latest step is in: under CPU quotas a slowdown of the whole
+    host crossed one worker's tolerance a step before another's, and decided at the first
+    report, the later one's window made it look 30 % faster and the plan gave it samples."""
+    c = four_probed_alike(make)
     rng = np.random.default_rng(0)
     control = c.planner.control
 
@@ -307,12 +313,7 @@ def test_bsp_plans_for_each_worker_s_step_with_its_overhead_not_its_compute_alon
     its parameters, one at a quarter of a core 12 ms). Every step waits for its slowest worker's
     compute and overhead, so the plan gives worker 3 fewer samples, and the assign event's
     measured times are the steps' (compute and overhead)."""
-    c = make(num_workers=4, global_batch=128, max_steps=1000)
-    for rank in range(4):
-        register(c, b"W%d" % rank, "worker", rank)
-    for rank in range(4):
-        probe(c, b"W%d" % rank, rank, 0.035, 0.0325)
-    assert c.planner.plan.batches == (32,) * 4
+    c = four_probed_alike(make)
     assigns = []
     for step in range(12):
         for rank in range(4):
