@@ -24,7 +24,7 @@ import numpy as np
 
 from omnips.batching import PROBE_NOISE, BatchPlan, Decision, alike, decide, spread
 from omnips.job import JobSpec
-from omnips.timemodel import CHANGE, TimeModels, off_by_far
+from omnips.timemodel import CHANGE, TimeModels
 
 from .bounds import BatchBounds
 from .regret import BACK_WINDOWS, REGRET, PlanMemory, Seen
@@ -33,10 +33,10 @@ from .windows import Windows, first_miss, host_pace
 # steps in the first window of a worker never measured in real steps, and in the window of a plan decided
 # on fewer of them (under CPU quotas a plan from one first step, a warm-up's, ran 14 steps 0.2 s a step
 # from the next): their median outvotes one slow step (a probe plan went to [63, 1] on a 6x step). A
-# first step off its model's guess by a factor windows.FIRST_MISS to FAR re-plans at once, as a change of
-# speed does, and two such off by any factor (the probe was wrong, not a step: under CPU quotas its
-# guesses were 0.3-1.9x the steps, and each step waited for ran on them); so does one at a batch its model
-# has not measured near (replayed under CPU quotas, a worker given 16 samples ran 2.18 s on a guess of 1.13)
+# worker's first two steps off its model's guess by windows.FIRST_MISS, to one side, re-plan at once, as a
+# change of speed does (the probe was wrong, not a step: under CPU quotas its guesses were 0.3-1.9x the
+# steps, and each step waited for ran on them); so do two at a batch its model has not measured near
+# (replayed under CPU quotas, a worker given 16 samples ran 2.18 s on a guess of 1.13)
 FIRST_WINDOW = 3
 SHRINK = 0.5  # a worker goes to the minimum batch on one window's word only from below 1 / SHRINK times it
 # a plan the deadband holds back, proposed by this many decisions running and predicted this
@@ -115,7 +115,7 @@ class BatchControl:
         self._full: set[int] = set()
         self._measuring: set[int] = set()  # workers with a step in their window
         self._changing: set[int] = set()
-        self._missed: set[int] = set()  # workers whose first measured step missed its guess (first_miss)
+        self._missed: set[int] = set()  # workers whose first steps missed their guess (first_miss)
         for rank in np.flatnonzero(self._windows.lengths()).tolist():
             self._track(rank)  # (only a rank in the plan has a window)
 
@@ -143,7 +143,7 @@ class BatchControl:
         (self._full.add if len(window) >= need else self._full.discard)(rank)
         guess = self._guess[rank]  # (a nan prediction or guess, untrusted or none, misses nothing)
         untried = not self._stepped[rank] or not np.isfinite(self._predicted[rank])  # see FIRST_WINDOW
-        if untried and len(window) == 1 and first_miss(window[0], guess):
+        if untried and first_miss(self._windows.firsts(rank), guess):
             self._missed.add(rank)
         else:
             self._missed.discard(rank)
@@ -152,27 +152,25 @@ class BatchControl:
         else:
             self._changing.discard(rank)
 
-    def _changes(self) -> tuple[set[int], set[int]]:
-        """The workers whose speed changed (Windows.changed, or a first step off its guess by
-        FIRST_MISS to FAR), and those whose first step missed its guess: both at the host's pace
-        once every worker has a step (four equal workers' first steps under CPU quotas ran 1.13, 1.19, 1.30 and
-        1.13x the probe's guesses: the 1.30, read as a miss while 20 % was one, re-planned on that
-        step and moved the plan 3 samples off the equal split)."""
+    def _changes(self) -> set[int]:
+        """The workers whose speed changed (Windows.changed), and those whose first steps missed
+        their guess (FIRST_WINDOW), at the host's pace once every worker has a step (four equal
+        workers' first steps under CPU quotas ran 1.13, 1.19, 1.30 and 1.13x the probe's guesses:
+        the 1.30, read as a miss, re-planned on that step and moved the plan 3 samples off)."""
         missed = self._windows.misses(self._missed, self._guess) if len(self._measuring) == len(self._active) else set()
-        return self._changing | {r for r in missed if not off_by_far(self._windows[r][0], self._guess[r])}, missed
+        return self._changing | missed
 
     @property
     def ready(self) -> bool:
-        """Every worker has a full window, or a worker's speed clearly changed (or two first steps
-        missed their guesses: FIRST_WINDOW) and every worker has a step in its window: a slower host
+        """Every worker has a full window, or a worker's speed clearly changed (or its first steps
+        missed its guess: FIRST_WINDOW) and every worker has a step in its window: a slower host
         is the host's pace, not the change of the one worker whose window ran across it (the others'
         restarted by a new plan: under CPU quotas the plan moved 10 samples off that worker)."""
         if len(self._full) == len(self._active):
             return True
         if not (self._changing or self._missed) or len(self._measuring) < len(self._active):
             return False
-        changing, missed = self._changes()
-        return bool(changing) or len(missed) > 1
+        return bool(self._changes())
 
     def replan(self, reason: str = "window", active: list[int] | None = None) -> Adjustment:
         """Feed the windows to the time models and decide for the `active` ranks (default: those in the
@@ -183,7 +181,7 @@ class BatchControl:
         measured = np.flatnonzero(self._windows.lengths())
         times = np.zeros(n)
         times[measured] = self._windows.median[measured]
-        changing = self._changes()[0]
+        changing = self._changes()
         if changing:
             self._windows.share_change(changing, self._guess, measured, times)
         trusted = measured[np.isfinite(self._predicted[measured])]

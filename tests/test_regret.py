@@ -173,12 +173,12 @@ def test_a_plan_measured_on_one_first_step_is_not_gone_back_to():
     worker was slow: the regret guard went back to the probe's plan on its one step (a warm-up's
     measurement) and held it 18 steps. A plan measured only on first steps is no plan to go back to.
     (Here the probe is further off, its guesses for workers 0 and 2 beyond FIRST_MISS of their first
-    steps: those nearer no longer re-plan on one step.)"""
+    steps: those nearer no longer re-plan on first steps.)"""
     a, c = [0.1] * 4, [0.04] * 4
     probe_plan = (18, 30, 48, 32)
     plans, decisions = drive(a, c, 128, slowed(0, 1.3, 2, 12), steps=60, probe_c=[0.065, 0.04, 0.025, 0.038])
-    assert plans[0] == plans[1] == probe_plan and decisions[0][0] == 1  # decided on its one measured step
-    assert probe_plan not in plans[2:] and not any(reason == "regret" for _, reason, _ in decisions)
+    assert plans[:3] == [probe_plan] * 3 and decisions[0][0] == 2  # decided on its first two measured steps
+    assert probe_plan not in plans[3:] and not any(reason == "regret" for _, reason, _ in decisions)
     assert plans[-1] == oracle(a, c, 128)
 
 
