@@ -1,5 +1,5 @@
 """Each worker's window of measured step times at its batch in the plan, and what counts as
-far off it: an outlier, unless CHANGE_STEPS in a row to one side say the worker's speed
+far off it: an outlier, unless CHANGE_STEPS in a row to one side (a step more below SMALL_CHANGE) say its speed
 changed (then the window restarts from them: a median across a change would be a time it
 never had, and a fit through it a wrong slope). A worker's first step at a new batch size
 is not measured (it pays for warming up).
@@ -35,6 +35,11 @@ from .disturbance import Effect
 # off is beyond the worker's own noise, so two in a row by chance are rare, and each step waited
 # for is one more on the old plan (a neighbour's CPU hog made a worker's steps 2.5x slower)
 CHANGE_STEPS = 2
+# far-off steps nearer their window than this factor are a change one step later: under CPU quotas beside
+# other jobs a worker's steps ran 1.3-1.45x its window two steps running and then as before (in 4 of 8
+# runs, each time re-planning samples off it for a window), while a neighbour's hog or a quota halved made
+# 2x; a step more of a small change costs a fraction of a step, a window of a plan chasing noise several
+SMALL_CHANGE = 1.5
 
 # the host's pace: a window whose times all part the same way from the models' predictions, by
 # PACE_MOVE on PACE_SHARE of the workers (PACE_WORKERS at least), ran on a slower or faster host
@@ -272,7 +277,8 @@ class Windows:
                 self.noise.add(rank, *suspects)  # outliers, then
                 suspects.clear()
             suspects.append(seconds)
-            if len(suspects) < CHANGE_STEPS:
+            small = not off_by(statistics.median(suspects), typical, SMALL_CHANGE)
+            if len(suspects) < CHANGE_STEPS + small:
                 return False  # an outlier, unless the next steps say the same
             steps[:] = _since_change(suspects, typical)
             self.noise.restart(rank, steps)

@@ -1452,7 +1452,8 @@ def test_a_change_that_begins_at_an_evaluation_is_seen_from_it_where_evaluations
 def test_a_change_waits_for_a_step_of_every_worker_so_a_slower_host_is_not_one_workers_change():
     """Under CPU quotas the host slowed every worker by a third two steps after a new plan: the
     one worker whose batch stayed had two slow steps in its window, the others only their
-    first steps at their new batches (not measured), and the plan moved 10 samples off it."""
+    first steps at their new batches (not measured), and the plan moved 10 samples off it. (Here
+    1.6x: two steps of a third slower are no change yet, windows.SMALL_CHANGE.)"""
     a, c = 0.01, 0.03
     ctl = control(num_workers=4, global_batch=128, adjust_every=10)
     ctl.probed({r: ([2, 4], [a + c * 2, a + c * 4]) for r in range(4)}, {})
@@ -1462,12 +1463,12 @@ def test_a_change_waits_for_a_step_of_every_worker_so_a_slower_host_is_not_one_w
     ctl.plan = BatchPlan(ctl.plan.gen + 1, (32, 33, 31, 32))  # worker 0's batch stays
     for rank in (1, 2):
         ctl.on_step(rank, ctl.plan.batches[rank], 1.0)  # the first step at a new batch: not measured
-    for rank in (0, 3):  # the host slows down: 1.35x
-        ctl.on_step(rank, 32, 1.35 * (a + c * 32))
-        ctl.on_step(rank, 32, 1.35 * (a + c * 32))
+    for rank in (0, 3):  # the host slows down
+        ctl.on_step(rank, 32, 1.6 * (a + c * 32))
+        ctl.on_step(rank, 32, 1.6 * (a + c * 32))
     assert not ctl.ready  # workers 1 and 2 have no measured step yet
     for rank in (1, 2):
-        ctl.on_step(rank, ctl.plan.batches[rank], 1.35 * (a + c * ctl.plan.batches[rank]))
+        ctl.on_step(rank, ctl.plan.batches[rank], 1.6 * (a + c * ctl.plan.batches[rank]))
     assert ctl.ready
     ctl.replan()
     # the host's pace: the plan stays within a sample of the equal split (the deadband's)

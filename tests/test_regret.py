@@ -418,6 +418,24 @@ def test_a_far_step_is_an_outlier_and_change_steps_in_a_row_to_one_side_a_change
     assert w.add(0, 16, slow[-1]) and w[0] == slow  # CHANGE_STEPS in a row: the window restarts from them
 
 
+def test_two_steps_a_little_slow_are_outliers_and_a_third_makes_the_change():
+    """Under CPU quotas at HL8 (benchmarks/cgroup.py) the fast worker's steps ran 1.02 and 1.03 s
+    at its 0.72 s a step, then 0.72 again; taken as a change of speed, they re-planned 10 samples
+    off it for the last steps. A change nearer than SMALL_CHANGE takes a step more; the hog's 2x
+    still takes CHANGE_STEPS."""
+    from omnips.scheduler.windows import SMALL_CHANGE, Windows
+    steady = [0.72, 0.71, 0.73, 0.72, 0.70, 0.72]
+    w = Windows(1)
+    w.add(0, 90, 2.0)  # warm-up
+    for t in steady:
+        w.add(0, 90, t)
+    assert not w.add(0, 90, 1.02) and not w.add(0, 90, 1.03) and 1.03 / 0.72 < SMALL_CHANGE
+    assert w.add(0, 90, 0.72) and w[0] == steady + [0.72]  # outliers, both
+    assert not w.add(0, 90, 1.02) and not w.add(0, 90, 1.03)
+    assert w.add(0, 90, 1.01) and w[0] == [1.02, 1.03, 1.01]  # a third: a change
+    assert not w.add(0, 90, 2.1) and w.add(0, 90, 2.0) and w[0] == [2.1, 2.0]  # 2x: CHANGE_STEPS
+
+
 def test_a_change_s_first_step_does_not_widen_the_spread_that_judges_its_second():
     """Worker 0's steps at 12 samples under a neighbour's CPU hog (its quota shared), then the hog
     gone (the cgroup benchmark's neighbour case). Counted in the spread at once, the first step
