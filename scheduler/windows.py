@@ -1,7 +1,7 @@
 """Each worker's window of measured step times at its batch in the plan, and what counts as
-far off it: an outlier, unless CHANGE_STEPS in a row to one side (a step more below SMALL_CHANGE) say its speed
-changed (then the window restarts from them: a median across a change would be a time it
-never had, and a fit through it a wrong slope). A worker's first step at a new batch size
+far off it: an outlier, unless CHANGE_STEPS in a row to one side (one more below SMALL_CHANGE)
+say its speed changed (then the window restarts from them: a median across a change would be
+a time it never had, and a fit through it a wrong slope). A worker's first step at a new batch size
 is not measured (it pays for warming up).
 
 A fixed tolerance does not fit every machine. Under a CPU quota a step's time depends on
