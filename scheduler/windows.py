@@ -195,17 +195,21 @@ class Windows:
                 times[rank] = statistics.median(pending)
 
     def changed(self, rank: int, predicted: np.ndarray, guess: float = math.nan) -> bool:
-        """Whether the worker's last CHANGE_STEPS steps are all far off its model's time at its
-        batch (`predicted`: every worker's, nan where untrusted), none of them among its first
-        SETTLE there, as measured and at the host's pace over every worker's latest step: a change
-        of its speed, not of the host's (under CPU quotas, beside other jobs, a worker's two steps
-        1.3x its model's while the others' ran 1.2x re-planned on partial windows, as did a
-        worker's 0.71x while the others' ran 0.74-0.84x). Where the model is not trusted, steps
+        """Whether the worker's last CHANGE_STEPS steps (one more below SMALL_CHANGE) are all far
+        off its model's time at its batch (`predicted`: every worker's, nan where untrusted), none
+        of them among its first SETTLE there, as measured and at the host's pace over every worker's
+        latest step: a change of its speed, not of the host's (under CPU quotas, beside other jobs,
+        a worker's two steps 1.3x its model's while the others' ran 1.2x re-planned on partial
+        windows, as did a worker's 0.71x while the others' ran 0.74-0.84x). Where the model is not trusted, steps
         off its `guess` by a factor FAR are a change too, as the model takes them, with no host's
         pace to judge by (a neighbour's CPU hog gone, a worker's steps ran 0.45x its guess between
         two sizes measured under the hog, and waited a full window)."""
-        last = self._steps[rank][-CHANGE_STEPS:]
-        if not (len(last) == CHANGE_STEPS and self._at_batch[rank] >= SETTLE + CHANGE_STEPS):
+        steps, need, expected = self._steps[rank], CHANGE_STEPS, predicted[rank]
+        if len(steps) >= need and np.isfinite(expected) and not off_by(statistics.median(steps[-need:]), expected,
+                                                                       SMALL_CHANGE):
+            need += 1  # a small change: one step more
+        last = steps[-need:]
+        if not (len(last) == need and self._at_batch[rank] >= SETTLE + need):
             return False
         if not np.isfinite(predicted[rank]):
             return all(off_by_far(t, guess) for t in last)
