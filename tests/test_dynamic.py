@@ -29,7 +29,10 @@ def test_batches_converge_to_the_speed_ratios(run_job):
     assert all(abs(b - want) <= 1.5 for b, want in zip(assigns[1]["batches"], (36.6, 18.3, 9.1)))
     first = sorted((e["worker"], e["batch"]) for e in run.events if e["event"] == "step" and e["step"] == 0)
     assert [b for _, b in first] == assigns[1]["batches"]
-    assert s["adjustments"] == 0 and len(assigns) == 2  # exact virtual devices: nothing left to adjust
+    # exact virtual devices: nothing left to adjust but a sample where the workers' real overheads
+    # (a few ms outside the emulated compute, more for some on a busy host) tip a rounding
+    assert s["adjustments"] <= 1 and len(assigns) == 2 + s["adjustments"]
+    assert all(max(abs(a - b) for a, b in zip(e["batches"], assigns[1]["batches"])) <= 1 for e in assigns[2:])
     assert {"targets", "predicted_step_s", "max_batch"} <= assigns[1].keys()
     # a virtual device's gradient exists only once its emulated time is over: sent whole, after backward
     assert "updates applied, 0 pushes came in parts" in (run.dir / "logs" / "server0.log").read_text()
