@@ -101,8 +101,8 @@ def fold_cost(workers: int, steps: int) -> float:
     book = StatusBook({"mode": "bsp", "num_servers": 1}, "", 0.0)
     book.add({"event": "start", "t": 0.0, "num_params": 10, "train_size": 1000, "budget_epochs": 1e6})
     events = [{"event": "step", "t": 0.01 * i, "worker": i % workers, "step": i // workers, "batch": 8,
-               "epoch": i * 8 / 1000, "compute_s": 0.01, "network_s": 0.002, "wait_s": 0.001, "loss": 1.0,
-               "staleness": 0, "mem_batch": 0, "mem_free": 1 << 30, "sample_bytes": 1000}
+               "epoch": i * 8 / 1000, "compute_s": 0.01, "network_s": 0.002, "overhead_s": 0.003, "wait_s": 0.001,
+               "loss": 1.0, "staleness": 0, "mem_batch": 0, "mem_free": 1 << 30, "sample_bytes": 1000}
               for i in range(workers * steps)]
     start = time.thread_time()
     for e in events:

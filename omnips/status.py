@@ -130,7 +130,7 @@ class StatusBook:
     def _new_step(self, e: dict) -> None:
         t = e["t"]
         self._top_step = e["step"]
-        self.step_time.add((t, e["compute_s"] + e["overhead_s"] + e["wait_s"]))
+        self.step_time.add((t, _step_s(e)))
         budget = self.start.get("budget_epochs")
         if budget:
             self._progress.append((t, min(1.0, e["epoch"] / budget)))
@@ -214,7 +214,7 @@ class StatusBook:
                "loss": None, "mem_free_bytes": None, "step": None,
                "mem_bound": self.max_batch[rank] if self.max_batch and rank < len(self.max_batch) else None}
         if e is not None:
-            total = e["compute_s"] + e["overhead_s"] + e["wait_s"]  # the whole step (network among overhead)
+            total = _step_s(e)
             row.update(batch=e["batch"], compute_ms=1000 * e["compute_s"], step_ms=1000 * total,
                        wait_share=(e["network_s"] + e["wait_s"]) / total if total > 0 else None,
                        staleness=e.get("staleness", 0), loss=e.get("loss"), mem_free_bytes=e.get("mem_free") or None,
@@ -266,3 +266,8 @@ class StatusBook:
             "unix": unix(self.t),
         }
 
+
+def _step_s(e: dict) -> float:
+    """A step event's whole step: compute, overhead (the network among it) and the servers' hold. A
+    run written before steps carried overhead_s recorded its network time alone."""
+    return e["compute_s"] + e.get("overhead_s", e["network_s"]) + e["wait_s"]

@@ -70,6 +70,14 @@ def test_the_snapshot_folds_the_events_into_progress_rows_servers_and_the_plan()
     assert s["events_total"] == len(list(events())) and s["state"] == "running"
 
 
+def test_a_run_written_before_steps_carried_their_overhead_reads_its_network_time_instead():
+    b = StatusBook(JOB, "runs/x", unix_t0=1000.0)
+    for e in events():
+        b.add({k: v for k, v in e.items() if k != "overhead_s"})
+    w1 = b.snapshot()["workers"][1]
+    assert w1["compute_ms"] == pytest.approx(30) and w1["step_ms"] == pytest.approx(40)
+
+
 def test_a_lost_worker_is_struck_off_the_metrics_and_a_finished_job_reads_completed():
     b = book()
     b.add({"event": "membership", "t": 5, "change": "lost", "role": "worker", "rank": 1, "host": "b",
