@@ -51,9 +51,9 @@ communication, the host's noise per step and the evaluations bound both); the fi
 adjustments, the periods in which the slowest worker ran out of quota (that the
 quota is what made it slow), and the slowest and the fastest worker's median overhead a
 step in the dynamic run (the step outside compute and the servers' hold, which dynamic
-batching plans with the compute: a slow host is slow at both). The efficiency verdicts take each case's mean over its
-repeats (one run of a case moves by 2-4 points from the next), the lowest single run
-beside it; dynamic / uniform is judged on the worst run.
+batching plans with the compute: a slow host is slow at both). The efficiency verdicts take
+each case's mean over its repeats (one run of a case moves by 2-4 points from the next), the
+lowest single run beside it; dynamic / uniform is judged on the worst run.
 
     python benchmarks/cgroup.py [--quick] [--cases HL2,HL8,neighbour] [--steps 100] [--repeats 2]
         [--cores 1.5] [--channels 64,128] [--global-batch 128] [--keep-runs] [--out FILE]
@@ -176,6 +176,7 @@ def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int, 
     cluster = LocalCluster(run_dir, job_args(variant, steps, seed, size), 1, specs, env=importable())
     clusters.append(cluster)
     shares = [cores * s / sum(c.speeds) for s in c.speeds]
+    slowest, fastest = c.speeds.index(min(c.speeds)), c.speeds.index(max(c.speeds))
     stop = threading.Event()
     with contextlib.ExitStack() as stack:
         quotas = [stack.enter_context(CpuQuota(f"omnips-{os.getpid()}-{variant}-w{i}", share))
@@ -196,7 +197,7 @@ def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int, 
         finally:
             stop.set()
             cluster.stop()
-        throttled = quotas[min(range(4), key=lambda i: c.speeds[i])].throttled()
+        throttled = quotas[slowest].throttled()
     if code != 0:
         raise SystemExit(f"{c.name} {variant}: the scheduler exited {code} (run dir {run_dir})")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -204,7 +205,6 @@ def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int, 
     scenario = Scenario(c.name, ("1",) * 4, tuple(float(s) for s in c.speeds), ("--max-steps", str(steps)),
                         ((1.0,) * 4,))
     a = analyse(events, summary, scenario)
-    slowest, fastest = (min(range(4), key=lambda i: sign * c.speeds[i]) for sign in (1, -1))
     return {"case": c.name, "variant": variant, "wall_s": summary["wall_s"], "efficiency": a["efficiency"],
             "balance": a["balance"], "final": summary["final_batches"], "adjustments": summary["adjustments"],
             "throttled": throttled, "accuracy": summary["final_test_accuracy"],

@@ -36,6 +36,11 @@ class EvalPoint:
     at: int | None  # the server version to read, None for "now"
 
 
+def whole_step_s(r: Report) -> float:
+    """How long the reported step took: compute, overhead (the network among it) and the servers' hold."""
+    return r.compute_s + r.overhead_s + r.wait_s
+
+
 class Progress:
     def __init__(self, job: JobSpec, train_size: int):
         self.job = job
@@ -124,7 +129,7 @@ class Progress:
             return []
         w.next_step = r.step + 1
         if self.first_start is None:
-            self.first_start = now - (r.compute_s + r.overhead_s + r.wait_s)  # the whole step
+            self.first_start = now - whole_step_s(r)
         self.last_end = now
         w.steps += 1
         w.samples += r.batch

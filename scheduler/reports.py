@@ -12,6 +12,7 @@ from omnips.protocol import Checkpoint, Probe, Report, Saved
 
 from .divergence import Diverged, Recovered
 from .instructions import AskCheckpoint, JobFailed, WriteStep
+from .progress import whole_step_s
 
 log = logging.getLogger("omnips.scheduler")
 
@@ -55,7 +56,7 @@ class Reports:
             log.info("worker %d finished after %d steps", r.rank, r.step)
             core.evals.final_if_done()
             return
-        disturbed = core.disturbances.touches(core.now, r.compute_s + r.overhead_s + r.wait_s)  # the whole step
+        disturbed = core.disturbances.touches(core.now, whole_step_s(r))
         core.out.append(WriteStep(r, core.progress.epochs, disturbed))
         if core.job.mode != "bsp" and not core.planner.plan.stop:
             updates = sum(w.steps for w in core.progress.workers)

@@ -1,8 +1,8 @@
 """Each worker's window of measured step times at its batch in the plan, and what counts as
 far off it: an outlier, unless CHANGE_STEPS in a row to one side (one more below SMALL_CHANGE)
 say its speed changed (then the window restarts from them: a median across a change would be
-a time it never had, and a fit through it a wrong slope). A worker's first step at a new batch size
-is not measured (it pays for warming up).
+a time it never had, and a fit through it a wrong slope). A worker's first step at a new batch
+size is not measured (it pays for warming up).
 
 A fixed tolerance does not fit every machine. Under a CPU quota a step's time depends on
 how much of the period's quota is left when it starts: a worker's steps at one batch took
@@ -171,7 +171,6 @@ class Windows:
         self.noise = StepNoise(n)
         self.disturbances = Effect()  # whether steps that overlapped an evaluation or a checkpoint write ran slower
         self.median = np.zeros(n)  # of each window
-        self._current = np.zeros(n, dtype=bool)  # the median was measured at the worker's batch now
         self._batch: list[int | None] = [None] * n  # the batch each worker is measured at
         self._at_batch = np.zeros(n, dtype=np.int64)  # measured steps at it, outliers included
         self._latest = np.full(n, np.nan)  # each worker's latest measured step at it
@@ -200,9 +199,9 @@ class Windows:
         of them among its first SETTLE there, as measured and at the host's pace over every worker's
         latest step: a change of its speed, not of the host's (under CPU quotas, beside other jobs,
         a worker's two steps 1.3x its model's while the others' ran 1.2x re-planned on partial
-        windows, as did a worker's 0.71x while the others' ran 0.74-0.84x). Where the model is not trusted, steps
-        off its `guess` by a factor FAR are a change too, as the model takes them, with no host's
-        pace to judge by (a neighbour's CPU hog gone, a worker's steps ran 0.45x its guess between
+        windows, as did a worker's 0.71x while the others' ran 0.74-0.84x). Where the model is not
+        trusted, steps off its `guess` by a factor FAR are a change too, as the model takes them,
+        with no host's pace to judge by (a neighbour's CPU hog gone, a worker's steps ran 0.45x its guess between
         two sizes measured under the hog, and waited a full window)."""
         steps, need, expected = self._steps[rank], CHANGE_STEPS, predicted[rank]
         if len(steps) >= need and np.isfinite(expected) and not off_by(statistics.median(steps[-need:]), expected,
@@ -211,12 +210,12 @@ class Windows:
         last = steps[-need:]
         if not (len(last) == need and self._at_batch[rank] >= SETTLE + need):
             return False
-        if not np.isfinite(predicted[rank]):
+        if not np.isfinite(expected):
             return all(off_by_far(t, guess) for t in last)
-        if not all(self.noise.far(rank, t, predicted[rank]) for t in last):
+        if not all(self.noise.far(rank, t, expected) for t in last):
             return False
         pace = self._pace(predicted)
-        return pace == 1.0 or all(self.noise.far(rank, t, pace * predicted[rank]) for t in last)
+        return pace == 1.0 or all(self.noise.far(rank, t, pace * expected) for t in last)
 
     def firsts(self, rank: int) -> list[float]:
         return self._firsts[rank]
@@ -242,7 +241,6 @@ class Windows:
     def forget(self, rank: int) -> None:
         """A worker new to its rank."""
         self._batch[rank] = None
-        self._current[rank] = False
         self._latest[rank] = np.nan
         self._firsts[rank].clear()
         self.noise.forget(rank)
@@ -260,7 +258,6 @@ class Windows:
         if self._batch[rank] != batch:
             self._batch[rank] = batch  # first step at this size: warm-up, not measured
             self._at_batch[rank] = 0
-            self._current[rank] = False
             self._latest[rank] = np.nan
             self._firsts[rank].clear()
             steps.clear()
@@ -270,8 +267,9 @@ class Windows:
         # the worker's own recent history: its window, or where it is empty the last one at this batch (a
         # decision that left the batch; under CPU quotas at HL1 a window's first step at 1.4x, taken as it
         # was, and one more later made a median 1.4x, and the plan moved 8 samples for 12 steps); a window's
-        # first step at a new batch is taken as it is: the models' prediction is what it is there to check
-        typical = self.median[rank] if steps or self._current[rank] else np.nan
+        # first step at a new batch is taken as it is (so the median is this batch's from then on): the
+        # models' prediction is what it is there to check
+        typical = self.median[rank] if steps or self._at_batch[rank] else np.nan
         self._at_batch[rank] += 1
         self._latest[rank] = seconds
         if len(self._firsts[rank]) < CHANGE_STEPS:
@@ -292,5 +290,4 @@ class Windows:
             suspects.clear()
             steps.append(seconds)
         self.median[rank] = statistics.median(steps)
-        self._current[rank] = True
         return True
