@@ -173,7 +173,7 @@ def equal_time(lines, total: int, lo, hi) -> np.ndarray:
     return np.clip((t - a) / c, lo, hi)
 
 
-def integerize(real, total: int, lo, hi, lines=None) -> list[int]:
+def integerize(real, total: int, lo, hi, lines=None, fastest: bool = False) -> list[int]:
     """Round to integers in [lo_i, hi_i] summing to `total`, each within one of `real`.
     The samples left after rounding down go to the largest remainders (ties to the
     lower index); given the workers' time models (`lines`), to the workers that one
@@ -183,7 +183,13 @@ def integerize(real, total: int, lo, hi, lines=None) -> list[int]:
     nothing of time: a sample is 1 % of a big worker's step and 15 % of a 7-sample one's).
     Taking samples off goes the other way round. The last tie-break keeps a faster worker's
     batch no smaller where two lines differ by less than the times can show (fixed times
-    9.46e-183 apart)."""
+    9.46e-183 apart).
+
+    `fastest` (with `lines`): a worker may take more than one of the samples left over (the
+    split is then no longer within one of `real`), so that the slowest worker is as fast as
+    any integer split makes it: two workers on a twentieth of a core, at 14.5 samples each
+    beside one five times as fast at 90, took 14 and 15, and the one at 15 ran 5 % over the
+    others' time a step; the fast one takes both for 1 % of its time each."""
     real = np.asarray(real, dtype=np.float64)
     lo = np.broadcast_to(np.asarray(lo, dtype=np.int64), real.shape)
     hi = np.broadcast_to(np.asarray(hi, dtype=np.int64), real.shape)
@@ -199,9 +205,33 @@ def integerize(real, total: int, lo, hi, lines=None) -> list[int]:
         # the time after one sample more; or, taking samples off, the slowest first
         keys.append(a + c * (out + 1) if step > 0 else -(a + c * out))
     eligible = np.flatnonzero(room)
+    if fastest and lines is not None and step > 0:
+        return _fastest(out, spare, eligible, hi, c, keys)
     if len(eligible) < abs(spare):
         raise ValueError(f"no integer split of {total} within the bounds")
     out[_first(eligible, abs(spare), keys)] += step
+    return out.tolist()
+
+
+def _fastest(out: np.ndarray, spare: int, eligible: np.ndarray, hi: np.ndarray, c: np.ndarray,
+             keys: list) -> list[int]:
+    """`spare` samples added to `out`, each to the worker it slows least (integerize's `keys`,
+    the time after one sample more primary; `c`: the per-sample times): as a worker's time
+    grows with its batch, the samples taken are the `spare` cheapest of all k-th samples more,
+    and the slowest worker's time is the least of any split. None is dearer than the
+    spare-th cheapest first sample, which bounds how many each worker offers."""
+    if int((hi - out)[eligible].sum()) < spare:
+        raise ValueError(f"no integer split of {int(out.sum()) + spare} within the bounds")
+    first = keys[-1][eligible]
+    offered = np.minimum(hi - out, spare)[eligible]
+    if len(eligible) >= spare > 0:
+        dearest = np.partition(first, spare - 1)[spare - 1]
+        within = 1 + np.floor((dearest - first) / c[eligible] + 1e-9).astype(np.int64)
+        offered = np.clip(within, 0, offered)
+    who = np.repeat(eligible, offered)
+    k = np.arange(len(who)) - np.repeat(np.cumsum(offered) - offered, offered)  # 0 for a worker's first
+    candidates = [key[who] for key in keys[:-1]] + [keys[-1][who] + c[who] * k]
+    np.add.at(out, who[_first(np.arange(len(who)), spare, candidates)], 1)
     return out.tolist()
 
 
@@ -234,7 +264,7 @@ def decide(batches, lines, total: int, lo, hi, deadband: float, measured=None) -
     a, c = _line_arrays(lines)
     now = a + c * current
     now_s = float(now.max())
-    new = integerize(targets, total, lo, hi, lines)
+    new = integerize(targets, total, lo, hi, lines, fastest=True)
     new_batches = np.asarray(new)
     new_s = float((a + c * new_batches).max())
     if deadband > 0:

@@ -261,6 +261,42 @@ def test_integerize_spends_the_spare_samples_in_key_order_ties_included(quarters
     assert out == expected.tolist()
 
 
+def fastest_possible(lines, total, lo, hi) -> float:
+    """The least slowest-worker time of any integer split, found apart from integerize: the
+    least of the times a worker can have at which the batches each worker fits within it
+    hold `total`."""
+    a, c = np.array(lines, dtype=np.float64).T
+    his = np.broadcast_to(np.asarray(hi), a.shape)
+    floor_s = (a + c * lo).max()
+    times = sorted({float(t) for ai, ci, h in zip(a, c, his) for t in ai + ci * np.arange(lo, h + 1) if t >= floor_s})
+    fits = lambda t: np.clip(np.floor((t - a) / c + 1e-9), lo, his).sum() >= total  # noqa: E731
+    return next(t for t in times if fits(t))
+
+
+@FAST
+@given(problem=problems())
+def test_integerize_fastest_makes_the_slowest_worker_as_fast_as_any_integer_split(problem):
+    lines, total, lo, hi = problem
+    real = water_fill(lines, total, lo, hi)
+    out = np.array(integerize(real, total, lo, hi, lines, fastest=True))
+    assert out.sum() == total and np.all(out >= lo) and np.all(out <= np.asarray(hi))
+    a, c = np.array(lines).T
+    slowest = (a + c * out).max()
+    assert slowest <= fastest_possible(lines, total, lo, hi) * (1 + 1e-9)
+    assert slowest <= (a + c * np.array(integerize(real, total, lo, hi, lines))).max() * (1 + 1e-9)
+
+
+def test_integerize_fastest_gives_a_fast_worker_more_than_one_spare_sample():
+    """Two workers on a twentieth of a core at 14.5 samples each, one 6 times as fast at 89.5:
+    within one of the real split one of them takes 15 (a sample is 6 % of its step); the fast
+    worker takes both spare samples instead, for 2 % of its step."""
+    lines = [(0.04, 0.047), (0.04, 0.047), (0.065, 0.07), (0.02, 0.00787)]
+    real = equal_time(lines, 128, 1, 128)
+    assert np.allclose(real[:2], 14.5, atol=0.1)
+    assert integerize(real, 128, 1, 128, lines) == [15, 14, 9, 90]
+    assert integerize(real, 128, 1, 128, lines, fastest=True) == [14, 14, 9, 91]
+
+
 def test_integerize_refuses_an_impossible_split():
     with pytest.raises(ValueError):
         integerize([1.5, 1.5], 3, 1, 1)
