@@ -127,7 +127,7 @@ class BatchControl:
     def on_step(self, rank: int, batch: int, seconds: float, disturbed: bool = False) -> None:
         if batch != self.plan.batches[rank] or not batch or not seconds > 0:
             return  # still on an older plan
-        if self._windows.add(rank, batch, seconds, disturbed):
+        if self._windows.add(rank, batch, seconds, disturbed, self._predicted[rank]):
             self._track(rank)
 
     def _track(self, rank: int) -> None:

@@ -174,6 +174,7 @@ class Windows:
         self._batch: list[int | None] = [None] * n  # the batch each worker is measured at
         self._at_batch = np.zeros(n, dtype=np.int64)  # measured steps at it, outliers included
         self._latest = np.full(n, np.nan)  # each worker's latest measured step at it
+        self._known = np.zeros(n, dtype=bool)  # whether its median is of a window at it
         self._firsts = [[] for _ in range(n)]  # its first CHANGE_STEPS measured steps at it, outliers included
 
     def __getitem__(self, rank: int) -> list[float]:
@@ -242,13 +243,15 @@ class Windows:
         """A worker new to its rank."""
         self._batch[rank] = None
         self._latest[rank] = np.nan
+        self._known[rank] = False
         self._firsts[rank].clear()
         self.noise.forget(rank)
 
-    def add(self, rank: int, batch: int, seconds: float, disturbed: bool = False) -> bool:
+    def add(self, rank: int, batch: int, seconds: float, disturbed: bool = False, guess: float = math.nan) -> bool:
         """A step of `rank` at `batch` (its batch in the plan); False when it changed nothing
         (an outlier, so far, or a `disturbed` step while disturbances are not known harmless:
-        disturbance.Effect judges them by such steps measured against their windows)."""
+        disturbance.Effect judges them by such steps measured against their windows). `guess`:
+        its model's trusted time at `batch` (nan: none), which judges its first steps there."""
         steps, suspects = self._steps[rank], self._suspects[rank]
         if disturbed:
             if self._batch[rank] == batch and steps:
@@ -259,6 +262,7 @@ class Windows:
             self._batch[rank] = batch  # first step at this size: warm-up, not measured
             self._at_batch[rank] = 0
             self._latest[rank] = np.nan
+            self._known[rank] = False
             self._firsts[rank].clear()
             steps.clear()
             suspects.clear()
@@ -266,10 +270,12 @@ class Windows:
             return True
         # the worker's own recent history: its window, or where it is empty the last one at this batch (a
         # decision that left the batch; under CPU quotas at HL1 a window's first step at 1.4x, taken as it
-        # was, and one more later made a median 1.4x, and the plan moved 8 samples for 12 steps); a window's
-        # first step at a new batch is taken as it is (so the median is this batch's from then on): the
-        # models' prediction is what it is there to check
-        typical = self.median[rank] if steps or self._at_batch[rank] else np.nan
+        # was, and one more later made a median 1.4x, and the plan moved 8 samples for 12 steps); at a new
+        # batch, its model's guess: a first step taken as it was (under HL8 quotas, 1.6x the guess and the
+        # worker's steps before and after) judged the next ones, a step at the guess was an outlier against
+        # it, and a window of it and a 1.3x step moved 5 of the worker's 14 samples off it for 4 steps. A
+        # guess that the steps miss, they show as a change (or first_miss) a step or two later
+        typical = self.median[rank] if self._known[rank] else guess
         self._at_batch[rank] += 1
         self._latest[rank] = seconds
         if len(self._firsts[rank]) < CHANGE_STEPS:
@@ -290,4 +296,5 @@ class Windows:
             suspects.clear()
             steps.append(seconds)
         self.median[rank] = statistics.median(steps)
+        self._known[rank] = True
         return True

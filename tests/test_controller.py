@@ -1469,6 +1469,9 @@ def test_a_change_waits_for_a_step_of_every_worker_so_a_slower_host_is_not_one_w
     assert not ctl.ready  # workers 1 and 2 have no measured step yet
     for rank in (1, 2):
         ctl.on_step(rank, ctl.plan.batches[rank], 1.6 * (a + c * ctl.plan.batches[rank]))
+    assert not ctl.ready  # far off their models' times at their new batches: suspects, so far
+    for rank in (1, 2):
+        ctl.on_step(rank, ctl.plan.batches[rank], 1.6 * (a + c * ctl.plan.batches[rank]))
     assert ctl.ready
     ctl.replan()
     # the host's pace: the plan stays within a sample of the equal split (the deadband's)
