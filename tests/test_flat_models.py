@@ -377,3 +377,19 @@ def test_sample_budget_and_steps():
     assert JobSpec(epochs=2.5, global_batch=64).sample_budget(1000) == 2500
     assert JobSpec(epochs=2.5, global_batch=64).total_steps(1000) == 40  # ceil(2500 / 64)
     assert JobSpec(max_steps=7, global_batch=10).total_steps(1000) == 7
+
+
+def test_evaluate_ticks_between_small_batches_and_counts_every_sample():
+    """The scheduler's heartbeats go out at each tick: a test set of 359 is read in batches of
+    128 at most (see models.evaluate), and every sample is counted once."""
+    torch.manual_seed(0)
+    x, y = torch.randn(359, 5), torch.randint(0, 3, (359,))
+    seen = []
+    batcher = data.Batcher(TensorDataset(x, y))
+    acc, loss = models.evaluate(small_net(), lambda idx: seen.append(len(idx)) or batcher(idx), 359,
+                                tick=lambda: seen.append("tick"))
+    assert seen == [128, "tick", 128, "tick", 103, "tick"]
+    with torch.no_grad():
+        out = small_net()(x)
+    assert acc == pytest.approx((out.argmax(1) == y).float().mean().item())
+    assert loss == pytest.approx(nn.functional.cross_entropy(out, y).item(), rel=1e-5)
