@@ -247,10 +247,11 @@ class Windows:
         self._firsts[rank].clear()
         self.noise.forget(rank)
 
-    def add(self, rank: int, batch: int, seconds: float, disturbed: bool = False, guess: float = math.nan) -> bool:
+    def add(self, rank: int, batch: int, seconds: float, disturbed: bool = False,
+            predicted: float = math.nan) -> bool:
         """A step of `rank` at `batch` (its batch in the plan); False when it changed nothing
         (an outlier, so far, or a `disturbed` step while disturbances are not known harmless:
-        disturbance.Effect judges them by such steps measured against their windows). `guess`:
+        disturbance.Effect judges them by such steps measured against their windows). `predicted`:
         its model's trusted time at `batch` (nan: none), which judges its first steps there."""
         steps, suspects = self._steps[rank], self._suspects[rank]
         if disturbed:
@@ -271,11 +272,11 @@ class Windows:
         # the worker's own recent history: its window, or where it is empty the last one at this batch (a
         # decision that left the batch; under CPU quotas at HL1 a window's first step at 1.4x, taken as it
         # was, and one more later made a median 1.4x, and the plan moved 8 samples for 12 steps); at a new
-        # batch, its model's guess: a first step taken as it was (under HL8 quotas, 1.6x the guess and the
-        # worker's steps before and after) judged the next ones, a step at the guess was an outlier against
-        # it, and a window of it and a 1.3x step moved 5 of the worker's 14 samples off it for 4 steps. A
-        # guess that the steps miss, they show as a change (or first_miss) a step or two later
-        typical = self.median[rank] if self._known[rank] else guess
+        # batch, its model's prediction: a first step taken as it was (under HL8 quotas, 1.6x the prediction
+        # and the worker's steps before and after) judged the next ones, a step at the prediction was an
+        # outlier against it, and a window of it and a 1.4x step moved 5 of the worker's 14 samples off it
+        # for 4 steps. A prediction that the steps miss, they show as a change a step or two later
+        typical = self.median[rank] if self._known[rank] else predicted
         self._at_batch[rank] += 1
         self._latest[rank] = seconds
         if len(self._firsts[rank]) < CHANGE_STEPS:

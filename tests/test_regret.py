@@ -517,21 +517,21 @@ def test_a_window_s_first_step_at_the_batch_it_had_is_judged_by_the_last_window(
     assert w.add(0, 24, 0.80) and w[0] == [0.80]
 
 
-def test_a_window_s_first_steps_at_a_new_batch_are_judged_by_the_model_s_guess():
-    """Under HL8 quotas (benchmarks/cgroup.py) worker 0 went to 14 samples, guessed at 0.72 s, and
+def test_a_window_s_first_steps_at_a_new_batch_are_judged_by_the_model_s_prediction():
+    """Under HL8 quotas (benchmarks/cgroup.py) worker 0 went to 14 samples, predicted 0.72 s, and
     its first measured steps there ran 1.16, 0.69, 0.98 and 0.72 s. Taken as it was, the first made
     0.69 the outlier, the window 1.16 and 0.98, and the plan moved 5 of its 14 samples off it for 4
-    steps. Judged by the guess, 1.16 is the suspect. Steps that all miss the guess to one side are
-    still a change, at CHANGE_STEPS (the guess was wrong: the window is theirs)."""
+    steps. Judged by the prediction, 1.16 is the suspect. Steps that all miss it to one side are
+    still a change, at CHANGE_STEPS (the model was wrong: the window is theirs)."""
     from omnips.scheduler.windows import Windows
     w = Windows(1)
-    w.add(0, 14, 2.0, guess=0.72)  # warm-up
-    assert not w.add(0, 14, 1.16, guess=0.72)
-    assert w.add(0, 14, 0.69, guess=0.72) and not w.add(0, 14, 0.98, guess=0.72)
-    assert w.add(0, 14, 0.72, guess=0.72) and w[0] == [0.69, 0.72]
-    w.add(0, 20, 2.0, guess=1.0)  # another batch, whose guess the steps miss by 2x
-    assert not w.add(0, 20, 2.0, guess=1.0) and w.add(0, 20, 2.1, guess=1.0) and w[0] == [2.0, 2.1]
-    assert w.add(0, 20, 2.05, guess=1.0) and not w.add(0, 20, 1.0, guess=1.0)  # the window judges from then on
+    w.add(0, 14, 2.0, predicted=0.72)  # warm-up
+    assert not w.add(0, 14, 1.16, predicted=0.72)
+    assert w.add(0, 14, 0.69, predicted=0.72) and not w.add(0, 14, 0.98, predicted=0.72)
+    assert w.add(0, 14, 0.72, predicted=0.72) and w[0] == [0.69, 0.72]
+    w.add(0, 20, 2.0, predicted=1.0)  # another batch, whose prediction the steps miss by 2x
+    assert not w.add(0, 20, 2.0, predicted=1.0) and w.add(0, 20, 2.1, predicted=1.0) and w[0] == [2.0, 2.1]
+    assert w.add(0, 20, 2.05, predicted=1.0) and not w.add(0, 20, 1.0, predicted=1.0)  # the window judges from then on
 
 
 def test_a_slow_first_step_at_a_new_batch_moves_no_samples_off_the_worker():
