@@ -116,8 +116,11 @@ def loss_fn(output, target):
     return F.cross_entropy(output, target)
 
 
+EVAL_BATCH = 128  # samples an evaluation reads at once (see evaluate)
+
+
 @torch.no_grad()
-def evaluate(module: nn.Module, batcher, size: int, device="cpu", batch: int = 128,
+def evaluate(module: nn.Module, batcher, size: int, device="cpu", batch: int = EVAL_BATCH,
              tick=None) -> tuple[float, float]:
     """(accuracy, mean loss) over the first `size` samples that `batcher` serves;
     `tick()` runs between batches (the scheduler keeps its heartbeats going there). Batches

@@ -30,8 +30,9 @@ def test_batches_converge_to_the_speed_ratios(run_job):
     first = sorted((e["worker"], e["batch"]) for e in run.events if e["event"] == "step" and e["step"] == 0)
     assert [b for _, b in first] == assigns[1]["batches"]
     # exact virtual devices: nothing left to adjust but a sample where the workers' real overheads
-    # (a few ms outside the emulated compute, more for some on a busy host) tip a rounding
-    assert s["adjustments"] <= 1 and len(assigns) == 2 + s["adjustments"]
+    # (a few ms outside the emulated compute, more for some on a busy host) tip a rounding, and
+    # on a loaded host tip it back (2 adjustments in 1 of 6 runs beside 3 busy processes)
+    assert s["adjustments"] <= 2 and len(assigns) == 2 + s["adjustments"]
     assert all(max(abs(a - b) for a, b in zip(e["batches"], assigns[1]["batches"])) <= 1 for e in assigns[2:])
     assert {"targets", "predicted_step_s", "max_batch"} <= assigns[1].keys()
     # a virtual device's gradient exists only once its emulated time is over: sent whole, after backward

@@ -386,9 +386,12 @@ def test_evaluate_ticks_between_small_batches_and_counts_every_sample():
     x, y = torch.randn(359, 5), torch.randint(0, 3, (359,))
     seen = []
     batcher = data.Batcher(TensorDataset(x, y))
-    acc, loss = models.evaluate(small_net(), lambda idx: seen.append(len(idx)) or batcher(idx), 359,
+    net = small_net()
+    before = [p.clone() for p in net.parameters()]
+    acc, loss = models.evaluate(net, lambda idx: seen.append(len(idx)) or batcher(idx), 359,
                                 tick=lambda: seen.append("tick"))
     assert seen == [128, "tick", 128, "tick", 103, "tick"]
+    assert net.training and all(torch.equal(p, q) for p, q in zip(net.parameters(), before))  # left as it was
     with torch.no_grad():
         out = small_net()(x)
     assert acc == pytest.approx((out.argmax(1) == y).float().mean().item())
