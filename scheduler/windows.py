@@ -171,10 +171,10 @@ class Windows:
         self.noise = StepNoise(n)
         self.disturbances = Effect()  # whether steps that overlapped an evaluation or a checkpoint write ran slower
         self.median = np.zeros(n)  # of each window
+        self._current = np.zeros(n, dtype=bool)  # the median was measured at the worker's batch now
         self._batch: list[int | None] = [None] * n  # the batch each worker is measured at
         self._at_batch = np.zeros(n, dtype=np.int64)  # measured steps at it, outliers included
         self._latest = np.full(n, np.nan)  # each worker's latest measured step at it
-        self._known = np.zeros(n, dtype=bool)  # whether its median is of a window at it
         self._firsts = [[] for _ in range(n)]  # its first CHANGE_STEPS measured steps at it, outliers included
 
     def __getitem__(self, rank: int) -> list[float]:
@@ -243,7 +243,7 @@ class Windows:
         """A worker new to its rank."""
         self._batch[rank] = None
         self._latest[rank] = np.nan
-        self._known[rank] = False
+        self._current[rank] = False
         self._firsts[rank].clear()
         self.noise.forget(rank)
 
@@ -263,7 +263,7 @@ class Windows:
             self._batch[rank] = batch  # first step at this size: warm-up, not measured
             self._at_batch[rank] = 0
             self._latest[rank] = np.nan
-            self._known[rank] = False
+            self._current[rank] = False
             self._firsts[rank].clear()
             steps.clear()
             suspects.clear()
@@ -276,7 +276,7 @@ class Windows:
         # and the worker's steps before and after) judged the next ones, a step at the prediction was an
         # outlier against it, and a window of it and a 1.4x step moved 5 of the worker's 14 samples off it
         # for 4 steps. A prediction that the steps miss, they show as a change a step or two later
-        typical = self.median[rank] if self._known[rank] else predicted
+        typical = self.median[rank] if self._current[rank] else predicted
         self._at_batch[rank] += 1
         self._latest[rank] = seconds
         if len(self._firsts[rank]) < CHANGE_STEPS:
@@ -297,5 +297,5 @@ class Windows:
             suspects.clear()
             steps.append(seconds)
         self.median[rank] = statistics.median(steps)
-        self._known[rank] = True
+        self._current[rank] = True
         return True

@@ -546,17 +546,13 @@ def test_a_slow_first_step_at_a_new_batch_moves_no_samples_off_the_worker():
     ctl = BatchControl(job, BatchPlan(0, (32,) * 4))
     ctl.probed({r: ([2, 4], [a[r] + 2 * c[r], a[r] + 4 * c[r]]) for r in range(4)}, {})
     for _ in range(2):  # exact windows: the models trusted at the plan's batches
-        for _ in range(ADJUST_EVERY):
-            for rank in range(4):
-                ctl.on_step(rank, ctl.plan.batches[rank], float(a[rank] + c[rank] * ctl.plan.batches[rank]))
-        ctl.replan()
+        window(ctl, a + c * np.array(ctl.plan.batches))
     b = list(ctl.plan.batches)
     b[0], b[3] = b[0] + 1, b[3] - 1
     ctl.plan = BatchPlan(ctl.plan.gen + 1, tuple(b))
     noise = [1.0, 1.66, 0.99, 1.4] + [1.0] * (ADJUST_EVERY - 2)  # (the first: the warm-up; two suspects)
     for k, factor in enumerate(noise):
-        for rank in range(4):
-            ctl.on_step(rank, b[rank], float((factor if rank == 0 else 1.0) * (a[rank] + c[rank] * b[rank])))
+        step(ctl, (a + c * np.array(b)) * [factor, 1.0, 1.0, 1.0])
         assert not ctl.ready or k == len(noise) - 1, k
     assert ctl.ready
     ctl.replan()
