@@ -128,8 +128,10 @@ class Progress:
             w.done = True
             return []
         w.next_step = r.step + 1
-        if self.first_start is None:
-            self.first_start = now - whole_step_s(r)
+        if w.steps == w.start:  # its first step here: the job's time counts from the earliest one's start
+            # (the reports of a BSP step arrive together, the fastest worker's, which began first, in any place)
+            start = now - whole_step_s(r)
+            self.first_start = start if self.first_start is None else min(self.first_start, start)
         self.last_end = now
         w.steps += 1
         w.samples += r.batch

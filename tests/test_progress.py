@@ -32,6 +32,14 @@ def test_without_a_probe_the_time_counts_from_the_first_steps_start():
     assert p.summary()["wall_s"] == 3.0
 
 
+def test_the_time_counts_from_the_earliest_first_step_whichever_report_is_read_first():
+    p = Progress(JobSpec(mode="bsp", num_workers=2, global_batch=64), 1438)
+    p.on_report(report(1, 0, 24, compute_s=2.0), now=20.0)  # the slow worker: began at 18 s
+    p.on_report(report(0, 0, 40, compute_s=1.0, wait_s=2.5), now=20.0)  # began at 16.5 s, then held
+    p.on_report(report(1, 1, 24, compute_s=2.0), now=22.5)  # a later step moves nothing
+    assert p.summary()["wall_s"] == 22.5 - 16.5
+
+
 def test_staleness_is_averaged_over_the_updates():
     p = Progress(JobSpec(mode="asp", num_workers=2, epochs=4), 1438)
     for step, staleness in enumerate([0, 1, 5]):
