@@ -36,7 +36,8 @@ from .windows import Windows, first_miss, host_pace
 # worker's first two steps off its model's guess by windows.FIRST_MISS, to one side, re-plan at once, as a
 # change of speed does (the probe was wrong, not a step: under CPU quotas its guesses were 0.3-1.9x the
 # steps, and each step waited for ran on them); so do two at a batch its model has not measured near
-# (replayed under CPU quotas, a worker given 16 samples ran 2.18 s on a guess of 1.13)
+# (replayed under CPU quotas, a worker given 16 samples ran 2.18 s on a guess of 1.13), and three there
+# all slower by windows.FIRST_DRIFT
 FIRST_WINDOW = 3
 SHRINK = 0.5  # a worker goes to the minimum batch on one window's word only from below 1 / SHRINK times it
 # a plan the deadband holds back, proposed by this many decisions running and predicted this

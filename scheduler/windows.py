@@ -63,6 +63,15 @@ SETTLE = 1
 # next ones, and, read as misses, re-planned 6-9 samples off for 6-15 steps (benchmarks/cgroup.py, HL1
 # and HL4)
 FIRST_MISS = 1.5
+# and its first FIRST_STEPS all slower by FIRST_DRIFT: a model wrong by less, which a full window would
+# otherwise wait out. Under a neighbour's CPU hog a worker re-planned from 23 samples to 14 ran its first
+# steps there 1.57, 1.35 and 1.65x its guess (the second under FIRST_MISS), and its plan held 10 steps
+# more at 1.3 s where the others took 0.8. Three first steps that far by noise alone are rare: 2.7 % of
+# the 600 first steps above ran 1.35x off. Slower only: a worker slower than planned holds every step,
+# one faster idles alone; and replayed on recorded steps (benchmarks/replay.py), a re-plan on three fast
+# steps and the others' partial windows cut a fast worker's batch and cost one neighbour replay 12 %
+FIRST_DRIFT = 1.3
+FIRST_STEPS = 3
 
 RECENT = 16  # reports kept per worker
 MIN_REPORTS = 5  # fewer say nothing of the spread: the last estimate (or none) stands
@@ -78,10 +87,14 @@ def log_spread(times) -> float:
 
 
 def first_miss(firsts, guess: float) -> bool:
-    """Whether a worker's first CHANGE_STEPS measured steps at a batch all missed its model's `guess`
-    by FIRST_MISS, to one side (nan: misses nothing)."""
-    return len(firsts) == CHANGE_STEPS and (all(t > FIRST_MISS * guess for t in firsts)
-                                            or all(FIRST_MISS * t < guess for t in firsts))
+    """Whether a worker's first measured steps at a batch (FIRST_STEPS at most) missed its model's
+    `guess`: the first CHANGE_STEPS each by FIRST_MISS to one side, or the first FIRST_STEPS each
+    slower by FIRST_DRIFT (nan: misses nothing)."""
+    def beyond(steps, factor: float) -> bool:
+        return all(t > factor * guess for t in steps) or all(factor * t < guess for t in steps)
+
+    return ((len(firsts) >= CHANGE_STEPS and beyond(firsts[:CHANGE_STEPS], FIRST_MISS))
+            or (len(firsts) >= FIRST_STEPS and all(t > FIRST_DRIFT * guess for t in firsts[:FIRST_STEPS])))
 
 
 def host_pace(ratios: np.ndarray) -> float:
@@ -175,7 +188,7 @@ class Windows:
         self._batch: list[int | None] = [None] * n  # the batch each worker is measured at
         self._at_batch = np.zeros(n, dtype=np.int64)  # measured steps at it, outliers included
         self._latest = np.full(n, np.nan)  # each worker's latest measured step at it
-        self._firsts = [[] for _ in range(n)]  # its first CHANGE_STEPS measured steps at it, outliers included
+        self._firsts = [[] for _ in range(n)]  # its first FIRST_STEPS measured steps at it, outliers included
 
     def __getitem__(self, rank: int) -> list[float]:
         return self._steps[rank]
@@ -279,7 +292,7 @@ class Windows:
         typical = self.median[rank] if self._current[rank] else predicted
         self._at_batch[rank] += 1
         self._latest[rank] = seconds
-        if len(self._firsts[rank]) < CHANGE_STEPS:
+        if len(self._firsts[rank]) < FIRST_STEPS:
             self._firsts[rank].append(seconds)
         if self.noise.far(rank, seconds, typical, new=True):  # kept later if an outlier: see the docstring
             if suspects and (suspects[-1] > typical) != (seconds > typical):

@@ -16,7 +16,7 @@ from omnips.timemodel import CHANGE, DRIFT, FAR, REPEAT, TimeModels
 from omnips.scheduler.bounds import BatchBounds
 from omnips.scheduler.disturbance import MIN_JUDGED
 from omnips.scheduler.regret import FORGET_WINDOWS, REGRET
-from omnips.scheduler.windows import CHANGE_STEPS, FIRST_MISS, first_miss
+from omnips.scheduler.windows import CHANGE_STEPS, FIRST_DRIFT, FIRST_MISS, FIRST_STEPS, first_miss
 from omnips.scheduler.control import FIRST_WINDOW, MIN_GAIN, PERSIST, WIDE_GAIN, Adjustment, BatchControl
 
 
@@ -361,6 +361,10 @@ def test_first_steps_miss_their_guess_beyond_first_miss_all_to_one_side():
     assert not first_miss([1.5, 1.6], 1.0) and not first_miss([1.0, 1.0], 1.5) and not first_miss([1.3, 2.0], 1.0)
     assert not first_miss([1.6, 0.6], 1.0)  # off both ways: noise
     assert not first_miss([1.6], 1.0) and not first_miss([1.6, 1.6], float("nan"))  # one step; no guess
+    # three steps slower than FIRST_DRIFT (the first two may be within FIRST_MISS); faster: FIRST_MISS only
+    assert first_miss([1.57, 1.35, 1.65], 1.0) and not first_miss([0.7, 0.75, 0.6], 1.0)
+    assert not first_miss([1.57, 1.35], 1.0) and not first_miss([1.57, 1.25, 1.65], 1.0)
+    assert not first_miss([1.4, 1.4, 0.7], 1.0)  # off both ways: noise
 
 
 def test_a_steady_batch_keeps_its_fit_and_averages_its_noise():
@@ -1392,7 +1396,8 @@ def test_steps_far_off_a_guess_between_the_sizes_measured_are_a_change_of_speed(
     assert ctl.plan.batches[0] >= 20
 
 
-@pytest.mark.parametrize("off, decided_after", [(1.0, None), (FIRST_MISS * 0.95, None), (FIRST_MISS * 1.05, 2),
+@pytest.mark.parametrize("off, decided_after", [(1.0, None), (FIRST_DRIFT * 0.95, None), (FIRST_MISS * 0.95, FIRST_STEPS),
+                                                (1 / (FIRST_MISS * 0.95), None), (FIRST_MISS * 1.05, 2),
                                                 (1 / (FIRST_MISS * 1.05), 2)])
 def test_first_steps_at_a_batch_far_from_the_sizes_measured_that_miss_their_guess_re_plan_at_once(
         off, decided_after):
@@ -1400,7 +1405,8 @@ def test_first_steps_at_a_batch_far_from_the_sizes_measured_that_miss_their_gues
     measured step in 2.18 s on a guess of 1.13, and the others waited for a full window, since a
     miss between or beyond the sizes measured may be the line's error. Worker 0, measured at 11
     samples and given 30: its first two measured steps there, off its guess by more than FIRST_MISS
-    to one side, re-plan as a worker's first steps ever do."""
+    to one side, re-plan as a worker's first steps ever do; so do its first FIRST_STEPS slower by more
+    than FIRST_DRIFT (under a neighbour's CPU hog, 1.57, 1.35 and 1.65x a guess held 10 steps more)."""
     c = 0.05
     ctl = control(num_workers=4, global_batch=128, adjust_every=10)
     ctl.probed({r: ([2, 4], [c * 2, c * 4]) for r in range(4)}, {})
