@@ -129,7 +129,7 @@ class Progress:
             return []
         w.next_step = r.step + 1
         if w.steps == w.start:  # its first step here: the job's time counts from the earliest one's start
-            # (the reports of a BSP step arrive together, the fastest worker's, which began first, in any place)
+            # (a BSP step's reports arrive together, in any order: the first read may be a slower worker's)
             start = now - whole_step_s(r)
             self.first_start = start if self.first_start is None else min(self.first_start, start)
         self.last_end = now
