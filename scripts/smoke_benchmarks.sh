@@ -27,6 +27,7 @@ run unread --params 100000 --pulls 5 --steps 2
 run status_overhead --workers 8 --steps 5 --rounds 3 --rows uniform:0.5
 run asp_accuracy --quick --sections corrections,cost --cost-values 100000
 run replay --limit 1
+run malloc --batches 16 --repeats 1
 # CPU quotas need root and a kernel that offers them (benchmarks/quota.py): where they are refused, say why and go on
 refused=$("$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); import quota; print(quota.available() or '')")
 if [ -z "$refused" ]; then run cgroup --quick; else echo "benchmarks/cgroup.py SKIPPED: $refused" >&2; fi

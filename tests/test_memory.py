@@ -96,3 +96,44 @@ def test_memory_batch_falls_as_workers_share_a_device():
     got = [memory_batch(10**9, 4096, sharing=k) for k in range(1, 9)]
     assert got == sorted(got, reverse=True) and got[0] >= 7 * got[7]
     assert np.all(np.diff(got) <= 0)
+
+
+
+REUSE = """
+import ctypes, sys
+import numpy as np
+from omnips.worker import memory
+
+class Info(ctypes.Structure):  # glibc's struct mallinfo2
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+mallinfo2 = ctypes.CDLL(None).mallinfo2
+mallinfo2.restype = Info
+kept = memory.keep_freed_memory() if sys.argv[1] == "keep" else None
+a = np.empty(12 << 20, dtype=np.float32)  # a step's 48 MiB tensor
+mapped = mallinfo2().hblkhd  # bytes in blocks mapped on their own
+del a
+print(kept, mapped, mallinfo2().fordblks)  # and bytes freed but kept
+"""
+
+
+@pytest.mark.cluster
+def test_a_step_s_freed_memory_is_kept_for_the_next_instead_of_mapped_again():
+    """By default glibc maps a 48 MiB block on its own and unmaps it when freed (the next step's
+    pages are zeroed by the kernel again); kept, it comes from the heap and stays there, free."""
+    import subprocess
+    import sys
+
+    def run(mode):
+        out = subprocess.run([sys.executable, "-c", REUSE, mode], capture_output=True, text=True, timeout=60)
+        if out.returncode:
+            pytest.skip(f"no glibc mallinfo2 here: {out.stderr.strip().splitlines()[-1]}")
+        kept, mapped, free = out.stdout.split()
+        return kept, int(mapped), int(free)
+
+    block = 48 << 20
+    kept, mapped, free = run("keep")
+    assert kept == "True" and mapped < block and free >= block
+    _, mapped, free = run("default")
+    assert mapped >= block and free < block

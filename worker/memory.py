@@ -4,6 +4,7 @@ The scheduler turns the two into a batch bound (omnips.batching.memory_batch); a
 out-of-memory error in a step remains the backstop (worker/trainer.py).
 """
 
+import ctypes
 import os
 
 import torch
@@ -13,6 +14,25 @@ from omnips.batching import PROBE_BATCHES
 from omnips.data import Batcher
 
 MEMINFO = "/proc/meminfo"
+# glibc's mallopt parameters: blocks up to KEEP_BYTES come from the heap, and up to as much freed at its top stays
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+KEEP_BYTES = 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """Have the C allocator keep what a step frees for the next step; whether it could (glibc only).
+
+    By default glibc maps each block over its mmap threshold (at most 32 MiB however it adapts)
+    afresh and unmaps it when freed, and gives the heap's freed top back to the kernel: a CPU
+    step whose tensors pass that size pays the kernel to zero every one of their pages again, each
+    step (benchmarks/malloc.py measures it). A step's tensors are the same from one step to the
+    next, so its memory is kept instead; on a CPU, free_bytes then counts what the process keeps
+    as used (a bound on the batch on the safe side)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # no C library of that kind (not glibc)
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
 
 
 def free_bytes(device: torch.device) -> int:

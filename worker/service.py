@@ -32,6 +32,9 @@ HOLD_BEATS = 2  # heartbeat intervals of the scheduler's silence after which no 
 
 
 def run(opts: WorkerOptions, leaving: Leaving | None = None) -> int:
+    if not memory.keep_freed_memory():
+        log.info("the C allocator is not glibc's: memory a step frees goes back to the system as the allocator "
+                 "decides (steps with large tensors may pay to map it again each time)")
     device = resolve_device(opts.device)
     if opts.threads:
         torch.set_num_threads(opts.threads)
