@@ -1,6 +1,6 @@
 """Each worker's window of measured step times at its batch in the plan, and what counts as
-far off it: an outlier, unless CHANGE_STEPS in a row to one side (one more below SMALL_CHANGE,
-one more over HICCUP times slower) say its speed changed (then the window restarts from them: a median across a change would be
+far off it: an outlier, unless CHANGE_STEPS in a row to one side (one more below SMALL_CHANGE)
+say its speed changed (then the window restarts from them: a median across a change would be
 a time it never had, and a fit through it a wrong slope). A worker's first step at a new batch
 size is not measured (it pays for warming up).
 
@@ -40,14 +40,6 @@ CHANGE_STEPS = 2
 # runs, each time re-planning samples off it for a window), while a neighbour's hog or a quota halved made
 # 2x; a step more of a small change costs a fraction of a step, a window of a plan chasing noise several
 SMALL_CHANGE = 1.5
-# and ones over HICCUP times slower SLOWER_STEPS later: a host's hiccup slows a worker 2-3x for a step or
-# two and passes (in one run of benchmarks/cgroup.py's cases, 4 of 24 jobs had a worker's two steps in a
-# row over 1.8x its others, none three), and read as a change of speed it re-planned, at HL2, 26 of a
-# worker's 45 samples off it; the plans after, decided on short windows, caught the next hiccups, and the
-# job took 1.24x the static plan's time. A faster step is no hiccup; a slowdown's step more is a step on
-# the old plan (replayed, benchmarks/replay.py, the neighbour's static arm ran 0.2-1.6 % longer)
-HICCUP = 2.0
-SLOWER_STEPS = 1
 
 # the host's pace: a window whose times all part the same way from the models' predictions, by
 # PACE_MOVE on PACE_SHARE of the workers (PACE_WORKERS at least), ran on a slower or faster host
@@ -85,14 +77,6 @@ RECENT = 16  # reports kept per worker
 MIN_REPORTS = 5  # fewer say nothing of the spread: the last estimate (or none) stands
 SPREAD_K = 3.0  # robust standard deviations off the window that make a step far off
 MAD_SIGMA = 1.4826  # the median absolute deviation of a normal distribution, in standard deviations
-
-
-def change_steps(far, expected: float) -> int:
-    """How many far-off steps in a row make a change of speed, as the first `far` of them say:
-    CHANGE_STEPS, one more where their median is nearer `expected` than SMALL_CHANGE, and
-    SLOWER_STEPS more where it is slower."""
-    mid = statistics.median(far)
-    return CHANGE_STEPS + (not off_by(mid, expected, SMALL_CHANGE)) + SLOWER_STEPS * (mid > HICCUP * expected)
 
 
 def log_spread(times) -> float:
@@ -224,7 +208,7 @@ class Windows:
                 times[rank] = statistics.median(pending)
 
     def changed(self, rank: int, predicted: np.ndarray, guess: float = math.nan) -> bool:
-        """Whether the worker's last steps, as many as change_steps says, are all far
+        """Whether the worker's last CHANGE_STEPS steps (one more below SMALL_CHANGE) are all far
         off its model's time at its batch (`predicted`: every worker's, nan where untrusted), none
         of them among its first SETTLE there, as measured and at the host's pace over every worker's
         latest step: a change of its speed, not of the host's (under CPU quotas, beside other jobs,
@@ -233,10 +217,10 @@ class Windows:
         trusted, steps off its `guess` by a factor FAR are a change too, as the model takes them,
         with no host's pace to judge by (a neighbour's CPU hog gone, a worker's steps ran 0.45x its guess between
         two sizes measured under the hog, and waited a full window)."""
-        steps, expected = self._steps[rank], predicted[rank]
-        if len(steps) < CHANGE_STEPS:
-            return False
-        need = change_steps(steps[-CHANGE_STEPS:], expected if np.isfinite(expected) else guess)
+        steps, need, expected = self._steps[rank], CHANGE_STEPS, predicted[rank]
+        if len(steps) >= need and np.isfinite(expected) and not off_by(statistics.median(steps[-need:]), expected,
+                                                                       SMALL_CHANGE):
+            need += 1  # a small change: one step more
         last = steps[-need:]
         if not (len(last) == need and self._at_batch[rank] >= SETTLE + need):
             return False
@@ -315,7 +299,8 @@ class Windows:
                 self.noise.add(rank, *suspects)  # outliers, then
                 suspects.clear()
             suspects.append(seconds)
-            if len(suspects) < change_steps(suspects[:CHANGE_STEPS], typical):
+            small = not off_by(statistics.median(suspects), typical, SMALL_CHANGE)
+            if len(suspects) < CHANGE_STEPS + small:
                 return False  # an outlier, unless the next steps say the same
             steps[:] = _since_change(suspects, typical)
             self.noise.restart(rank, steps)
