@@ -36,6 +36,7 @@ REPEATS = 3
 
 STEP = """
 import json, resource, sys, time
+from statistics import median_high
 import torch
 from omnips import data, models
 from omnips.flat import FlatModel
@@ -46,23 +47,23 @@ if sys.argv[1] == "kept":
 torch.set_num_threads(1)
 train, _ = data.load("upscaled:digits", {"scale": 3})
 trainer = Trainer(FlatModel(models.build("cnn", {"channels": [64, 128]}, train, 0)), data.Batcher(train))
-out = {}
+warm, steps, out = int(sys.argv[3]), int(sys.argv[4]), {}
 for batch in map(int, sys.argv[2].split(",")):
     cpu, faults = [], []
-    for k in range(WARM + STEPS):
+    for k in range(warm + steps):
         f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()
         trainer.compute(list(range(batch)))
-        if k >= WARM:
+        if k >= warm:
             cpu.append(time.process_time() - t0)
             faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
-    out[batch] = (sorted(cpu)[len(cpu) // 2], sorted(faults)[len(faults) // 2])
+    out[batch] = (median_high(cpu), median_high(faults))  # (of an even count, the upper of the middle two)
 print(json.dumps(out))
-""".replace("WARM", str(WARM)).replace("STEPS", str(STEPS))
+"""
 
 
 def measure(arm: str, batches: list[int]) -> dict[int, tuple[float, int]]:
-    out = subprocess.run([sys.executable, "-c", STEP, arm, ",".join(map(str, batches))], capture_output=True,
-                         text=True, timeout=1800, env={**os.environ, **importable()}, check=False)
+    out = subprocess.run([sys.executable, "-c", STEP, arm, ",".join(map(str, batches)), str(WARM), str(STEPS)],
+                         capture_output=True, text=True, timeout=1800, env={**os.environ, **importable()}, check=False)
     if out.returncode:
         raise SystemExit(f"{arm}: {out.stderr.strip().splitlines()[-1]}")
     return {int(b): tuple(v) for b, v in json.loads(out.stdout).items()}
