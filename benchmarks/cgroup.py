@@ -43,10 +43,10 @@ share every slow stretch, and the quotas keep each job's workers from taking the
 CPU (only what runs outside them, the schedulers, the servers and the system, is shared).
 Then the dynamic job runs once more, alone, on the same quotas (--no-alone leaves it out):
 its efficiency is what a job on hosts of its own reaches, as the emulated figures were
-measured. Beside the other two jobs, their schedulers' evaluations and their servers share
-the headroom outside the quotas with its own, and at HL8 it reached less of the ideal there
-than alone though the host's cores were not all in use. The efficiency targets are judged
-both ways.
+measured. Beside the other two jobs, a worker's step now and then takes 2-3x its others for
+a step or two while every other worker of the three jobs runs on time, and the jobs' starts
+slow each other's first steps; alone, neither happened
+(benchmarks/results/cgroup-alone-3fb511d.md). The efficiency targets are judged both ways.
 Reported per run: wall time, and the dynamic run's time over
 the uniform one's (the target: at most 1.02); efficiency = ideal time / wall time, the
 ideal being each step's global batch at the sum of the workers' own throughputs at the

@@ -1,0 +1,45 @@
+"""The cgroup benchmark's table and verdicts (benchmarks/cgroup.py), on made-up runs: each
+case's repeats averaged, the dynamic job's run alone judged beside the one among the others."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import cgroup  # noqa: E402
+
+
+def _run(case: str, variant: str, efficiency: float, wall_s: float) -> dict:
+    return {"case": case, "variant": variant, "wall_s": wall_s, "efficiency": efficiency, "balance": 0.9,
+            "final": [32, 32, 32, 32], "adjustments": 0, "throttled": 7, "overhead_ms": [20.0, 10.0]}
+
+
+def _repeat(case: str, dynamic: float, alone: float | None, uniform_s: float = 100.0, dynamic_s: float = 90.0):
+    runs = [_run(case, "uniform", 0.6, uniform_s), _run(case, "affine", dynamic, dynamic_s),
+            _run(case, "static", 0.85, 91.0)]
+    if alone is not None:
+        runs[1]["alone"] = _run(case, "affine", alone, 80.0)
+    return runs
+
+
+def test_the_targets_are_judged_on_each_case_s_mean_beside_the_others_and_alone():
+    results = [*_repeat("HL2", 0.88, 0.93), *_repeat("HL2", 0.90, 0.91),
+               *_repeat("HL8", 0.86, 0.92), *_repeat("HL8", 0.85, 0.89),
+               *_repeat("neighbour", 0.80, 0.86), *_repeat("neighbour", 0.82, 0.85, dynamic_s=103.0)]
+    lines = cgroup.verdicts(results)
+    assert lines[0] == "- dynamic / uniform, worst run: 1.030 (target <= 1.02): missed"
+    assert lines[1].startswith("- the controller's efficiency at HL2-HL8: mean over repeats, lowest case HL8 0.855 "
+                               "(target >= 0.9): missed (lowest single run 0.850)")
+    assert lines[2] == ("- the controller's efficiency at HL2-HL8, its job alone on the host: mean over repeats, "
+                        "lowest case HL8 0.905 (target >= 0.9): met (lowest single run 0.890)")
+    assert lines[3].startswith("- with a noisy neighbour: mean over repeats, lowest case neighbour 0.810 "
+                               "(target >= 0.85): missed")
+    assert lines[4].endswith("lowest case neighbour 0.855 (target >= 0.85): met (lowest single run 0.850)")
+    table = cgroup.table(results, 2)
+    assert [row.split(" | ")[10] for row in table[2:4]] == ["0.930", "0.910"]  # the alone column
+
+
+def test_without_the_alone_runs_their_column_is_empty_and_no_verdict_claims_them():
+    results = [*_repeat("HL4", 0.9, None), *_repeat("HL4", 0.92, None)]
+    assert not any("alone" in line for line in cgroup.verdicts(results))
+    assert cgroup.table(results, 2)[2].split(" | ")[10] == "-"
