@@ -45,8 +45,8 @@ Then the dynamic job runs once more, alone, on the same quotas (--no-alone leave
 its efficiency is what a job on hosts of its own reaches, as the emulated figures were
 measured. Beside the other two jobs, a worker's step now and then takes 2-3x its others for
 a step or two while every other worker of the three jobs runs on time, and the jobs' starts
-slow each other's first steps; alone, neither happened
-(benchmarks/results/cgroup-alone-3fb511d.md). The efficiency targets are judged both ways.
+slow each other's first steps; alone, in the cases without an event of their own, neither
+happened (benchmarks/results/cgroup-alone-3fb511d.md). The efficiency targets are judged both ways.
 Reported per run: wall time, and the dynamic run's time over
 the uniform one's (the target: at most 1.02); efficiency = ideal time / wall time, the
 ideal being each step's global batch at the sum of the workers' own throughputs at the
