@@ -81,9 +81,9 @@ def test_equal_workers_declared_apart_get_the_uniform_split_though_the_deadband_
     assert [(e["reason"], e["batches"]) for e in assigns] == [("start", [33, 31]), ("window", [32, 32])]
     assert run.summary["adjustments"] == 1 and run.summary["final_batches"] == [32, 32]
     # after the first window of 3 (step 0 at a new size is not measured), at step 3 (up to 9: a
-    # window or two more, if a busy host bent a time the other way)
-    # (the rule decides, not the prediction: with equal devices the split's predicted time is the
-    # measured one give or take the host's noise, and CI measured it 0.3 % above)
+    # window or two more, if a busy host bent a time the other way), by the rule for workers alike,
+    # not by a faster prediction: with equal devices the split's predicted time is the measured one
+    # give or take the host's noise (CI measured it 0.3 % above)
     assert 3 <= assigns[1]["step"] <= 9 and assigns[1]["rule"].startswith("the uniform split"), assigns[1]
 
 
