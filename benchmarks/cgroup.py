@@ -368,11 +368,12 @@ def main(argv=None) -> int:
         for name in names:
             for rep in range(repeats):
                 runs = run_case(root, case(name), steps, args.cores, rep, size)
+                labelled = [(r["variant"], r) for r in runs]
                 if not args.no_alone:
-                    runs[VARIANTS.index("affine")]["alone"], = run_case(root, case(name), steps, args.cores, rep,
-                                                                         size, ("affine",), "-alone")
-                for r, label in [*((r, r["variant"]) for r in runs), *((r["alone"], "affine alone") for r in runs
-                                                                      if "alone" in r)]:
+                    alone = run_case(root, case(name), steps, args.cores, rep, size, ("affine",), "-alone")[0]
+                    runs[VARIANTS.index("affine")]["alone"] = alone
+                    labelled.append(("affine alone", alone))
+                for label, r in labelled:
                     print(f"{name} #{rep + 1} {label}: {r['wall_s']:.2f} s, efficiency {r['efficiency']:.3f}, "
                           f"final {r['final']}", flush=True)
                 results.extend(runs)

@@ -1,5 +1,8 @@
 """Memory awareness: the per-sample footprint probe, free memory, and the batch bound from them."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -98,7 +101,6 @@ def test_memory_batch_falls_as_workers_share_a_device():
     assert np.all(np.diff(got) <= 0)
 
 
-
 REUSE = """
 import ctypes, sys
 import numpy as np
@@ -122,9 +124,6 @@ print(kept, mapped, mallinfo2().fordblks)  # and bytes freed but kept
 def test_a_step_s_freed_memory_is_kept_for_the_next_instead_of_mapped_again():
     """By default glibc maps a 48 MiB block on its own and unmaps it when freed (the next step's
     pages are zeroed by the kernel again); kept, it comes from the heap and stays there, free."""
-    import subprocess
-    import sys
-
     def run(mode):
         out = subprocess.run([sys.executable, "-c", REUSE, mode], capture_output=True, text=True, timeout=60)
         if out.returncode:
