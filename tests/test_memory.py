@@ -136,3 +136,34 @@ def test_a_step_s_freed_memory_is_kept_for_the_next_instead_of_mapped_again():
     assert kept == "True" and mapped < block and free >= block
     _, mapped, free = run("default")
     assert mapped >= block and free < block
+
+
+WARM = """
+import resource, sys
+import torch
+from omnips.worker import memory
+
+assert memory.keep_freed_memory()
+warmed = memory.warm_heap(32 << 20) if sys.argv[1] == "warm" else 0
+junk = [bytes(100) for _ in range(1000)]  # the heap's small blocks meanwhile
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+a = torch.ones(12 << 20)  # a later step's 48 MiB tensor, past the heap's end so far
+print(warmed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.cluster
+def test_a_warmed_heap_gives_a_later_step_s_new_tensor_pages_the_kernel_need_not_fault_in():
+    """A step whose tensors outgrow the heap faults every new page in, in the step (under a CPU
+    quota such steps ran 2-5x); warmed before the first step, the heap's growth is already there."""
+    def run(mode):
+        out = subprocess.run([sys.executable, "-c", WARM, mode], capture_output=True, text=True, timeout=60)
+        if out.returncode:
+            pytest.skip(f"not glibc's allocator here: {out.stderr.strip().splitlines()[-1]}")
+        return tuple(map(int, out.stdout.split()))
+
+    pages = (48 << 20) // 4096
+    warmed, faults = run("warm")
+    assert warmed == memory.WARM_STEPS * (32 << 20) and faults < pages // 10
+    _, faults = run("cold")
+    assert faults > pages * 9 // 10

@@ -17,6 +17,7 @@ MEMINFO = "/proc/meminfo"
 # glibc's mallopt parameters: blocks up to KEEP_BYTES come from the heap, and up to as much freed at its top stays
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 KEEP_BYTES = 1 << 30
+WARM_STEPS = 2  # the heap a worker warms before its first step, in steps at its largest batch (see warm_heap)
 
 
 def keep_freed_memory() -> bool:
@@ -33,6 +34,23 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # no C library of that kind (not glibc)
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
+
+
+def warm_heap(step_bytes: int) -> int:
+    """Zero-fill WARM_STEPS steps of `step_bytes` (the largest step this worker may run) on the
+    heap and free them; the bytes warmed. Call after keep_freed_memory succeeded.
+
+    Kept memory is not enough: the heap still grows now and then, a step's tensors finding no
+    freed block large enough among what the others' allocations left in between, and the new
+    pages are the kernel's to zero, in that step. On a worker under a CPU quota such a step ran
+    2-5x its others (9-40 MiB of new heap: thousands of page faults, all of the quota's time),
+    and dynamic batching took it for a change of speed. Freed with the heap's top kept, the
+    warmed pages are where the heap grows next. At most a sixteenth of the available RAM (a
+    worker shares its host) and half of KEEP_BYTES (a freed top above that would be trimmed)."""
+    size = min(WARM_STEPS * step_bytes, KEEP_BYTES // 2, available_ram() // 16)
+    if size > 0:
+        torch.zeros(size, dtype=torch.uint8)  # (written, so every page is faulted in now; freed at once)
+    return max(size, 0)
 
 
 def free_bytes(device: torch.device) -> int:

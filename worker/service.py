@@ -10,7 +10,7 @@ import torch
 import zmq
 
 from omnips import data, fingerprint, models, routes
-from omnips.batching import PROBE_BATCHES, PROBE_ROUNDS, BatchPlan, probe_times, probe_too_flat
+from omnips.batching import BACKWARD_FACTOR, PROBE_BATCHES, PROBE_ROUNDS, BatchPlan, probe_times, probe_too_flat
 from omnips.flat import FlatModel
 from omnips.leaving import Leaving
 from omnips.link import LinkError, SchedulerLink
@@ -32,7 +32,8 @@ HOLD_BEATS = 2  # heartbeat intervals of the scheduler's silence after which no 
 
 
 def run(opts: WorkerOptions, leaving: Leaving | None = None) -> int:
-    if not memory.keep_freed_memory():
+    kept = memory.keep_freed_memory()
+    if not kept:
         log.info("the C allocator is not glibc's: memory a step frees goes back to the system as the allocator "
                  "decides (steps with large tensors may pay to map it again each time)")
     device = resolve_device(opts.device)
@@ -54,7 +55,8 @@ def run(opts: WorkerOptions, leaving: Leaving | None = None) -> int:
             _choose_threads(welcome.rank, welcome.worker.host_workers)
         link.dead_after_s, link.heartbeat_s = cluster.dead_after_s, cluster.heartbeat_s
         try:
-            session = _Session(job, welcome.rank, cluster, welcome.worker, device, opts, link, core)
+            session = _Session(job, welcome.rank, cluster, welcome.worker, device, opts, link, core,
+                               warm=kept and device.type == "cpu")
             session.leaving = leaving or Leaving()
             # on_wait twice per heartbeat interval: what a waiting worker's heartbeats say is that fresh
             session.connect = lambda servers, local: ServerGroup(
@@ -102,7 +104,7 @@ def _check_fingerprints(theirs: dict | None, model: str, dataset: str) -> None:
 class _Session:
     """The driver of a WorkerCore: it does what the core says next and tells it what happened."""
 
-    def __init__(self, job, rank, cluster, start, device, opts, link, core: WorkerCore):
+    def __init__(self, job, rank, cluster, start, device, opts, link, core: WorkerCore, warm: bool = False):
         self.job, self.rank, self.opts, self.link, self.core = job, rank, opts, link, core
         self.servers: ServerGroup | None = None
         self.connect = None  # (tcp endpoints, [host, ipc endpoint] pairs) -> a ServerGroup on them
@@ -128,6 +130,10 @@ class _Session:
         # pusher's hooks exist)
         with link.in_phase("measuring memory"):
             self.sample_bytes = memory.sample_bytes(self.flat.module, batcher, range(len(train)), device)
+        if warm:  # a step's tensors at the largest batch this worker may be given (memory.warm_heap)
+            largest = min(job.global_batch, opts.max_batch or job.global_batch)
+            with link.in_phase("warming the heap"):
+                memory.warm_heap(int(BACKWARD_FACTOR * self.sample_bytes * largest))
         # dynamic batching plans the first step from every worker's timed passes (a joiner
         # and a resumed job go on with the plan they are given)
         probes = job.batching == "dynamic" and job.probe and self.join_gen < 0 and not self.resumed
