@@ -76,6 +76,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,16 +173,42 @@ def middle_third(c: Case, quotas: list[CpuQuota], run_dir: Path, steps: int, sto
             quotas[3].set(quotas[3].cores * 2)
 
 
+@dataclass
+class Together:
+    """What the jobs of a case share: their clusters (for run_case to stop), `failed` (set by a job
+    that failed, which stops the clusters put there by then) and `formed`, which every job passes
+    once its scheduler and servers are up, before any starts its workers: the three jobs' starts
+    (torch's import in six processes outside the quotas, the schedulers' warm-ups) slowed the first
+    to start its steps, 3.8-4.7 s of compute for step 0 against 0.82 s alone."""
+    clusters: list
+    failed: threading.Event
+    formed: threading.Barrier
+
+
+def servers_joined(run_dir: Path, servers: int, failed: threading.Event, timeout_s: float = 300.0) -> bool:
+    """Wait until the job's scheduler has taken in its `servers` (after its own warm-up: it
+    takes them in from its loop), False if a job of the case failed first. SystemExit past
+    `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not failed.is_set():
+        joined = sum(e["event"] == "membership" and e["role"] == "server" for e in read_events(run_dir))
+        if joined >= servers:
+            return True
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{run_dir.name}: {joined} of {servers} server(s) joined in {timeout_s:.0f} s")
+        failed.wait(0.2)
+    return False
+
+
 def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int, size: Size,
-        clusters: list, failed: threading.Event, tag: str = "") -> dict:
-    """One job of the case (`clusters`: where its cluster is put, for run_case to stop; `failed`:
-    set by a job of the case that failed, which stops the clusters put there by then; `tag`: a
-    suffix naming its run directory and cgroups apart)."""
+        together: Together, tag: str = "") -> dict:
+    """One job of the case, started with the others (`together`); `tag`: a suffix naming its
+    run directory and cgroups apart."""
     run_dir = root / f"{c.name}-{variant}{tag}-{seed}"
     # static: each worker declares its quota's share as its capacity, the plan a known speed calls for
     specs = [WorkerSpec(capacity=float(s) if variant == "static" else 1.0) for s in c.speeds]
     cluster = LocalCluster(run_dir, job_args(variant, steps, seed, size), 1, specs, env=importable())
-    clusters.append(cluster)
+    together.clusters.append(cluster)
     shares = [cores * s / sum(c.speeds) for s in c.speeds]
     slowest, fastest = c.speeds.index(min(c.speeds)), c.speeds.index(max(c.speeds))
     stop = threading.Event()
@@ -191,9 +218,11 @@ def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int, 
         try:
             cluster.start_scheduler()
             cluster.start_servers()
-            for rank in range(4):
-                quotas[rank].add(cluster.procs[cluster.add_worker(specs[rank], rank)].pid)
-            if failed.is_set():  # another job failed while this one started: it may have missed this cluster
+            if servers_joined(run_dir, 1, together.failed):
+                together.formed.wait(JOB_TIMEOUT_S)
+                for rank in range(4):
+                    quotas[rank].add(cluster.procs[cluster.add_worker(specs[rank], rank)].pid)
+            if together.failed.is_set():  # another job failed while this one started: it may have missed this cluster
                 raise SystemExit(f"{c.name} {variant}: stopped, another job of the case failed")
             event = threading.Thread(target=middle_third, args=(c, quotas, run_dir, steps, stop), daemon=True)
             if c.event in ("neighbour", "one-sided"):
@@ -201,6 +230,8 @@ def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int, 
             code = cluster.wait(JOB_TIMEOUT_S)
         except LaunchError as exc:
             raise SystemExit(f"{c.name} {variant}: {exc}") from None
+        except threading.BrokenBarrierError:  # another job failed, or the others did not form in time
+            raise SystemExit(f"{c.name} {variant}: stopped, the case's other jobs did not start") from None
         finally:
             stop.set()
             cluster.stop()
@@ -229,16 +260,18 @@ def run_case(root: Path, c: Case, steps: int, cores: float, seed: int, size: Siz
     `variants` are fewer: the alone run's quotas are the same): they meet the same host at the
     same moment (see the docstring). A job that fails, or the benchmark stopped, ends them all
     (each thread then removes its cgroups)."""
-    clusters: list[LocalCluster] = []
+    # (failed is set before the clusters are stopped: a job starting meanwhile sees it)
+    together = Together([], threading.Event(), threading.Barrier(len(variants)))
+    clusters = together.clusters
     results, errors = {}, []
-    failed = threading.Event()  # set before the clusters are stopped: a job starting meanwhile sees it
 
     def job(variant: str) -> None:
         try:
-            results[variant] = run(root, c, variant, steps, cores / len(VARIANTS), seed, size, clusters, failed, tag)
+            results[variant] = run(root, c, variant, steps, cores / len(VARIANTS), seed, size, together, tag)
         except BaseException as exc:  # (SystemExit included: the failure is the benchmark's)
             errors.append(exc)
-            failed.set()
+            together.failed.set()
+            together.formed.abort()
             for cluster in list(clusters):
                 cluster.stop(grace_s=0.0)
 
@@ -252,6 +285,8 @@ def run_case(root: Path, c: Case, steps: int, cores: float, seed: int, size: Siz
             for t in threads:
                 t.join()
         finally:  # stopped meanwhile (SIGTERM's SystemExit lands here): end every job first
+            together.failed.set()
+            together.formed.abort()
             for cluster in list(clusters):
                 cluster.stop(grace_s=0.0)
             for t in threads:
