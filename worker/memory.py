@@ -17,7 +17,9 @@ MEMINFO = "/proc/meminfo"
 # glibc's mallopt parameters: blocks up to KEEP_BYTES come from the heap, and up to as much freed at its top stays
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 KEEP_BYTES = 1 << 30
-WARM_STEPS = 2  # the heap a worker warms before its first step, in steps at its largest batch (see warm_heap)
+# the heap a worker warms for a larger batch, in steps of it (see warm_heap): the step itself takes about
+# one; with two, a job of four workers without quotas still grew its heap mid-step once or twice in 100 steps
+WARM_STEPS = 4
 
 
 def keep_freed_memory() -> bool:
@@ -37,8 +39,9 @@ def keep_freed_memory() -> bool:
 
 
 def warm_heap(step_bytes: int) -> int:
-    """Zero-fill WARM_STEPS steps of `step_bytes` (the largest step this worker may run) on the
-    heap and free them; the bytes warmed. Call after keep_freed_memory succeeded.
+    """Zero-fill WARM_STEPS steps of `step_bytes` on the heap and free them; the bytes warmed.
+    A worker calls it before each step at a batch larger than any before, once
+    keep_freed_memory succeeded.
 
     Kept memory is not enough: the heap still grows now and then, a step's tensors finding no
     freed block large enough among what the others' allocations left in between, and the new

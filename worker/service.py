@@ -130,10 +130,7 @@ class _Session:
         # pusher's hooks exist)
         with link.in_phase("measuring memory"):
             self.sample_bytes = memory.sample_bytes(self.flat.module, batcher, range(len(train)), device)
-        if warm:  # a step's tensors at the largest batch this worker may be given (memory.warm_heap)
-            largest = min(job.global_batch, opts.max_batch or job.global_batch)
-            with link.in_phase("warming the heap"):
-                memory.warm_heap(int(BACKWARD_FACTOR * self.sample_bytes * largest))
+        self.warm, self.warmed = warm, 0  # the largest batch the heap was warmed for (memory.warm_heap)
         # dynamic batching plans the first step from every worker's timed passes (a joiner
         # and a resumed job go on with the plan they are given)
         probes = job.batching == "dynamic" and job.probe and self.join_gen < 0 and not self.resumed
@@ -261,6 +258,9 @@ class _Session:
         """One step: compute, push and pull, report; None when a scheduler's message or a
         server's refusal interrupted it (the core knows which)."""
         step, batch = act.step, act.batch
+        if self.warm and batch > self.warmed:  # (before the step's clock: its time is not the step's)
+            memory.warm_heap(int(BACKWARD_FACTOR * self.sample_bytes * batch))
+            self.warmed = batch
         began = time.monotonic()
         self.step = step
         self.link.state = {"phase": "computing", "step": step}
