@@ -191,7 +191,10 @@ def servers_joined(run_dir: Path, servers: int, failed: threading.Event, timeout
     `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while not failed.is_set():
-        joined = sum(e["event"] == "membership" and e["role"] == "server" for e in read_events(run_dir))
+        try:
+            joined = sum(e["event"] == "membership" and e["role"] == "server" for e in read_events(run_dir))
+        except OSError:  # (no metrics file yet)
+            joined = 0
         if joined >= servers:
             return True
         if time.monotonic() > deadline:

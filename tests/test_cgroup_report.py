@@ -1,8 +1,13 @@
 """The cgroup benchmark's table and verdicts (benchmarks/cgroup.py), on made-up runs: each
-case's repeats averaged, the dynamic job's run alone judged beside the one among the others."""
+case's repeats averaged, the dynamic job's run alone judged beside the one among the others;
+and its jobs' wait for their servers before the case's workers start."""
 
+import json
 import sys
+import threading
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -43,3 +48,14 @@ def test_without_the_alone_runs_their_column_is_empty_and_no_verdict_claims_them
     results = [*_repeat("HL4", 0.9, None), *_repeat("HL4", 0.92, None)]
     assert not any("alone" in line for line in cgroup.verdicts(results))
     assert cgroup.table(results, 2)[2].split(" | ")[10] == "-"
+
+
+def test_a_job_s_workers_wait_for_its_servers_and_stop_waiting_when_the_case_fails(tmp_path):
+    failed = threading.Event()
+    with pytest.raises(SystemExit, match="0 of 1 server"):  # (no metrics file yet, and no time left)
+        cgroup.servers_joined(tmp_path, 1, failed, timeout_s=0.0)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"event": "start", "t": 0.0}) + "\n" + json.dumps(
+        {"event": "membership", "t": 1.0, "change": "joined", "role": "server", "rank": 0}) + "\n")
+    assert cgroup.servers_joined(tmp_path, 1, failed, timeout_s=0.0)
+    failed.set()
+    assert not cgroup.servers_joined(tmp_path, 2, failed, timeout_s=0.0)

@@ -258,10 +258,10 @@ class _Session:
         """One step: compute, push and pull, report; None when a scheduler's message or a
         server's refusal interrupted it (the core knows which)."""
         step, batch = act.step, act.batch
-        if self.warm and batch > self.warmed:  # (before the step's clock: its time is not the step's)
+        began = time.monotonic()
+        if self.warm and batch > self.warmed:  # (in the step's time: the first at a batch is not measured)
             memory.warm_heap(int(BACKWARD_FACTOR * self.sample_bytes * batch))
             self.warmed = batch
-        began = time.monotonic()
         self.step = step
         self.link.state = {"phase": "computing", "step": step}
         if self.core.bsp:
