@@ -43,10 +43,11 @@ share every slow stretch, and the quotas keep each job's workers from taking the
 CPU (only what runs outside them, the schedulers, the servers and the system, is shared).
 Then the dynamic job runs once more, alone, on the same quotas (--no-alone leaves it out):
 its efficiency is what a job on hosts of its own reaches, as the emulated figures were
-measured. Beside the other two jobs, a worker's step now and then takes 2-3x its others for
-a step or two while every other worker of the three jobs runs on time, and the jobs' starts
-slow each other's first steps; alone, in the cases without an event of their own, neither
-happened (benchmarks/results/cgroup-alone-3fb511d.md). The efficiency targets are judged both ways.
+measured. Memory new to the machine costs a worker far more beside the other two jobs than
+alone (the three take several GiB at once): before workers warmed their heap
+(worker/memory.warm_heap), a step in which a worker's heap grew ran 2-5x its others
+(benchmarks/results/cgroup-alone-3fb511d.md), and now each worker's first step at a larger
+batch carries the warming. The efficiency targets are judged both ways.
 Reported per run: wall time, and the dynamic run's time over
 the uniform one's (the target: at most 1.02); efficiency = ideal time / wall time, the
 ideal being each step's global batch at the sum of the workers' own throughputs at the
@@ -177,9 +178,9 @@ def middle_third(c: Case, quotas: list[CpuQuota], run_dir: Path, steps: int, sto
 class Together:
     """What the jobs of a case share: their clusters (for run_case to stop), `failed` (set by a job
     that failed, which stops the clusters put there by then) and `formed`, which every job passes
-    once its scheduler and servers are up, before any starts its workers: the three jobs' starts
-    (torch's import in six processes outside the quotas, the schedulers' warm-ups) slowed the first
-    to start its steps, 3.8-4.7 s of compute for step 0 against 0.82 s alone."""
+    once its scheduler and servers are up, before any starts its workers: the jobs' steps begin
+    together, and no job's first steps meet the others' schedulers and servers importing torch
+    and warming up outside the quotas."""
     clusters: list
     failed: threading.Event
     formed: threading.Barrier
