@@ -1,5 +1,7 @@
 """Dynamic batching end to end: emulated heterogeneous workers on loopback."""
 
+import re
+
 import pytest
 
 from omnips.launch import WorkerSpec
@@ -52,6 +54,13 @@ def test_a_speed_change_mid_run_is_followed(run_job):
     assert after, "no adjustment after the slowdown"
     b0, b1 = run.summary["final_batches"]
     assert abs(b0 - 47) <= 2 and b0 + b1 == 64, (b0, b1)  # 3x slower: (T-2)/2 + (T-6)/6 = 64 -> 47.5 / 16.5
+    # each worker warms its heap for its first batch and again only for a larger one (worker/memory.warm_heap)
+    for rank in (0, 1):
+        batches = [e["batch"] for e in run.events if e["event"] == "step" and e["worker"] == rank]
+        rising = [b for i, b in enumerate(batches) if b > max(batches[:i], default=0)]
+        log = (run.dir / "logs" / f"worker{rank}.log").read_text()
+        assert list(map(int, re.findall(r"heap warmed for batch (\d+)", log))) == rising, rank
+    assert len(rising) == 1  # (worker 1 only ever got smaller batches)
 
 
 def test_without_the_probe_the_first_steps_run_the_split_by_capacity(run_job):

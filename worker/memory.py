@@ -40,8 +40,8 @@ def keep_freed_memory() -> bool:
 
 def warm_heap(step_bytes: int) -> int:
     """Zero-fill WARM_STEPS steps of `step_bytes` on the heap and free them; the bytes warmed.
-    A worker calls it before each step at a batch larger than any before, once
-    keep_freed_memory succeeded.
+    A worker calls it in each step at a batch larger than any before, for the samples added,
+    once keep_freed_memory succeeded.
 
     Kept memory is not enough: the heap still grows now and then, a step's tensors finding no
     freed block large enough among what the others' allocations left in between, and the new

@@ -260,7 +260,10 @@ class _Session:
         step, batch = act.step, act.batch
         began = time.monotonic()
         if self.warm and batch > self.warmed:  # (in the step's time: the first at a batch is not measured)
-            memory.warm_heap(int(BACKWARD_FACTOR * self.sample_bytes * batch))
+            # for the samples added: what the heap holds free already is not written again
+            warmed = memory.warm_heap(int(BACKWARD_FACTOR * self.sample_bytes * (batch - self.warmed)))
+            log.info("worker %d: heap warmed for batch %d (%.1f MiB in %.2f s)", self.rank, batch, warmed / 2**20,
+                     time.monotonic() - began)
             self.warmed = batch
         self.step = step
         self.link.state = {"phase": "computing", "step": step}
