@@ -155,7 +155,8 @@ print(warmed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 @pytest.mark.cluster
 def test_a_warmed_heap_gives_a_later_step_s_new_tensor_pages_the_kernel_need_not_fault_in():
     """A step whose tensors outgrow the heap faults every new page in, in the step (under a CPU
-    quota such steps ran 2-5x); warmed before the first step, the heap's growth is already there."""
+    quota such steps ran 2-5x); warmed beforehand (a worker does it in a step at a larger batch),
+    the heap's growth is already there."""
     def run(mode):
         out = subprocess.run([sys.executable, "-c", WARM, mode], capture_output=True, text=True, timeout=60)
         if out.returncode:
