@@ -138,20 +138,27 @@ def job_args(variant: str, steps: int, seed: int, size: Size) -> list[str]:
             *batching]
 
 
-def steps_done(run_dir: Path) -> int:
-    try:
-        return sum(e["event"] == "step" for e in read_events(run_dir)) // 4
-    except (OSError, ValueError):
-        return 0
+def reached(run_dir: Path, count, n: int, stop: threading.Event, what: str, timeout_s: float | None = None) -> bool:
+    """Wait until `count` of the job's events (its metrics file read whole: none yet, or torn,
+    count 0) reaches `n`: True; False when `stop` was set first. SystemExit past `timeout_s`,
+    naming the run and `what` was counted (None: the job's end sets `stop`)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while not stop.is_set():
+        try:
+            got = count(read_events(run_dir))
+        except (OSError, ValueError):
+            got = 0
+        if got >= n:
+            return True
+        if deadline is not None and time.monotonic() > deadline:
+            raise SystemExit(f"{run_dir.name}: {got} of {n} {what} in {timeout_s:.0f} s")
+        stop.wait(0.2)
+    return False
 
 
 def at_step(run_dir: Path, step: int, stop: threading.Event) -> bool:
     """Wait until the job has run `step` steps (False: it ended first)."""
-    while not stop.is_set():
-        if steps_done(run_dir) >= step:
-            return True
-        stop.wait(0.2)
-    return False
+    return reached(run_dir, lambda events: sum(e["event"] == "step" for e in events) // 4, step, stop, "steps")
 
 
 def middle_third(c: Case, quotas: list[CpuQuota], run_dir: Path, steps: int, stop: threading.Event) -> None:
@@ -190,18 +197,8 @@ def servers_joined(run_dir: Path, servers: int, failed: threading.Event, timeout
     """Wait until the job's scheduler has taken in its `servers` (after its own warm-up: it
     takes them in from its loop), False if a job of the case failed first. SystemExit past
     `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not failed.is_set():
-        try:
-            joined = sum(e["event"] == "membership" and e["role"] == "server" for e in read_events(run_dir))
-        except OSError:  # (no metrics file yet)
-            joined = 0
-        if joined >= servers:
-            return True
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{run_dir.name}: {joined} of {servers} server(s) joined in {timeout_s:.0f} s")
-        failed.wait(0.2)
-    return False
+    return reached(run_dir, lambda events: sum(e["event"] == "membership" and e["role"] == "server" for e in events),
+                   servers, failed, "server(s) joined", timeout_s)
 
 
 def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int, size: Size,
@@ -266,7 +263,6 @@ def run_case(root: Path, c: Case, steps: int, cores: float, seed: int, size: Siz
     (each thread then removes its cgroups)."""
     # (failed is set before the clusters are stopped: a job starting meanwhile sees it)
     together = Together([], threading.Event(), threading.Barrier(len(variants)))
-    clusters = together.clusters
     results, errors = {}, []
 
     def job(variant: str) -> None:
@@ -276,7 +272,7 @@ def run_case(root: Path, c: Case, steps: int, cores: float, seed: int, size: Siz
             errors.append(exc)
             together.failed.set()
             together.formed.abort()
-            for cluster in list(clusters):
+            for cluster in list(together.clusters):
                 cluster.stop(grace_s=0.0)
 
     with contextlib.ExitStack() as stack:
@@ -291,7 +287,7 @@ def run_case(root: Path, c: Case, steps: int, cores: float, seed: int, size: Siz
         finally:  # stopped meanwhile (SIGTERM's SystemExit lands here): end every job first
             together.failed.set()
             together.formed.abort()
-            for cluster in list(clusters):
+            for cluster in list(together.clusters):
                 cluster.stop(grace_s=0.0)
             for t in threads:
                 t.join()

@@ -101,6 +101,15 @@ def test_memory_batch_falls_as_workers_share_a_device():
     assert np.all(np.diff(got) <= 0)
 
 
+def _fresh_process(script: str, mode: str, skip: str) -> list[str]:
+    """What `script` prints, run with `mode` in a process of its own (an allocator is set once,
+    before its first large block); skipped where it fails (not glibc)."""
+    out = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, timeout=60)
+    if out.returncode:
+        pytest.skip(f"{skip}: {out.stderr.strip().splitlines()[-1]}")
+    return out.stdout.split()
+
+
 REUSE = """
 import ctypes, sys
 import numpy as np
@@ -125,10 +134,7 @@ def test_a_step_s_freed_memory_is_kept_for_the_next_instead_of_mapped_again():
     """By default glibc maps a 48 MiB block on its own and unmaps it when freed (the next step's
     pages are zeroed by the kernel again); kept, it comes from the heap and stays there, free."""
     def run(mode):
-        out = subprocess.run([sys.executable, "-c", REUSE, mode], capture_output=True, text=True, timeout=60)
-        if out.returncode:
-            pytest.skip(f"no glibc mallinfo2 here: {out.stderr.strip().splitlines()[-1]}")
-        kept, mapped, free = out.stdout.split()
+        kept, mapped, free = _fresh_process(REUSE, mode, "no glibc mallinfo2 here")
         return kept, int(mapped), int(free)
 
     block = 48 << 20
@@ -158,10 +164,7 @@ def test_a_warmed_heap_gives_a_later_step_s_new_tensor_pages_the_kernel_need_not
     quota such steps ran 2-5x); warmed beforehand (a worker does it in a step at a larger batch),
     the heap's growth is already there."""
     def run(mode):
-        out = subprocess.run([sys.executable, "-c", WARM, mode], capture_output=True, text=True, timeout=60)
-        if out.returncode:
-            pytest.skip(f"not glibc's allocator here: {out.stderr.strip().splitlines()[-1]}")
-        return tuple(map(int, out.stdout.split()))
+        return tuple(map(int, _fresh_process(WARM, mode, "not glibc's allocator here")))
 
     pages = (48 << 20) // 4096
     warmed, faults = run("warm")

@@ -51,10 +51,9 @@ def warm_heap(step_bytes: int) -> int:
     and dynamic batching took it for a change of speed. Freed with the heap's top kept, the
     warmed pages are where the heap grows next. At most a sixteenth of the available RAM (a
     worker shares its host) and half of KEEP_BYTES (a freed top above that would be trimmed)."""
-    size = min(WARM_STEPS * step_bytes, KEEP_BYTES // 2, available_ram() // 16)
-    if size > 0:
-        torch.zeros(size, dtype=torch.uint8)  # (written, so every page is faulted in now; freed at once)
-    return max(size, 0)
+    size = max(0, min(WARM_STEPS * step_bytes, KEEP_BYTES // 2, available_ram() // 16))
+    torch.zeros(size, dtype=torch.uint8)  # (written, so every page is faulted in now; freed at once)
+    return size
 
 
 def free_bytes(device: torch.device) -> int:
