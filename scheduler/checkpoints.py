@@ -60,6 +60,12 @@ class CheckpointBook:
         self.pending.clear()
         self._next_step = self._after(step)
 
+    def abandon(self) -> list[int]:
+        """The steps of the checkpoints in flight, no longer waited for."""
+        steps = sorted(entry.step for entry in self.pending.values())
+        self.pending.clear()
+        return steps
+
     def open(self, step: int, worker_steps: list[int], positions: list[int]) -> int:
         self._next_request += 1
         self.pending[self._next_request] = PendingCheckpoint(step, list(worker_steps), list(positions))

@@ -121,8 +121,8 @@ class SchedulerCore:
         return True
 
     def ended(self, now: float) -> bool:
-        if self.stop is None:
-            return self.progress.all_done and self.evals.final is not None
+        if self.stop is None:  # a checkpoint in flight at the end is waited for: its shards are on disk
+            return self.progress.all_done and self.evals.final is not None and not self.checkpoints.pending
         return (self.evals.final is not None and self.stop.saved) or now > self.stop.deadline
 
     def outcome(self) -> Finish:
@@ -171,11 +171,23 @@ class SchedulerCore:
         if not self.registry.complete:
             self.alive.forming(self.now, self.registry.missing())
         elif self.progress.all_done:
-            self.alive.finishing(self.now)
+            if self.alive.finishing(self.now):
+                self._overdue_at_end()
         elif self.alive.stalled(self.now, self.progress.last_report):
             raise JobFailed(f"no progress reported for {self.opts.stall_timeout_s:g} s" + self.recovery_hint())
         elif not unread:  # judge silences only with nothing unread
             self._silences()
+
+    def _overdue_at_end(self) -> None:
+        """--server-timeout passed since every worker was done: without the final evaluation
+        the job fails; with it (the model is whole) a checkpoint still unanswered is given up."""
+        limit = self.alive.server_timeout_s
+        if self.evals.final is None:
+            raise JobFailed(f"servers did not answer the final evaluation pull within {limit:g} s")
+        for step in self.checkpoints.abandon():
+            why = f"servers did not answer within {limit:g} s of the job's end"
+            log.warning("checkpoint %d is incomplete: %s (the final model is whole)", step, why)
+            self.out.event("checkpoint", step=step, complete=False, error=why)
 
     def _silences(self) -> None:
         """A worker silent for --dead-after leaves the job; a silent server is replaced or fails it."""

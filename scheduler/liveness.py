@@ -1,7 +1,7 @@
 """Who is alive, and whether the job moves: when each registered process was last heard
 from and what its last heartbeat said it was doing, when the scheduler's own heartbeats
 are due, and the job's timeouts (the cluster to form, the steps to be reported, the final
-evaluation to be answered). Pure: the clock is passed in; a timeout raises JobFailed,
+evaluation and the last checkpoints to be answered). Pure: the clock is passed in; a timeout raises JobFailed,
 which the core turns into its Finish."""
 
 import logging
@@ -75,12 +75,12 @@ class Liveness:
             self._waiting_said = waited
             log.info("waiting for %s (%.0f s of --register-timeout %g s)", missing, waited, self.register_timeout_s)
 
-    def finishing(self, now: float) -> None:
-        """Every worker is done: the final evaluation's pulls are answered within --server-timeout."""
+    def finishing(self, now: float) -> bool:
+        """Every worker is done: whether --server-timeout has passed since, for the servers to
+        answer the final evaluation's pulls and the checkpoints in flight."""
         if self._done_at is None:
             self._done_at = now
-        elif now - self._done_at > self.server_timeout_s:
-            raise JobFailed(f"servers did not answer the final evaluation pull within {self.server_timeout_s:g} s")
+        return now - self._done_at > self.server_timeout_s
 
     def stalled(self, now: float, last_report: float | None) -> bool:
         """Whether no step was reported for --stall-timeout."""

@@ -10,7 +10,7 @@ import pytest
 
 from omnips.batching import BatchPlan
 from omnips.job import JobSpec
-from omnips.protocol import Error, Failed, Heartbeat, Params, Plan, Probe, Register, Report, Shutdown, Welcome
+from omnips.protocol import Error, Failed, Heartbeat, Params, Plan, Probe, Register, Report, Saved, Shutdown, Welcome
 from omnips.scheduler.core import SchedulerCore
 from omnips.scheduler.instructions import AskEval, ConnectServers, Evaluate, Finish, Send, WriteEvent
 from omnips.scheduler.options import SchedulerOptions
@@ -21,11 +21,11 @@ TRAIN = 1000
 
 @pytest.fixture
 def make(tmp_path):
-    def core(token="", **job) -> SchedulerCore:
+    def core(token="", checkpoint_every=0, **job) -> SchedulerCore:
         spec = JobSpec(**{"batching": "dynamic", "num_servers": 1, **job})
         spec.check()
-        c = SchedulerCore(spec, SchedulerOptions(run_dir=str(tmp_path / "run"), token=token), PARAMS, PARAMS, TRAIN,
-                          str(tmp_path / "run" / "checkpoints"))
+        opts = SchedulerOptions(run_dir=str(tmp_path / "run"), token=token, checkpoint_every=checkpoint_every)
+        c = SchedulerCore(spec, opts, PARAMS, PARAMS, TRAIN, str(tmp_path / "run" / "checkpoints"))
         register(c, b"S", "server", token=token)
         return c
     return core
@@ -252,6 +252,39 @@ def test_bsp_asks_its_evaluations_in_advance_and_the_job_ends_once_the_final_one
     assert c.ended(3.0) and c.outcome() == Finish("completed")
     out = c.finish("completed", None)
     assert sent(out, b"W0") == [Shutdown(ok=True, reason="completed")] and events(out, "end")
+
+
+@pytest.mark.parametrize("answered", [True, False])
+def test_a_checkpoint_in_flight_at_the_end_is_waited_for_within_the_server_timeout(make, tmp_path, answered):
+    """The servers write a checkpoint's shards on a thread while training goes on, so the final
+    evaluation's pull can be answered before the last checkpoint: the job waits for it (it ended
+    without its manifest once, its shards on disk). A checkpoint unanswered within
+    --server-timeout (120 s) is given up with a warning; the job, its final model whole, completes."""
+    c = make(num_workers=1, global_batch=500, epochs=2, batching="uniform", probe=False, checkpoint_every=2)
+    register(c, b"W0", "worker", 0)
+    [(request, asked)] = c.checkpoints.pending.items()  # asked in advance, once the server joined
+    assert asked.step == 2
+    for step in range(4):
+        c.handle(b"W0", Report(rank=0, step=step, batch=500, compute_s=0.01, network_s=0.0, wait_s=0.0, loss=1.0,
+                               done=step == 3), 1.0)
+    [evaluate] = c.server_reply(0, shard(2, 4), 2.0)  # the final pull, answered first
+    c.evaluated(evaluate.pending, 0.9, 0.3, 2.0, 2.0)
+    assert not c.ended(2.0)
+    if answered:
+        shard_file = tmp_path / "run" / "checkpoints" / "step-2" / "shard-0.ckpt"
+        shard_file.parent.mkdir(parents=True)
+        shard_file.write_bytes(b"x" * 10)
+        out = c.server_reply(0, Saved(request=request, step=2, version=2, size=10, sha256="0" * 64), 3.0)
+        assert events(out, "checkpoint") == [{"step": 2, "complete": True, "error": None}]
+        assert c.ended(3.0) and c.checkpoints.complete == 1
+        return
+    for now in range(2, 122, 10):
+        assert not events(c.tick(float(now)), "checkpoint") and not c.ended(float(now))
+    out = c.tick(123.0)
+    assert events(out, "checkpoint") == [{"step": 2, "complete": False,
+                                          "error": "servers did not answer within 120 s of the job's end"}]
+    assert not [i for i in out if isinstance(i, Finish)]
+    assert c.ended(123.0) and c.outcome() == Finish("completed") and c.checkpoints.complete == 0
 
 
 def test_asp_reads_the_model_for_its_final_evaluation_once_every_worker_is_done(make):
