@@ -172,22 +172,11 @@ class SchedulerCore:
             self.alive.forming(self.now, self.registry.missing())
         elif self.progress.all_done:
             if self.alive.finishing(self.now):
-                self._overdue_at_end()
+                self.reports.end_overdue()
         elif self.alive.stalled(self.now, self.progress.last_report):
             raise JobFailed(f"no progress reported for {self.opts.stall_timeout_s:g} s" + self.recovery_hint())
         elif not unread:  # judge silences only with nothing unread
             self._silences()
-
-    def _overdue_at_end(self) -> None:
-        """--server-timeout passed since every worker was done: without the final evaluation
-        the job fails; with it (the model is whole) a checkpoint still unanswered is given up."""
-        limit = self.alive.server_timeout_s
-        if self.evals.final is None:
-            raise JobFailed(f"servers did not answer the final evaluation pull within {limit:g} s")
-        for step in self.checkpoints.abandon():
-            why = f"servers did not answer within {limit:g} s of the job's end"
-            log.warning("checkpoint %d is incomplete: %s (the final model is whole)", step, why)
-            self.out.event("checkpoint", step=step, complete=False, error=why)
 
     def _silences(self) -> None:
         """A worker silent for --dead-after leaves the job; a silent server is replaced or fails it."""

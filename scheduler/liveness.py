@@ -76,7 +76,7 @@ class Liveness:
             log.info("waiting for %s (%.0f s of --register-timeout %g s)", missing, waited, self.register_timeout_s)
 
     def finishing(self, now: float) -> bool:
-        """Every worker is done: whether --server-timeout has passed since, for the servers to
+        """Every worker is done: whether the servers' timeout (120 s) has passed since, for them to
         answer the final evaluation's pulls and the checkpoints in flight."""
         if self._done_at is None:
             self._done_at = now

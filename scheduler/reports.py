@@ -3,7 +3,8 @@ scheduler's pure core (scheduler/core.py). A report is admitted (a registered wo
 step it is due to report, a batch the job allows) before it counts; then it may ask for an
 evaluation, a checkpoint, a new plan or the end of an ASP job's sample budget. A probe,
 from a worker before its first step, may complete the start plan. BSP checkpoints are
-asked in advance, at exact versions, like its evaluations."""
+asked in advance, at exact versions, like its evaluations; the end of the job waits for
+them within the servers' timeout (120 s)."""
 
 import logging
 
@@ -134,6 +135,18 @@ class Reports:
         if core.job.mode == "bsp":
             self.ask_bsp_checkpoints()
 
+    def end_overdue(self) -> None:
+        """The servers' timeout (120 s) passed since every worker was done: without the final
+        evaluation the job fails; with it (the model is whole) a checkpoint still unanswered is
+        given up."""
+        core = self.core
+        limit = core.alive.server_timeout_s
+        if core.evals.final is None:
+            raise JobFailed(f"servers did not answer the final evaluation pull within {limit:g} s")
+        for step in core.checkpoints.abandon():
+            why = f"servers did not answer within {limit:g} s of the job's end"
+            log.warning("checkpoint %d is incomplete: %s (the final model is whole)", step, why)
+            core.out.event("checkpoint", step=step, complete=False, error=why)
 
     def diverged(self, verdict: Diverged | Recovered | None) -> None:
         if isinstance(verdict, Recovered):

@@ -259,7 +259,7 @@ def test_a_checkpoint_in_flight_at_the_end_is_waited_for_within_the_server_timeo
     """The servers write a checkpoint's shards on a thread while training goes on, so the final
     evaluation's pull can be answered before the last checkpoint: the job waits for it (it ended
     without its manifest once, its shards on disk). A checkpoint unanswered within
-    --server-timeout (120 s) is given up with a warning; the job, its final model whole, completes."""
+    the servers' timeout (120 s) is given up with a warning; the job, its final model whole, completes."""
     c = make(num_workers=1, global_batch=500, epochs=2, batching="uniform", probe=False, checkpoint_every=2)
     register(c, b"W0", "worker", 0)
     [(request, asked)] = c.checkpoints.pending.items()  # asked in advance, once the server joined
@@ -295,7 +295,7 @@ def test_asp_reads_the_model_for_its_final_evaluation_once_every_worker_is_done(
             for r in range(2)]
     assert not [i for i in c.handle(b"W0", done[0], 1.0) if isinstance(i, AskEval)]
     assert [i for i in c.handle(b"W1", done[1], 1.0) if isinstance(i, AskEval)] == [AskEval(1, None)]
-    for now in range(1, 121, 10):  # from the first tick on the servers have --server-timeout (120 s) to answer
+    for now in range(1, 121, 10):  # from the first tick on the servers have their timeout (120 s) to answer
         assert not [i for i in c.tick(float(now)) if isinstance(i, Finish)]
     assert c.tick(1.0 + 121.0)[-1] == Finish("failed: servers did not answer the final evaluation pull within 120 s")
 
