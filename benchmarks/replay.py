@@ -19,7 +19,13 @@ the table gives the replayed job's time over the time the recorded plan took on 
 steps: the mean, the worst and the share of replays above 1.02 (the bound on the dynamic
 job's time over uniform batches'), and how much of the mean lies in the first 20 steps
 (their excess over the recorded plan's, relative to the recorded job's time): the probe's
-plan and the first windows.
+plan and the first windows. Then the ceiling the steps' own noise sets: the replayed job's
+efficiency (compute only: each step's global batch at the sum of the workers' throughputs
+at that step, over the step's replayed time), beside that of the best fixed plan in
+hindsight (the plan, chosen knowing every step, whose steps took the least time in all).
+A step's time is its slowest worker's, and noise moves that from step to step, which no
+plan made before the step can follow: what the controller leaves below that plan is its
+own doing, what that plan leaves below 1 the host's.
 
 What it leaves out: a step's time is taken to be proportional to the batch (under a
 quota it jumps where the quota runs out), and the first step at a new batch size costs
@@ -56,6 +62,8 @@ def record(dirs: list[Path]) -> dict:
     cases: dict[str, dict] = {}
     for run in sorted(d for root in dirs for d in root.iterdir() if (d / "metrics.jsonl").exists()):
         case, arm, _ = run.name.rsplit("-", 2)
+        if arm == "alone":  # (CASE-affine-alone-N: the dynamic job run again by itself)
+            continue
         steps, probes = {}, {}
         for line in (run / "metrics.jsonl").read_text().splitlines():
             e = json.loads(line)
@@ -76,9 +84,45 @@ def record(dirs: list[Path]) -> dict:
     return cases
 
 
-def replay(per_sample: np.ndarray, plan: list[int], probe: list) -> tuple[float, float]:
-    """The replayed job's time over the recorded plan's, and its excess over the recorded plan's in the
-    first EARLY steps, relative to the recorded job's time."""
+def ideal_s(per_sample: np.ndarray, total: int) -> float:
+    """The job's time with every step's `total` samples at the sum of the workers' throughputs then."""
+    return float((total / (1.0 / per_sample).sum(axis=1)).sum())
+
+
+def best_fixed(per_sample: np.ndarray, total: int) -> tuple[tuple[int, ...], float]:
+    """The fixed plan of `total` samples (at least one each) whose steps take the least time in all,
+    and that time: from the equal-time plan on the mean times per sample, a sample at a time moved
+    from one worker to another while that shortens the job (tests/test_replay.py checks it against
+    every plan of small jobs)."""
+    steps, n = per_sample.shape
+    speed = 1.0 / per_sample.mean(axis=0)
+    plan = np.maximum(1, np.floor(total * speed / speed.sum())).astype(np.int64)
+    plan[np.argmax(speed)] += total - plan.sum()
+
+    def took(p) -> float:
+        return float((per_sample * p).max(axis=1).sum())
+
+    best, improved = took(plan), True
+    while improved:
+        improved = False
+        for src in range(n):
+            for dst in range(n):
+                if src == dst or plan[src] <= 1:
+                    continue
+                plan[src] -= 1
+                plan[dst] += 1
+                t = took(plan)
+                if t < best - 1e-12:
+                    best, improved = t, True
+                else:
+                    plan[src] += 1
+                    plan[dst] -= 1
+    return tuple(int(b) for b in plan), best
+
+
+def replay(per_sample: np.ndarray, plan: list[int], probe: list) -> tuple[float, float, float]:
+    """The replayed job's time over the recorded plan's, its excess over the recorded plan's in the
+    first EARLY steps, relative to the recorded job's time, and its efficiency (compute only)."""
     steps, n = per_sample.shape
     total = int(sum(plan))
     job = JobSpec(num_workers=n, global_batch=total, batching="dynamic", adjust_every=10, max_steps=steps)
@@ -98,7 +142,8 @@ def replay(per_sample: np.ndarray, plan: list[int], probe: list) -> tuple[float,
         pending.append(np.asarray(control.plan.batches, dtype=np.float64))
         if len(pending) > 1:  # server 0 hands a plan on at the step after next
             used = pending.pop(0)
-    return took.sum() / recorded.sum(), (took[:EARLY].sum() - recorded[:EARLY].sum()) / recorded.sum()
+    return (took.sum() / recorded.sum(), (took[:EARLY].sum() - recorded[:EARLY].sum()) / recorded.sum(),
+            ideal_s(per_sample, total) / took.sum())
 
 
 def exact_probe(per_sample: np.ndarray) -> list:
@@ -127,21 +172,24 @@ def main(argv=None) -> int:
              + (f" --limit {args.limit}" if args.limit else "") + "`; see its docstring.", "",
              *machine_lines(), "",
              "| case | recorded plan | probe | replays | job time / recorded plan's, mean | worst | share above "
-             f"{OVER} | of the mean, in the first {EARLY} steps |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+             f"{OVER} | of the mean, in the first {EARLY} steps | efficiency, mean | best fixed plan's efficiency |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for case, t in sorted(traces.items()):
         for arm in sorted({run["arm"] for run in t["runs"]}):
             runs = [run for run in t["runs"] if run["arm"] == arm][:args.limit or None]
             for kind in ("recorded", "exact") if t["probes"] else ("exact",):
-                out = []
+                out, ceiling = [], []
                 for run in runs:
                     per_sample = np.asarray(run["ms_per_sample"]) / 1000
+                    total = sum(run["plan"])
+                    ceiling.append(ideal_s(per_sample, total) / best_fixed(per_sample, total)[1])
                     for probe in t["probes"] if kind == "recorded" else [exact_probe(per_sample)]:
                         out.append(replay(per_sample, run["plan"], probe))
                 out = np.array(out)
                 ratios = out[:, 0]
                 lines.append(f"| {case} | {arm} | {kind} | {len(out)} | {ratios.mean():.4f} | {ratios.max():.4f} | "
-                             f"{np.mean(ratios > OVER):.2f} | {out[:, 1].mean():+.4f} |")
+                             f"{np.mean(ratios > OVER):.2f} | {out[:, 1].mean():+.4f} | {out[:, 2].mean():.4f} "
+                             f"| {np.mean(ceiling):.4f} |")
     publish(lines, args.out)
     return 0
 
