@@ -171,10 +171,14 @@ def analyse(events: list[dict], summary: dict, scenario: Scenario) -> dict:
         "assigns": [(e["step"], e["batches"]) for e in assigns],
         "wait_fraction": summary.get("worker_wait_fraction", []),
     }
+    ends = {s: t for s, _, _, t in per_step}
+    # from step 1 on, between the ends of step 0 and of the last: the job's start (the probe, step 0's
+    # first touch of its memory) left out, which a job of a few minutes pays a larger share of
+    span = ends[full[-1]] - ends[full[0]]
+    out["steps_efficiency"] = sum(r[1] for r in per_step[1:]) / span if span > 0 else float("nan")
     if len(scenario.factors) > 1:  # per block of the schedule
         block = summary["steps"] // len(scenario.factors)
         blocks = []
-        ends = {s: t for s, _, _, t in per_step}
         for k in range(len(scenario.factors)):
             lo, hi = max(1, k * block), (k + 1) * block - 1  # block 0 from step 1: step 0 has no start time
             rows = [r for r in per_step if lo <= r[0] <= hi]

@@ -1,6 +1,7 @@
 """The cgroup benchmark's table and verdicts (benchmarks/cgroup.py), on made-up runs: each
 case's repeats averaged, the dynamic job's run alone judged beside the one among the others;
-and its jobs' wait for their servers before the case's workers start."""
+the efficiency from step 1 on beside the whole job's; and its jobs' wait for their servers
+before the case's workers start."""
 
 import json
 import sys
@@ -12,10 +13,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import cgroup  # noqa: E402
+from heterogeneity import Scenario, analyse  # noqa: E402
 
 
 def _run(case: str, variant: str, efficiency: float, wall_s: float) -> dict:
-    return {"case": case, "variant": variant, "wall_s": wall_s, "efficiency": efficiency, "balance": 0.9,
+    return {"case": case, "variant": variant, "wall_s": wall_s, "efficiency": efficiency,
+            "steps_efficiency": efficiency + 0.04, "balance": 0.9,
             "final": [32, 32, 32, 32], "adjustments": 0, "throttled": 7, "overhead_ms": [20.0, 10.0]}
 
 
@@ -42,12 +45,24 @@ def test_the_targets_are_judged_on_each_case_s_mean_beside_the_others_and_alone(
     assert lines[4].endswith("lowest case neighbour 0.855 (target >= 0.85): met (lowest single run 0.850)")
     table = cgroup.table(results, 2)
     assert [row.split(" | ")[10] for row in table[2:4]] == ["0.930", "0.910"]  # the alone column
+    # from step 1 on (the start left out): dynamic, static, dynamic alone
+    assert [row.split(" | ")[11] for row in table[2:4]] == ["0.920, 0.890, 0.970", "0.940, 0.890, 0.950"]
+
+
+def test_the_efficiency_from_step_1_leaves_the_start_out():
+    """Two workers, each step's ideal 1 s (20 samples at 10 + 10 a second), steps ending at 5, 6.5
+    and 8 s of a 10 s job: 3 s of ideal in 10 s, and steps 1-2 took 3 s for 2 s of ideal."""
+    events = [{"event": "step", "step": s, "worker": w, "batch": 10, "compute_s": 1.0, "t": end}
+              for s, end in enumerate([5.0, 6.5, 8.0]) for w in range(2)]
+    a = analyse(events, {"num_workers": 2, "steps": 3, "wall_s": 10.0},
+                Scenario("HL1", ("1",) * 2, (1.0, 1.0), ("--max-steps", "3"), ((1.0, 1.0),)))
+    assert a["efficiency"] == pytest.approx(0.3) and a["steps_efficiency"] == pytest.approx(2 / 3)
 
 
 def test_without_the_alone_runs_their_column_is_empty_and_no_verdict_claims_them():
     results = [*_repeat("HL4", 0.9, None), *_repeat("HL4", 0.92, None)]
     assert not any("alone" in line for line in cgroup.verdicts(results))
-    assert cgroup.table(results, 2)[2].split(" | ")[10] == "-"
+    assert cgroup.table(results, 2)[2].split(" | ")[10:12] == ["-", "0.940, 0.890"]
 
 
 def test_a_job_s_workers_wait_for_its_servers_and_stop_waiting_when_the_case_fails(tmp_path):
