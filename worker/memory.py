@@ -19,7 +19,9 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 KEEP_BYTES = 1 << 30
 # the heap a worker warms for a larger batch, in steps of it (see warm_heap): the step itself takes about
 # one. Four workers without quotas, 100 steps each, grew their heaps mid-step (by 9 MiB) once with two;
-# with four, never in two runs warming whole batches, once in one run warming only the samples added
+# with four, never in two runs warming whole batches, once in one run warming only the samples added.
+# Under CPU quotas beside other jobs, two stalled HL8's workers twice mid-run (3.7x and 7.2x steps) where
+# four did not, for a start 2.5-4 s shorter (benchmarks/results/cgroup-ab-warm-steps.md)
 WARM_STEPS = 4
 
 
