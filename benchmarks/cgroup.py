@@ -248,7 +248,8 @@ def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int, 
                         ((1.0,) * 4,))
     a = analyse(events, summary, scenario)
     return {"case": c.name, "variant": variant, "wall_s": summary["wall_s"], "efficiency": a["efficiency"],
-            "steps_efficiency": a["steps_efficiency"], "balance": a["balance"], "final": summary["final_batches"], "adjustments": summary["adjustments"],
+            "steps_efficiency": a["steps_efficiency"], "balance": a["balance"], "final": summary["final_batches"],
+            "adjustments": summary["adjustments"],
             "throttled": throttled, "accuracy": summary["final_test_accuracy"],
             "overhead_ms": [overhead_ms(events, w) for w in (slowest, fastest)]}
 

@@ -1,8 +1,9 @@
 """Who is alive, and whether the job moves: when each registered process was last heard
 from and what its last heartbeat said it was doing, when the scheduler's own heartbeats
 are due, and the job's timeouts (the cluster to form, the steps to be reported, the final
-evaluation and the last checkpoints to be answered). Pure: the clock is passed in; a timeout raises JobFailed,
-which the core turns into its Finish."""
+evaluation and the last checkpoints to be answered). Pure: the clock is passed in; a timeout
+raises JobFailed, which the core turns into its Finish, but for the end's: finishing says it
+has passed, and the core decides what it costs (scheduler/reports.end_overdue)."""
 
 import logging
 
