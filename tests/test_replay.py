@@ -33,6 +33,14 @@ def test_the_best_fixed_plan_is_the_best_of_all_plans(n, total, steps, seed):
     assert ideal_s(per_sample, total) <= took  # no plan beats each step's own balance
 
 
+def test_where_moving_one_sample_at_a_time_stops_short_the_search_goes_on():
+    """Two steps of four workers: from (3, 6, 1, 2), 21.81 s, no single sample moved shortens the
+    job, yet (4, 4, 1, 3) takes 21.19 s (the best of all plans)."""
+    per_sample = np.array([[3.23, 1.33, 6.44, 4.37], [1.88, 2.02, 5.52, 2.59]])
+    plan, took = best_fixed(per_sample, 12)
+    assert plan == (4, 4, 1, 3) and took == exhaustive(per_sample, 12)
+
+
 def test_steady_speeds_make_the_equal_time_plan_and_reach_the_ideal():
     per_sample = np.tile([0.01, 0.02, 0.04], (5, 1))  # 4:2:1, 70 samples: 40/20/10 take 0.4 s each
     plan, took = best_fixed(per_sample, 70)
