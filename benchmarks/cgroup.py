@@ -63,7 +63,10 @@ on (ideal over the time from step 0's end to the last step's: the start left out
 and the first touch of each worker's memory, which a job of 100 steps pays a larger share of
 than a long one; the verdicts judge the whole job). The efficiency verdicts take
 each case's mean over its repeats (one run of a case moves by 2-4 points from the next), the
-lowest single run beside it; dynamic / uniform is judged on the worst run.
+lowest single run beside it; dynamic / uniform is judged on the worst run, and so is the
+longest run of windows in which the dynamic job held a plan other than the uniform split
+more than 2 % slower than the uniform job at the same moment (benchmarks/worse_windows.py;
+the target: at most two).
 
     python benchmarks/cgroup.py [--quick] [--cases HL2,HL8,neighbour] [--steps 100] [--repeats 2]
         [--cores 1.5] [--channels 64,128] [--global-batch 128] [--keep-runs] [--out FILE]
@@ -81,29 +84,26 @@ import subprocess
 import sys
 import threading
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import mean, median
+from statistics import median
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+from cgroup_report import VARIANTS, table, verdicts  # noqa: E402
 from heterogeneity import LEVELS, Scenario, analyse  # noqa: E402
 from quota import CpuQuota, available  # noqa: E402
 from report import machine_lines, publish, runs_dir  # noqa: E402
 from upscaled import importable  # noqa: E402
+from worse_windows import timeline  # noqa: E402
 
 from omnips.launch import LaunchError, LocalCluster, WorkerSpec  # noqa: E402
 from omnips.metrics import read_events  # noqa: E402
 
 CASES = ("HL1", "HL2", "HL4", "HL8", "neighbour", "one-sided", "loaded")
-VARIANTS = ("uniform", "affine", "static")
-TARGET_RATIO = 1.02  # dynamic time over uniform time, at most
 HEADROOM = 0.8  # cores left outside the quotas: see the docstring
-TARGET_EFF = 0.90  # the controller's efficiency at HL2-HL8
-TARGET_NEIGHBOUR_EFF = 0.85
 JOB_TIMEOUT_S = 1800
 HOG = [sys.executable, "-c", "while True: pass"]
 
@@ -251,7 +251,7 @@ def run(root: Path, c: Case, variant: str, steps: int, cores: float, seed: int, 
             "steps_efficiency": a["steps_efficiency"], "balance": a["balance"], "final": summary["final_batches"],
             "adjustments": summary["adjustments"],
             "throttled": throttled, "accuracy": summary["final_test_accuracy"],
-            "overhead_ms": [overhead_ms(events, w) for w in (slowest, fastest)]}
+            "overhead_ms": [overhead_ms(events, w) for w in (slowest, fastest)], "timeline": timeline(events, 4)}
 
 
 def overhead_ms(events: list[dict], worker: int) -> float:
@@ -298,79 +298,6 @@ def run_case(root: Path, c: Case, steps: int, cores: float, seed: int, size: Siz
     if errors:
         raise errors[0]
     return [results[variant] for variant in variants]
-
-
-def groups(results: list[dict]) -> list[dict]:
-    """Each case's runs of one repeat, by variant."""
-    k = len(VARIANTS)
-    return [{r["variant"]: r for r in results[g:g + k]} for g in range(0, len(results), k)]
-
-
-def table(results: list[dict], repeats: int) -> list[str]:
-    lines = ["| case | repeat | uniform s | dynamic s | static s | dynamic / uniform | efficiency uniform "
-             "| efficiency dynamic | efficiency static | dynamic / static efficiency | efficiency dynamic alone "
-             "| from step 1: dynamic, static, dynamic alone "
-             "| balance dynamic | final plan | adjustments | slowest throttled (periods) "
-             "| overhead ms, slowest / fastest |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
-    for g, runs in enumerate(groups(results)):
-        u, d, st = runs["uniform"], runs["affine"], runs["static"]
-        alone = f"{d['alone']['efficiency']:.3f}" if "alone" in d else "-"
-        later = ", ".join(f"{r['steps_efficiency']:.3f}" for r in (d, st, d.get("alone")) if r is not None)
-        lines.append(f"| {u['case']} | {g % repeats + 1} | {u['wall_s']:.2f} | {d['wall_s']:.2f} | {st['wall_s']:.2f} "
-                     f"| {d['wall_s'] / u['wall_s']:.3f} | {u['efficiency']:.3f} | {d['efficiency']:.3f} "
-                     f"| {st['efficiency']:.3f} | {d['efficiency'] / st['efficiency']:.3f} | {alone} | {later} "
-                     f"| {d['balance']:.3f} "
-                     f"| {d['final']} | {d['adjustments']} | {d['throttled']} "
-                     f"| {d['overhead_ms'][0]:.0f} / {d['overhead_ms'][1]:.0f} |")
-    return lines
-
-
-def by_case(chosen: list[dict]) -> dict[str, list[dict]]:
-    cases = defaultdict(list)
-    for g in chosen:
-        cases[g["affine"]["case"]].append(g)
-    return cases
-
-
-def judged(chosen: list[dict], run_of, target: float) -> str:
-    """The efficiency of `run_of` each repeat against `target`: each case's mean over its repeats
-    (see the docstring), the lowest case's, and the lowest single run beside it."""
-    means = {c: mean(run_of(g)["efficiency"] for g in gs) for c, gs in by_case(chosen).items()}
-    worst = min(means, key=means.get)
-    single = min(run_of(g)["efficiency"] for g in chosen)
-    return (f"mean over repeats, lowest case {worst} {means[worst]:.3f} (target >= {target}): "
-            f"{'met' if means[worst] >= target else 'missed'} (lowest single run {single:.3f})")
-
-
-def verdicts(results: list[dict]) -> list[str]:
-    runs = groups(results)
-    worst = max(g["affine"]["wall_s"] / g["uniform"]["wall_s"] for g in runs)
-    levels = [g for g in runs if g["affine"]["case"] in ("HL2", "HL4", "HL8")]
-    neighbour = [g for g in runs if g["affine"]["case"] == "neighbour"]
-    out = [f"- dynamic / uniform, worst run: {worst:.3f} (target <= {TARGET_RATIO}): "
-           f"{'met' if worst <= TARGET_RATIO else 'missed'}"]
-    for name, chosen, target in (("the controller's efficiency at HL2-HL8", levels, TARGET_EFF),
-                                 ("with a noisy neighbour", neighbour, TARGET_NEIGHBOUR_EFF)):
-        if chosen:
-            share = min(mean(g["affine"]["efficiency"] / g["static"]["efficiency"] for g in gs)
-                        for gs in by_case(chosen).values())
-            out.append(f"- {name}: {judged(chosen, lambda g: g['affine'], target)}; of the static plan's on the "
-                       f"same host, min {share:.3f}")
-            if all("alone" in g["affine"] for g in chosen):
-                out.append(f"- {name}, its job alone on the host: "
-                           f"{judged(chosen, lambda g: g['affine']['alone'], target)}")
-    # at HL1 the uniform and the static run have one plan, the ideal one: how far two runs of
-    # the same plan differ here, and what efficiency this host allows any plan
-    same = [g for g in runs if g["affine"]["case"] == "HL1"]
-    if same:
-        walls = [(g["static"]["wall_s"], g["uniform"]["wall_s"]) for g in same]
-        noise = max(max(w) / min(w) for w in walls)
-        ceiling = max(max(g["static"]["efficiency"], g["uniform"]["efficiency"]) for g in same)
-        out.append(f"- at HL1 the uniform and the static runs have the same plan, the ideal one: their times differ "
-                   f"by up to {noise:.3f}x (run-to-run noise), and their efficiency, what this host allows any "
-                   f"plan, is at most {ceiling:.3f}")
-    return out
 
 
 def main(argv=None) -> int:

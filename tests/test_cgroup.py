@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import quota  # noqa: E402
 from cgroup import Size, job_args  # noqa: E402
 from upscaled import importable  # noqa: E402
+from worse_windows import timeline  # noqa: E402
 
 pytestmark = pytest.mark.cluster  # every test here starts processes
 
@@ -54,6 +55,10 @@ def test_a_worker_with_a_quarter_of_the_cpu_gets_the_smaller_batch(tmp_path):
     steps = [k for k in range(40) if (k, 0) in batches and (k, 1) in batches]
     smaller = [k for k in steps if batches[k, 1] < batches[k, 0]]
     assert len(steps) == 40 and len(smaller) >= 0.75 * len(steps), sorted(batches.items())
+    # what the benchmark compares with the uniform job's steps: each step, in order, on the host's clock
+    ends = timeline(run.events, 2)
+    assert [s for s, _, _ in ends] == steps and all(a[1] < b[1] for a, b in zip(ends, ends[1:]))
+    assert [b for _, _, b in ends] == [(batches[k, 0], batches[k, 1]) for k in steps]
 
 
 @pytest.mark.skipif(WHY is not None, reason=f"CPU quotas cannot be set here: {WHY}")
