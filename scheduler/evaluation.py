@@ -5,7 +5,11 @@ WriteEvent); the driver pulls, evaluates and writes the file.
 
 BSP reads exact versions known in advance (EVALS_AHEAD pulls kept waiting at the
 servers, the last step's final); ASP/SSP read the model as the servers hold it when the
-samples cross an epoch, and for the final one once every worker present has stopped."""
+samples cross an epoch, and for the final one once every worker present has stopped.
+The final version reaches the scheduler as the workers' last reports do, or before them: it
+is evaluated once every worker present has stopped, so that the job's time ends with its
+last step and not behind an evaluation that kept the reports waiting (on loaded hosts
+1-2 s, 2 % of a job of 100 steps)."""
 
 import logging
 from dataclasses import dataclass, field
@@ -58,11 +62,13 @@ class Evaluations:
         self.book = EvalBook(job.num_servers)
         self.final: tuple[float, float] | None = None  # the final evaluation's (accuracy, loss)
         self._bsp_points: list[EvalPoint] = []
+        self._held: PendingEval | None = None  # BSP's final version, in before the workers stopped
 
     def connected(self) -> None:
         """The servers' sockets are (re)opened: what was asked on the old ones will not come;
         BSP asks its evaluations in advance."""
         self.book = EvalBook(self.job.num_servers)
+        self._held = None
         if self.job.mode == "bsp":
             self._bsp_points = list(self.progress.bsp_eval_points())
             self._ask_ahead()
@@ -77,10 +83,15 @@ class Evaluations:
         self.out.append(AskEval(self.book.open(point, final), point.at))
 
     def final_if_done(self) -> None:
-        """ASP/SSP: once every worker present has stopped, by its last report or by leaving the
-        job (found silent after the others had finished), the model is read as the servers hold
-        it. (BSP asks for its final version in advance.)"""
-        if self.job.mode != "bsp" and self.progress.all_done and not self.book.final_asked:
+        """Once every worker present has stopped, by its last report or by leaving the job (found
+        silent after the others had finished): ASP/SSP read the model as the servers hold it; BSP,
+        which asked for its final version in advance, evaluates it if it is in."""
+        if not self.progress.all_done:
+            return
+        if self._held is not None:
+            self.out.append(Evaluate(self._held))
+            self._held = None
+        elif self.job.mode != "bsp" and not self.book.final_asked:
             self.ask(EvalPoint(self.progress.samples / self.progress.train_size, None), final=True)
 
     def final_now(self) -> None:
@@ -91,7 +102,11 @@ class Evaluations:
 
     def on_params(self, server: int, msg: Params) -> None:
         done = self.book.add(server, msg)
-        if done is not None:
+        if done is None:
+            return
+        if done.final and done.point.at is not None and not self.progress.all_done:
+            self._held = done  # BSP's last step: see final_if_done (a stop's final reads the model now)
+        else:
             self.out.append(Evaluate(done))
 
     def evaluated(self, e: PendingEval, acc: float, loss: float) -> None:

@@ -240,16 +240,20 @@ def test_bsp_asks_its_evaluations_in_advance_and_the_job_ends_once_the_final_one
     assert [i for i in out if isinstance(i, AskEval)] == [AskEval(1, 2), AskEval(2, 4)]  # an epoch is 2 steps
     register(c, b"W0", "worker", 0)
     assert c.server_reply(0, shard(2, 4), 1.0) == []  # one shard of two
-    [evaluate] = c.server_reply(1, shard(2, 4), 1.0)
-    assert isinstance(evaluate, Evaluate) and evaluate.pending.final
-    assert not c.ended(2.0)  # the workers have not finished
-    [written] = c.evaluated(evaluate.pending, 0.9, 0.3, 1.0, 2.0)
+    # the final version, in before the worker's last reports, is evaluated once the worker stopped:
+    # the driver evaluates in its loop, and reports read after an evaluation of 1-2 s ended the job's
+    # time that much later than its last step
+    assert c.server_reply(1, shard(2, 4), 1.0) == []
+    outs = [c.handle(b"W0", Report(rank=0, step=step, batch=500, compute_s=0.01, network_s=0.0, wait_s=0.0,
+                                   loss=1.0, done=step == 3), 2.0 + step) for step in range(4)]
+    assert not [i for out in outs[:3] for i in out if isinstance(i, Evaluate)]
+    [evaluate] = [i for i in outs[3] if isinstance(i, Evaluate)]
+    assert evaluate.pending.final and not c.ended(5.0)
+    [written] = c.evaluated(evaluate.pending, 0.9, 0.3, 5.0, 7.0)
     assert written == WriteEvent("eval", {"epoch": 2.0, "versions": [4, 4], "test_accuracy": 0.9, "test_loss": 0.3,
                                           "final": True})
-    for step in range(4):
-        c.handle(b"W0", Report(rank=0, step=step, batch=500, compute_s=0.01, network_s=0.0, wait_s=0.0, loss=1.0,
-                               done=step == 3), 3.0)
-    assert c.ended(3.0) and c.outcome() == Finish("completed")
+    assert c.ended(7.0) and c.outcome() == Finish("completed")
+    assert c.progress.last_end == 4.0  # the last step's report, not the evaluation's end
     out = c.finish("completed", None)
     assert sent(out, b"W0") == [Shutdown(ok=True, reason="completed")] and events(out, "end")
 
@@ -267,7 +271,7 @@ def test_a_checkpoint_in_flight_at_the_end_is_waited_for_within_the_server_timeo
     for step in range(4):
         c.handle(b"W0", Report(rank=0, step=step, batch=500, compute_s=0.01, network_s=0.0, wait_s=0.0, loss=1.0,
                                done=step == 3), 1.0)
-    [evaluate] = c.server_reply(0, shard(2, 4), 2.0)  # the final pull, answered first
+    [evaluate] = c.server_reply(0, shard(2, 4), 2.0)  # the final pull, answered after the worker stopped
     c.evaluated(evaluate.pending, 0.9, 0.3, 2.0, 2.0)
     assert not c.ended(2.0)
     if answered:
