@@ -136,14 +136,20 @@ def run_one(root: Path, scenario: Scenario, variant: str, args) -> dict:
             "elapsed_s": time.monotonic() - t0, **analyse(events, summary, scenario)}
 
 
-def analyse(events: list[dict], summary: dict, scenario: Scenario) -> dict:
-    """Efficiency and diagnostics from the step and assign events."""
-    steps = defaultdict(dict)  # step -> worker -> event
+def complete_steps(events: list[dict], workers: int) -> dict[int, dict[int, dict]]:
+    """The `step` events of each step every one of `workers` reported, by step (in order), then worker."""
+    steps = defaultdict(dict)
     for e in events:
         if e["event"] == "step":
             steps[e["step"]][e["worker"]] = e
+    return {s: steps[s] for s in sorted(steps) if len(steps[s]) == workers}
+
+
+def analyse(events: list[dict], summary: dict, scenario: Scenario) -> dict:
+    """Efficiency and diagnostics from the step and assign events."""
     n = summary["num_workers"]
-    full = sorted(s for s, ws in steps.items() if len(ws) == n)
+    steps = complete_steps(events, n)  # step -> worker -> event
+    full = list(steps)
     if len(full) != summary["steps"]:
         raise SystemExit(f"{scenario.name}: {len(full)} complete steps in metrics.jsonl, "
                          f"summary says {summary['steps']}")

@@ -10,20 +10,17 @@ overlap the span, on the host's monotonic clock (the `start` event's clock_t0). 
 uniform job ran no step across (it had ended) is not compared, and ends a run.
 """
 
-from collections import defaultdict
 from statistics import median
+
+from heterogeneity import complete_steps
 
 
 def timeline(events: list[dict], workers: int) -> list[tuple[int, float, tuple[int, ...]]]:
     """Each step every one of the job's `workers` reported: (step, its end on the host's
     monotonic clock, the workers' batches)."""
     t0 = next(e["clock_t0"] for e in events if e["event"] == "start")
-    steps = defaultdict(dict)
-    for e in events:
-        if e["event"] == "step":
-            steps[e["step"]][e["worker"]] = e
     return [(s, t0 + max(e["t"] for e in ws.values()), tuple(ws[w]["batch"] for w in range(workers)))
-            for s, ws in sorted(steps.items()) if len(ws) == workers]
+            for s, ws in complete_steps(events, workers).items()]
 
 
 def longest_worse(dynamic: list, uniform: list, window: int, margin: float) -> tuple[int, int]:
