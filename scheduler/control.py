@@ -6,13 +6,13 @@ batch, `replan` fits the time models and asks the controller (omnips/batching.py
 A worker's first step at a new batch size is not measured (it pays for warming up), nor
 reports still at an older batch (ASP workers switch at their next reply).
 
-On real, noisy machines four rules keep noise from locking a bad plan in: a step far off the
-worker's window (how far: its own noise, scheduler/windows.py) is an outlier until CHANGE_STEPS
-in a row say its speed changed (and then the others' latest steps count with it: a slowdown of
-the whole host shows on some workers a step before others); a worker goes to the minimum batch
-(measured at nothing larger again) only where its last window agreed with its model, else to
-half its batch; workers the models cannot tell apart get the uniform split; and measured step
-times outrank the models (scheduler/regret.py): the plan goes back to a plan measured faster.
+On real, noisy machines four rules keep noise from locking a bad plan in: a step far off the worker's
+window (how far: its own noise, scheduler/windows.py) is an outlier until CHANGE_STEPS in a row (one
+past 2x) say its speed changed (then the others' latest steps count with it: a slowdown of the whole
+host shows on some workers a step before others); a worker goes to the minimum batch (measured at
+nothing larger again) only where its last window agreed with its model, else to half its batch;
+workers the models cannot tell apart get the uniform split; and measured step times outrank the
+models (scheduler/regret.py): the plan goes back to a plan measured faster.
 
 A report costs O(1) (the scheduler asks `ready` after each), a decision a few numpy operations
 over all workers: the models' predictions at the plan's batches are kept for the change check.

@@ -1,6 +1,6 @@
 """Each worker's window of measured step times at its batch in the plan, and what counts as
-far off it: an outlier, unless CHANGE_STEPS in a row to one side (one more below SMALL_CHANGE)
-say its speed changed (then the window restarts from them: a median across a change would be
+far off it: an outlier, unless CHANGE_STEPS in a row to one side (one more below SMALL_CHANGE,
+one alone past a factor FAR) say its speed changed (then the window restarts from them: a median across a change would be
 a time it never had, and a fit through it a wrong slope). A worker's first step at a new batch
 size is not measured (it pays for warming up).
 
@@ -35,6 +35,12 @@ from .disturbance import Effect
 # off is beyond the worker's own noise, so two in a row by chance are rare, and each step waited
 # for is one more on the old plan (a neighbour's CPU hog made a worker's steps 2.5x slower)
 CHANGE_STEPS = 2
+# a far-off step off by a factor FAR (omnips/timemodel.py: no line's error) is a change at once: each step
+# waited for holds the whole job 2x or more (a neighbour's CPU hog: steps of 2.0, 1.6 and 2.0 s where the
+# others took 0.7 while two steps confirmed the change and the plan reached the workers, at 0.34-0.50 of
+# the ideal). One-off steps that far are rare: 4 of 22,293 measured steps of the cgroup runs ran 2x their
+# last ones but for a change of speed, all beside other jobs
+FAR_STEPS = 1
 # far-off steps nearer their window than this factor are a change one step later: under CPU quotas beside
 # other jobs a worker's steps ran 1.3-1.45x its window two steps running and then as before (in 4 of 8
 # runs, each time re-planning samples off it for a window), while a neighbour's hog or a quota halved made
@@ -208,8 +214,8 @@ class Windows:
                 times[rank] = statistics.median(pending)
 
     def changed(self, rank: int, predicted: np.ndarray, guess: float = math.nan) -> bool:
-        """Whether the worker's last CHANGE_STEPS steps (one more below SMALL_CHANGE) are all far
-        off its model's time at its batch (`predicted`: every worker's, nan where untrusted), none
+        """Whether the worker's last CHANGE_STEPS steps (one more below SMALL_CHANGE, its last alone
+        past FAR: FAR_STEPS) are all far off its model's time at its batch (`predicted`: every worker's, nan where untrusted), none
         of them among its first SETTLE there, as measured and at the host's pace over every worker's
         latest step: a change of its speed, not of the host's (under CPU quotas, beside other jobs,
         a worker's two steps 1.3x its model's while the others' ran 1.2x re-planned on partial
@@ -218,8 +224,10 @@ class Windows:
         with no host's pace to judge by (a neighbour's CPU hog gone, a worker's steps ran 0.45x its guess between
         two sizes measured under the hog, and waited a full window)."""
         steps, need, expected = self._steps[rank], CHANGE_STEPS, predicted[rank]
-        if len(steps) >= need and np.isfinite(expected) and not off_by(statistics.median(steps[-need:]), expected,
-                                                                       SMALL_CHANGE):
+        if steps and np.isfinite(expected) and off_by_far(steps[-1], expected):
+            need = FAR_STEPS
+        elif len(steps) >= need and np.isfinite(expected) and not off_by(statistics.median(steps[-need:]), expected,
+                                                                         SMALL_CHANGE):
             need += 1  # a small change: one step more
         last = steps[-need:]
         if not (len(last) == need and self._at_batch[rank] >= SETTLE + need):
@@ -300,7 +308,7 @@ class Windows:
                 suspects.clear()
             suspects.append(seconds)
             small = not off_by(statistics.median(suspects), typical, SMALL_CHANGE)
-            if len(suspects) < CHANGE_STEPS + small:
+            if len(suspects) < (FAR_STEPS if off_by_far(seconds, typical) else CHANGE_STEPS + small):
                 return False  # an outlier, unless the next steps say the same
             steps[:] = _since_change(suspects, typical)
             self.noise.restart(rank, steps)

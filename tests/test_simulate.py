@@ -24,9 +24,9 @@ def test_without_noise_the_plan_settles_on_the_oracles_and_follows_a_change_at_o
     assert abs(s["settled"] - 1.0) < 0.002  # exact times: the oracle's plan, up to whole samples
     assert abs(s["calm_vs_oracle"] - 1.0) < 0.002  # and, before the change, its step times
     assert s["after_change"] == 1
-    # the change is seen on CHANGE_STEPS far-off steps, the first of them the step it began; the
-    # new plan runs 2 steps after the last (BSP: the workers are a step ahead of the reports)
-    assert s["old_plan_steps"] == windows.CHANGE_STEPS + 1
+    # the change (3x: past FAR) is seen on FAR_STEPS far-off steps, the first of them the step it began;
+    # the new plan runs 2 steps after the last (BSP: the workers are a step ahead of the reports)
+    assert s["old_plan_steps"] == windows.FAR_STEPS + 1
 
 
 def test_a_warm_up_is_charged_on_the_first_step_at_a_new_size_and_decides_nothing():
