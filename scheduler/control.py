@@ -12,10 +12,11 @@ past 2x) say its speed changed (then the others' latest steps count with it: a s
 host shows on some workers a step before others); a worker goes to the minimum batch (measured at
 nothing larger again) only where its last window agreed with its model, else to half its batch;
 workers the models cannot tell apart get the uniform split; and measured step times outrank the
-models (scheduler/regret.py): the plan goes back to a plan measured faster.
+models (scheduler/regret.py): the plan goes back to a plan measured faster. A worker whose steps
+vary far more than the others' is planned short of its mean (scheduler/margins.py).
 
-A report costs O(1) (the scheduler asks `ready` after each), a decision a few numpy operations
-over all workers: the models' predictions at the plan's batches are kept for the change check.
+A report costs O(1) (the scheduler asks `ready` after each), a decision a few numpy operations over
+all workers: the models' predictions at the plan's batches are kept for the change check.
 """
 
 from dataclasses import dataclass, replace
@@ -27,6 +28,7 @@ from omnips.job import JobSpec
 from omnips.timemodel import CHANGE, TimeModels
 
 from .bounds import BatchBounds
+from .margins import described, noise_margins
 from .regret import BACK_WINDOWS, REGRET, PlanMemory, Seen
 from .windows import Windows, first_miss, host_pace
 
@@ -40,13 +42,13 @@ from .windows import Windows, first_miss, host_pace
 # all slower by windows.FIRST_DRIFT
 FIRST_WINDOW = 3
 SHRINK = 0.5  # a worker goes to the minimum batch on one window's word only from below 1 / SHRINK times it
-# a plan the deadband holds back, proposed by this many decisions running and predicted this
-# much faster, is taken: the deadband stops noise from churning the plan, not a lasting gain
+# a plan the deadband holds back, proposed by this many decisions running and predicted this much
+# faster, is taken: the deadband stops noise from churning the plan, not a lasting gain
 PERSIST = 3
 MIN_GAIN = 0.01
-# as are held-back plans predicted this much faster that many decisions running, whichever they are:
-# from tens of workers on, the worst of many models' errors moves a sample or two from one decision
-# to the next, and the same plan rarely comes up twice (at 64 workers it stayed 2 % off for good)
+# as are held-back plans predicted this much faster that many decisions running, whichever they are: from
+# tens of workers on, the worst of many models' errors moves a sample or two from one decision to the
+# next, and the same plan rarely comes up twice (at 64 workers it stayed 2 % off for good)
 WIDE_GAIN = 0.02
 
 
@@ -204,11 +206,12 @@ class BatchControl:
         free = over or reason in ("memory", "membership")
         band = 0.0 if free or rough else self.job.deadband
         lines = self.models.planning_lines(ranks, self._batches[ranks], self.job.global_batch)
+        margin = noise_margins(self._windows.noise, ranks, lines[:, 1], changing)  # a noisy worker's, on its times
+        lines = lines * margin[:, None]
         # a plan measured balanced over a whole window stays, whatever the lines say (they churned it at HL1)
-        window_s = norm[ranks] if step_s is not None and not changing else None
-        sub = decide(self._batches[ranks], lines, self.job.global_batch, self.min_batch, self._bounds[ranks], band,
-                     window_s)
-        rule = sub.rule
+        window_s = norm[ranks] * margin if step_s is not None and not changing else None
+        sub = decide(self._batches[ranks], lines, self.job.global_batch, self.min_batch, self._bounds[ranks], band, window_s)
+        rule = sub.rule or ("" if sub.batches is None else described(ranks, margin))
         pinned = self._unfounded_pins(ranks, sub, reason)
         if pinned.any():  # decided again, those workers at half their batch at least
             lo = np.full(len(ranks), self.min_batch, dtype=np.int64)

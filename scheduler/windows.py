@@ -169,6 +169,13 @@ class StepNoise:
         """The last spread estimated of each of `ranks` (0: none yet), without estimating anew."""
         return np.asarray(self._spread)[ranks]
 
+    def current(self, rank: int) -> float:
+        """The worker's spread over its reports since its last move or change of speed alone (0:
+        fewer than MIN_REPORTS), which the margin of a noisy worker takes (scheduler/margins.py):
+        unlike `spreads`, no estimate from before them (a neighbour's hog gone, its spread stayed)."""
+        reports = self._recent[rank]
+        return log_spread(reports) if len(reports) >= MIN_REPORTS else 0.0
+
     def tolerance(self, rank: int, also=()) -> float:
         """How far, relative, a step may be off the worker's window (either way, as a factor:
         1 + tolerance) and still belong to it; `also`: reports counted as if kept."""
