@@ -26,11 +26,14 @@ half MIN_SPREAD of a point is that point measured again, moved along the line: a
 that moves by a few samples each window (thousands of workers' noise moves some every
 time) averages as well as one that holds still.
 
-A measurement far from a trustworthy prediction means the worker's speed changed
-(throttling, another job on the machine, an emulated slowdown). Such changes
-scale compute time as a whole, so the older points are rescaled by the same
-ratio rather than thrown away: the fit stays usable at once, and the next
-adjustment lands on the new equal-time plan. A fitted line missed by a factor FAR at
+A measurement far from a trustworthy prediction (near a point measured at the
+speed now) means the worker's speed changed (throttling, another job on the
+machine, an emulated slowdown). Such changes scale compute time as a whole, so
+the older points are rescaled by the same ratio rather than thrown away: the fit
+stays usable at once, and the next adjustment lands on the new equal-time plan.
+A rescaled point is a guess, though (a neighbour's hog did not scale a worker's
+time alike at every batch): a step near it joins the fit, as one far from every
+point does. A fitted line missed by a factor FAR at
 a size far from its points is wrong itself (its points were measured in a noise that
 has passed): the points are dropped, and the new one starts the model again.
 
@@ -81,6 +84,9 @@ class TimeModels:
         self.steady = np.zeros((SLOTS, n), dtype=np.float64)
         self.count = np.zeros((SLOTS, n), dtype=np.float64)
         self.parted = np.zeros((SLOTS, n), dtype=np.float64)
+        # 1 where the point was measured at the worker's speed now; 0 once a change rescaled it: a rescaled
+        # point is the model's guess, which a step near it may miss with no change of speed (see observe)
+        self.fresh = np.zeros((SLOTS, n), dtype=np.float64)
         self._lines = np.zeros((n, 2), dtype=np.float64)  # each row's (a, c), fitted when it changes
         # whether each worker holds a point (kept apart from `weight`: a decision asks it of
         # every worker several times)
@@ -114,15 +120,18 @@ class TimeModels:
         span = self._span[ranks]  # the span the line in use was fitted under (a copy)
         if noise is not None:
             self._span[ranks] = np.maximum(MIN_SPREAD, SLOPE_K * np.nan_to_num(np.asarray(noise, dtype=np.float64)))
-        points = (self.weight, self.batch, self.time, self.steady, self.count, self.parted)
+        points = (self.weight, self.batch, self.time, self.steady, self.count, self.parted, self.fresh)
         # every worker, in order (a decision's usual call): worked on in place; else their columns
         # (take, not [:, ranks]: that returns the columns in the other memory order, slow to reduce)
         whole = len(ranks) == self.batch.shape[1] and bool(np.all(ranks == np.arange(len(ranks))))
-        w, bs, ts, ss, ns, gap = points if whole else (np.take(x, ranks, axis=1) for x in points)
+        w, bs, ts, ss, ns, gap, fr = points if whole else (np.take(x, ranks, axis=1) for x in points)
         held = w > 0
         line = self._lines[ranks]
         predicted = line[:, 0] + line[:, 1] * b
-        change = _near(b, bs, held) & (np.abs(t - predicted) > CHANGE * predicted)
+        # near a point measured at the speed now only: under a neighbour's CPU hog, a worker's probe point at 4
+        # samples, twice rescaled, predicted 0.99 s there; its steps ran 0.62, read as a change the whole
+        # history was rescaled by 0.63, and the plan gave it 17 samples, then 29 (1.5 and 2.7 s a step)
+        change = _near(b, bs, held & (fr > 0)) & (np.abs(t - predicted) > CHANGE * predicted)
         # far from every point a miss is the fit's error, and the point joins it; but a miss by a
         # factor FAR is no fit's error where the line is fitted, nor where a line through the
         # origin from one size (a fixed cost bends it: it under-predicts below that size and
@@ -138,7 +147,7 @@ class TimeModels:
         ts *= scale
         # the rescaled history rests on one window's ratio: the long average restarts from the
         # short one (its weight too), which that window's noise leaves sooner
-        ss[:, change], ns[:, change], gap[:, change] = ts[:, change], w[:, change], 0.0
+        ss[:, change], ns[:, change], gap[:, change], fr[:, change] = ts[:, change], w[:, change], 0.0, 0.0
         w[:, far], ns[:, far] = 0.0, 0.0
         held = w > 0
         cols = np.arange(len(ranks))
@@ -173,10 +182,10 @@ class TimeModels:
         drifted = (side != 0) & (np.where(again, gap[slot, cols], 0.0) == side)
         steady = np.where(drifted, merged, steady)
         held_n = np.where(drifted, kept, held_n)
-        w[slot, cols], bs[slot, cols], ts[slot, cols] = kept + 1.0, b, merged
+        w[slot, cols], bs[slot, cols], ts[slot, cols], fr[slot, cols] = kept + 1.0, b, merged, 1.0
         ss[slot, cols], ns[slot, cols], gap[slot, cols] = steady, held_n + 1.0, np.where(drifted, 0.0, side)
         if not whole:
-            for stored, worked in zip(points, (w, bs, ts, ss, ns, gap)):
+            for stored, worked in zip(points, (w, bs, ts, ss, ns, gap, fr)):
                 stored[:, ranks] = worked
         self._measured[ranks] = True
         self._lines[ranks] = _fit(w, bs, ss, b, steady, self._span[ranks]) if self.affine else _through_origin(b, steady)
@@ -184,11 +193,11 @@ class TimeModels:
 
     def trusted_at(self, ranks, batches) -> np.ndarray:
         """Whether a miss at each batch is a speed change rather than the batch change
-        itself (or a poor fit): only near a size already measured. Elsewhere a new
-        point simply joins the fit."""
+        itself (or a poor fit): only near a size already measured, at the speed now (not a
+        point a change rescaled). Elsewhere a new point simply joins the fit."""
         cols = np.arange(self.batch.shape[1])[ranks]  # a mask or indices, as the other methods take
         return _near(np.asarray(batches, dtype=np.float64), np.take(self.batch, cols, axis=1),
-                     np.take(self.weight, cols, axis=1) > 0)
+                     (np.take(self.weight, cols, axis=1) > 0) & (np.take(self.fresh, cols, axis=1) > 0))
 
     def lines(self, ranks) -> np.ndarray:
         """(a, c) of each rank's current model, an (n, 2) array; every rank needs an observation."""

@@ -313,6 +313,22 @@ def test_speed_change_is_followed_after_one_window(line, factor, at_old):
         assert model.predict(b) == pytest.approx(factor * (a + c * b), rel=0.01)
 
 
+def test_a_point_a_change_rescaled_is_a_guess_a_step_near_it_joins_the_fit():
+    """Under a neighbour's CPU hog a worker's probe point at 4 samples, rescaled with the rest when
+    the hog began, predicted 0.99 s there; its steps ran 0.62. Read as a change of speed, the whole
+    history was rescaled by 0.63, and the plan gave it 17 samples, then 29 (1.5 and 2.7 s a step).
+    The hog had not scaled its time alike at every batch: the step joins the fit, and the point at
+    23, measured under the hog, stays."""
+    model = affine_model(0.07, 0.03, 4, 23)
+    assert model.trusted_at(4) and model.trusted_at(23)
+    model.observe(23, 2.0 * (0.07 + 0.03 * 23))  # the hog: a change at 23, every point rescaled
+    assert model.predict(4) == pytest.approx(2.0 * (0.07 + 0.03 * 4), rel=0.01)
+    assert model.trusted_at(23) and not model.trusted_at(4)  # 4's point is the rescaled guess now
+    model.observe(4, 0.62 * model.predict(4))
+    assert model.predict(23) == pytest.approx(2.0 * (0.07 + 0.03 * 23), rel=0.01)  # not rescaled again
+    assert model.trusted_at(4)  # measured at the speed now
+
+
 def test_a_small_change_is_taken_as_noise_at_first():
     """Below 20 % (CHANGE) a new time is not a speed change: it is averaged into the point
     at its size (the earlier measurements there weigh REPEAT: the two averages part by less
