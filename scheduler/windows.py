@@ -1,7 +1,8 @@
 """Each worker's window of measured step times at its batch in the plan, and what counts as
 far off it: an outlier, unless CHANGE_STEPS in a row to one side (one more below SMALL_CHANGE,
-one alone past a factor FAR) say its speed changed (then the window restarts from them: a median across a change would be
-a time it never had, and a fit through it a wrong slope). A worker's first step at a new batch
+one alone past a factor FAR: change_steps) say its speed changed (then the window restarts
+from them: a median across a change would be a time it never had, and a fit through it a wrong
+slope). A worker's first step at a new batch
 size is not measured (it pays for warming up).
 
 A fixed tolerance does not fit every machine. Under a CPU quota a step's time depends on
@@ -90,6 +91,15 @@ def log_spread(times) -> float:
     logs = [math.log(t) for t in times]
     med = statistics.median(logs)
     return MAD_SIGMA * statistics.median(abs(x - med) for x in logs)
+
+
+def change_steps(far_off, expected: float) -> int:
+    """How many far-off steps in a row to one side make a change of speed, from those so far
+    (`far_off`, the latest last): FAR_STEPS where the latest is off `expected` past FAR, else
+    CHANGE_STEPS, one more where their median is off by less than SMALL_CHANGE."""
+    if off_by_far(far_off[-1], expected):
+        return FAR_STEPS
+    return CHANGE_STEPS + (not off_by(statistics.median(far_off), expected, SMALL_CHANGE))
 
 
 def first_miss(firsts, guess: float) -> bool:
@@ -221,21 +231,17 @@ class Windows:
                 times[rank] = statistics.median(pending)
 
     def changed(self, rank: int, predicted: np.ndarray, guess: float = math.nan) -> bool:
-        """Whether the worker's last CHANGE_STEPS steps (one more below SMALL_CHANGE, its last alone
-        past FAR: FAR_STEPS) are all far off its model's time at its batch (`predicted`: every worker's, nan where untrusted), none
-        of them among its first SETTLE there, as measured and at the host's pace over every worker's
-        latest step: a change of its speed, not of the host's (under CPU quotas, beside other jobs,
+        """Whether the worker's last change_steps steps are all far off its model's time at its batch
+        (`predicted`: every worker's, nan where untrusted), none of them among its first SETTLE there,
+        as measured and at the host's pace over every worker's latest step: a change of its speed,
+        not of the host's (under CPU quotas, beside other jobs,
         a worker's two steps 1.3x its model's while the others' ran 1.2x re-planned on partial
         windows, as did a worker's 0.71x while the others' ran 0.74-0.84x). Where the model is not
         trusted, steps off its `guess` by a factor FAR are a change too, as the model takes them,
         with no host's pace to judge by (a neighbour's CPU hog gone, a worker's steps ran 0.45x its guess between
         two sizes measured under the hog, and waited a full window)."""
-        steps, need, expected = self._steps[rank], CHANGE_STEPS, predicted[rank]
-        if steps and np.isfinite(expected) and off_by_far(steps[-1], expected):
-            need = FAR_STEPS
-        elif len(steps) >= need and np.isfinite(expected) and not off_by(statistics.median(steps[-need:]), expected,
-                                                                         SMALL_CHANGE):
-            need += 1  # a small change: one step more
+        steps, expected = self._steps[rank], predicted[rank]
+        need = change_steps(steps[-CHANGE_STEPS:], expected) if steps and np.isfinite(expected) else CHANGE_STEPS
         last = steps[-need:]
         if not (len(last) == need and self._at_batch[rank] >= SETTLE + need):
             return False
@@ -314,8 +320,7 @@ class Windows:
                 self.noise.add(rank, *suspects)  # outliers, then
                 suspects.clear()
             suspects.append(seconds)
-            small = not off_by(statistics.median(suspects), typical, SMALL_CHANGE)
-            if len(suspects) < (FAR_STEPS if off_by_far(seconds, typical) else CHANGE_STEPS + small):
+            if len(suspects) < change_steps(suspects, typical):
                 return False  # an outlier, unless the next steps say the same
             steps[:] = _since_change(suspects, typical)
             self.noise.restart(rank, steps)
