@@ -131,15 +131,22 @@ def host_pace(ratios: np.ndarray) -> float:
     return float(np.median(ratios)) if moved >= PACE_SHARE * len(ratios) else 1.0
 
 
-def _since_change(suspects: list[float], typical: float) -> list[float]:
-    """Of the far-off steps that show a change of speed, those at the new speed: the first ran
-    partly at the old one where it is off by less than half as much as each of the next, as
-    factors (under a CPU quota halved, a worker's steps went 1.41, 1.71, 2.70, 2.90 s: a window
-    of 1.71 and 2.70 rescaled its model by 1.56 where its speed had moved by 2, and the next
-    window's point at another batch, against the others so rescaled, made a line of fixed cost
-    whose plan took 29 samples off it)."""
-    first, rest = abs(math.log(suspects[0] / typical)), [abs(math.log(t / typical)) for t in suspects[1:]]
-    return suspects[1:] if rest and 2 * first < min(rest) else list(suspects)
+def _since_change(suspects: list[float], typical: float, tolerance: float) -> list[float]:
+    """Of the far-off steps that show a change of speed, those at the new speed. A change begins
+    within a step, which runs partly at each speed. Where the furthest step is off `typical` past
+    FAR (a change by itself), the steps before it further than the worker's `tolerance` from it
+    are left out: a neighbour's CPU hog made steps of 1.56 and 2.49 s after 0.83, a window of both
+    rescaled the worker's model by 2.4 where the hog's steps ran 3x, and the plan held 12 steps with
+    it the slowest by 30 %; the hog gone, 0.52, 0.43 and 0.24 s after 0.75 gave it 17 samples, and
+    its steps then ran 0.75x the others'. Nearer changes are told from noise by fewer steps: the
+    first is left out only where it is off by less than half as much as each of the next, as
+    factors (under a CPU quota halved, a worker's steps went 1.41, 1.71, 2.70, 2.90 s, and a window
+    of 1.71 and 2.70 rescaled its model by 1.56 where its speed had moved by 2)."""
+    far = [abs(math.log(t / typical)) for t in suspects]
+    top = far.index(max(far))
+    if off_by_far(suspects[top], typical):
+        return [t for i, t in enumerate(suspects) if i >= top or not off_by(t, suspects[top], 1 + tolerance)]
+    return suspects[1:] if len(far) > 1 and 2 * far[0] < min(far[1:]) else list(suspects)
 
 
 class StepNoise:
@@ -322,7 +329,7 @@ class Windows:
             suspects.append(seconds)
             if len(suspects) < change_steps(suspects, typical):
                 return False  # an outlier, unless the next steps say the same
-            steps[:] = _since_change(suspects, typical)
+            steps[:] = _since_change(suspects, typical, self.noise.tolerance(rank))
             self.noise.restart(rank, steps)
             suspects.clear()
         else:

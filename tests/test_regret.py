@@ -218,9 +218,11 @@ def test_steps_noisy_by_a_quota_still_fill_windows_and_the_plan_follows():
         steps = [step for step, _, _ in decisions]
         # decisions go on (before: 5, then 113), a window's outliers left out of it (the longest gap
         # over the 30 draws: 22 steps while a suspect widened the tolerance that judged the next step,
-        # 39 since it does not: windows/StepNoise; this noise, 1 step in 9 more than 1.4x off, is far
-        # wider than the cgroup runs' now, 78 of 55,907 steps 1.5x off their last 9)
-        assert max(np.diff(steps)) <= 4 * ADJUST_EVERY, steps
+        # 39 since it does not: windows/StepNoise; over 100 draws 44, and 46 once a change past FAR
+        # left out its partial steps: each rule moves every decision after its first, and the longest
+        # gap with them; this noise, 1 step in 9 more than 1.4x off, is far wider than the cgroup
+        # runs' now, 78 of 55,907 steps 1.5x off their last 9)
+        assert max(np.diff(steps)) <= 5 * ADJUST_EVERY, steps
         true = [max(ci * bi for ci, bi in zip(c, p)) for p in plans]
         assert true[0] > 1.4 * best  # the probe's plan is far off (it overloads worker 2)
         settled.append(np.mean(true[100:]) / best)
@@ -498,6 +500,34 @@ def test_a_change_s_window_leaves_out_a_step_that_ran_partly_at_the_old_speed():
     assert not w.add(0, 67, 1.71)
     assert w.add(0, 67, 2.70) and w[0] == [2.70]
     assert w.add(0, 67, 2.90) and w[0] == [2.70, 2.90]
+
+
+def test_a_change_past_far_is_measured_by_its_steps_at_the_new_speed():
+    """Worker 0 under the cgroup benchmark's neighbour: its steps at 23 samples ran 0.83 s, then
+    the hog started within a step (1.56 s) and the next ran 2.49. A window of both rescaled its model
+    by 2.4 where the hog's steps ran 3x, and the plan held 12 steps with it the slowest by 30 %. The
+    hog gone, its steps at 5 samples went 0.52, 0.43, 0.24 s after about 0.7: a window of all three
+    gave it 17 samples where its speed called for 23. A step about as far off as the furthest, within the
+    worker's tolerance, is the new speed's noise and stays in."""
+    from omnips.scheduler.windows import Windows
+    w = Windows(1)
+    w.add(0, 23, 2.0)  # warm-up
+    for t in (0.83, 0.85, 0.81, 0.84, 0.82, 0.83):
+        w.add(0, 23, t)
+    assert not w.add(0, 23, 1.56)
+    assert w.add(0, 23, 2.49) and w[0] == [2.49]  # a change past FAR: 1.56 ran partly at the old speed
+    w.add(0, 5, 0.76)  # the hog's plan: warm-up, then its steps as recorded, a decision between
+    for t in (0.78, 0.75, 0.72, 0.75, 0.9, 0.61, 0.79, 0.86, 0.76):
+        w.add(0, 5, t)
+    w.clear()
+    for t in (0.63, 0.76, 0.68, 0.7, 0.77, 0.9):
+        w.add(0, 5, t)
+    assert not w.add(0, 5, 0.52) and not w.add(0, 5, 0.43)  # 1.45x off by their median: one more step
+    assert w.add(0, 5, 0.24) and w[0] == [0.24]
+    w.add(0, 8, 2.0)
+    for t in (1.0, 1.02, 0.98, 1.01, 0.99, 1.0):
+        w.add(0, 8, t)
+    assert not w.add(0, 8, 1.9) and w.add(0, 8, 2.1) and w[0] == [1.9, 2.1]  # both at the new speed
 
 
 def test_a_window_s_first_step_at_the_batch_it_had_is_judged_by_the_last_window():
