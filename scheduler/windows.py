@@ -22,6 +22,7 @@ at 0.47x its window fell inside it, and the change waited 10 steps for a full wi
 Pure: no clock, no I/O.
 """
 
+import functools
 import math
 import statistics
 from collections import deque
@@ -47,6 +48,12 @@ FAR_STEPS = 1
 # runs, each time re-planning samples off it for a window), while a neighbour's hog or a quota halved made
 # 2x; a step more of a small change costs a fraction of a step, a window of a plan chasing noise several
 SMALL_CHANGE = 1.5
+# steps in a row off by a factor FAR, to one side, that are a change where the worker's tolerance is
+# wider still: under a neighbour's CPU hog a worker's steps at 5 samples took 0.40 to 1.28 s (a
+# tolerance of 2.9x), the hog's end made them 0.28-0.37 s, and the plan held 11 steps with that
+# worker idle three quarters of each step. Three such steps in a row are rare by noise alone (the
+# hog's window had one in 9 past half its median)
+WIDE_STEPS = 3
 
 # the host's pace: a window whose times all part the same way from the models' predictions, by
 # PACE_MOVE on PACE_SHARE of the workers (PACE_WORKERS at least), ran on a slower or faster host
@@ -249,15 +256,22 @@ class Windows:
         two sizes measured under the hog, and waited a full window)."""
         steps, expected = self._steps[rank], predicted[rank]
         need = change_steps(steps[-CHANGE_STEPS:], expected) if steps and np.isfinite(expected) else CHANGE_STEPS
-        last = steps[-need:]
-        if not (len(last) == need and self._at_batch[rank] >= SETTLE + need):
-            return False
         if not np.isfinite(expected):
-            return all(off_by_far(t, guess) for t in last)
-        if not all(self.noise.far(rank, t, expected) for t in last):
-            return False
+            last = steps[-need:]
+            return self._settled(rank, last, need) and all(off_by_far(t, guess) for t in last)
         pace = self._pace(predicted)
-        return pace == 1.0 or all(self.noise.far(rank, t, pace * expected) for t in last)
+
+        def beyond(last, far) -> bool:
+            return all(far(t, expected) for t in last) and (pace == 1.0 or all(far(t, pace * expected) for t in last))
+
+        last, wide = steps[-need:], steps[-WIDE_STEPS:]
+        return ((self._settled(rank, last, need) and beyond(last, functools.partial(self.noise.far, rank)))
+                or (self._settled(rank, wide, WIDE_STEPS) and len({t > expected for t in wide}) == 1
+                    and beyond(wide, off_by_far)))
+
+    def _settled(self, rank: int, last: list[float], need: int) -> bool:
+        """Whether `last` holds `need` steps, none among the worker's first SETTLE at its batch."""
+        return len(last) == need and self._at_batch[rank] >= SETTLE + need
 
     def firsts(self, rank: int) -> list[float]:
         return self._firsts[rank]
@@ -322,12 +336,13 @@ class Windows:
         self._latest[rank] = seconds
         if len(self._firsts[rank]) < FIRST_STEPS:
             self._firsts[rank].append(seconds)
-        if self.noise.far(rank, seconds, typical, new=True):  # kept later if an outlier: see the docstring
+        far = self.noise.far(rank, seconds, typical, new=True)  # kept later if an outlier: see the docstring
+        if far or off_by_far(seconds, typical):
             if suspects and (suspects[-1] > typical) != (seconds > typical):
                 self.noise.add(rank, *suspects)  # outliers, then
                 suspects.clear()
             suspects.append(seconds)
-            if len(suspects) < change_steps(suspects, typical):
+            if len(suspects) < (change_steps(suspects, typical) if far else WIDE_STEPS):
                 return False  # an outlier, unless the next steps say the same
             steps[:] = _since_change(suspects, typical, self.noise.tolerance(rank))
             self.noise.restart(rank, steps)

@@ -529,6 +529,36 @@ def test_a_change_s_window_leaves_out_a_step_that_ran_partly_at_the_old_speed():
     assert w.add(0, 67, 2.90) and w[0] == [2.70, 2.90]
 
 
+def test_steps_past_far_in_a_row_are_a_change_where_the_tolerance_is_wider():
+    """Worker 0 under the cgroup benchmark's neighbour: under the hog its steps at 7 samples took
+    0.72 to 1.23 s, at 5 samples 0.40 to 1.28 s (a tolerance over 2x), then 0.55, 0.28, 0.30, 0.33 s
+    once it was gone. No step was far off by that tolerance: the plan held until a full window, 11
+    steps with the worker idle three quarters of each. Three steps in a row past FAR, to one side,
+    are a change; such steps apart are outliers, left out of the window."""
+    import numpy as np
+
+    from omnips.scheduler.windows import Windows
+
+    def hogged():  # as recorded, a decision after the steps at 7
+        w = Windows(1)
+        w.add(0, 7, 1.5)  # warm-up
+        for t in (0.77, 1.23, 0.94, 0.91, 1.04, 0.72, 1.17, 0.96, 1.22):
+            w.add(0, 7, t)
+        w.clear()
+        w.add(0, 5, 0.98)  # warm-up
+        for t in (0.76, 0.4, 0.59, 0.66, 0.72, 1.28, 1.11, 1.02, 0.55):
+            w.add(0, 5, t)
+        assert w.noise.tolerance(0) > 1.0  # wider than FAR: no single step is far off
+        return w, np.array([w.median[0]])
+
+    w, median = hogged()
+    assert not w.add(0, 5, 0.28) and not w.add(0, 5, 0.30) and not w.changed(0, median)
+    assert w.add(0, 5, 0.33) and w[0] == [0.28, 0.30, 0.33] and w.changed(0, median)
+    w, median = hogged()
+    assert not w.add(0, 5, 0.28) and w.add(0, 5, 0.7) and not w.add(0, 5, 0.3)  # apart: outliers
+    assert 0.28 not in w[0] and not w.changed(0, median)
+
+
 def test_a_change_past_far_is_measured_by_its_steps_at_the_new_speed():
     """Worker 0 under the cgroup benchmark's neighbour: its steps at 23 samples ran 0.83 s, then
     the hog started within a step (1.56 s) and the next ran 2.49. A window of both rescaled its model
