@@ -241,12 +241,12 @@ class BatchControl:
         return Adjustment(shown, tuple(times.tolist()), tuple(batches), reason, rule or "equal time")
 
     def _check_models(self, measured: np.ndarray, times: np.ndarray, changed: bool) -> None:
-        """Feed a window to the models. A worker whose window agreed with its model's prediction
-        is confirmed: its time rests on two measurements, not one. A worker whose time moved by
-        more than CHANGE since its last window, at an unchanged batch or against its batch's
-        move (regret.Seen), or whose window showed it (`changed`: a neighbour's hog), changed speed:
-        what the plans measured before says nothing of the speeds now. (A worker whose time is not a line in the batch looks changed to its model at
-        every move: only the plans' measured times stop the plan going back and forth there.)"""
+        """Feed a window to the models. A worker whose window agreed with its model's prediction is
+        confirmed: its time rests on two measurements, not one. A worker whose time moved by more than
+        CHANGE since its last window, at an unchanged batch or against its batch's move (regret.Seen),
+        or whose window showed it (`changed`: a neighbour's hog), changed speed: what the plans measured
+        before says nothing of the speeds now. (A worker whose time is not a line in the batch looks changed
+        to its model at every move: only the plans' measured times keep the plan from going back and forth.)"""
         at = self.models.measured(measured)
         batches = self._batches[measured]
         agreed = np.zeros(len(measured), dtype=bool)

@@ -50,7 +50,7 @@ FAR_STEPS = 1
 SMALL_CHANGE = 1.5
 # steps in a row off by a factor FAR, to one side, that are a change where the worker's tolerance is
 # wider still: under a neighbour's CPU hog a worker's steps at 5 samples took 0.40 to 1.28 s (a
-# tolerance of 2.9x), the hog's end made them 0.28-0.37 s, and the plan held 11 steps with that
+# tolerance of 3.2x), the hog's end made them 0.28-0.33 s, and the plan held 11 steps with that
 # worker idle three quarters of each step. Three such steps in a row are rare by noise alone (the
 # hog's window had one in 9 past half its median)
 WIDE_STEPS = 3
@@ -252,8 +252,9 @@ class Windows:
         a worker's two steps 1.3x its model's while the others' ran 1.2x re-planned on partial
         windows, as did a worker's 0.71x while the others' ran 0.74-0.84x). Where the model is not
         trusted, steps off its `guess` by a factor FAR are a change too, as the model takes them,
-        with no host's pace to judge by (a neighbour's CPU hog gone, a worker's steps ran 0.45x its guess between
-        two sizes measured under the hog, and waited a full window)."""
+        with no host's pace to judge by (a neighbour's CPU hog gone, a worker's steps ran 0.45x its guess
+        between two sizes measured under the hog, and waited a full window). Its last WIDE_STEPS
+        steps, off its model's time by a factor FAR to one side, are a change whatever its tolerance."""
         steps, expected = self._steps[rank], predicted[rank]
         need = change_steps(steps[-CHANGE_STEPS:], expected) if steps and np.isfinite(expected) else CHANGE_STEPS
         if not np.isfinite(expected):
