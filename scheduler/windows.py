@@ -51,8 +51,8 @@ SMALL_CHANGE = 1.5
 # steps in a row off by a factor FAR, to one side, that are a change where the worker's tolerance is
 # wider still: under a neighbour's CPU hog a worker's steps at 5 samples took 0.40 to 1.28 s (a
 # tolerance of 3.2x), the hog's end made them 0.28-0.33 s, and the plan held 11 steps with that
-# worker idle three quarters of each step. Three such steps in a row are rare by noise alone (the
-# hog's window had one in 9 past half its median)
+# worker idle three quarters of each step. Such steps are rare by noise alone: under the hog, in 12
+# neighbour runs, 2 of a worker's 336 steps ran 2x off the median of its steps at their batch
 WIDE_STEPS = 3
 
 # the host's pace: a window whose times all part the same way from the models' predictions, by
