@@ -535,8 +535,6 @@ def test_steps_past_far_in_a_row_are_a_change_where_the_tolerance_is_wider():
     once it was gone. No step was far off by that tolerance: the plan held until a full window, 11
     steps with the worker idle three quarters of each. Three steps in a row past FAR, to one side,
     are a change; such steps apart are outliers, left out of the window."""
-    import numpy as np
-
     from omnips.scheduler.windows import Windows
 
     def hogged():  # as recorded, a decision after the steps at 7
