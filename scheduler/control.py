@@ -190,7 +190,7 @@ class BatchControl:
         trusted = measured[np.isfinite(self._predicted[measured])]
         self._pace *= host_pace(times[trusted] / self._predicted[trusted])
         norm = times / self._pace  # the models' and the plans' times: the host's pace taken out
-        self._check_models(measured, norm[measured], bool(self._changing))
+        self._check_models(measured, norm[measured])
         # until a full window has decided, the plan in force is a guess (the probe's, the declared split,
         # or decided on first steps): the deadband does not hold it (a sample off held 50 steps at HL1)
         rough, self._rough = self._rough, not self._stepped[measured].all()
@@ -240,11 +240,11 @@ class BatchControl:
         shown = replace(decision, predicted_s=decision.predicted_s * self._pace)  # at the host's pace now
         return Adjustment(shown, tuple(times.tolist()), tuple(batches), reason, rule or "equal time")
 
-    def _check_models(self, measured: np.ndarray, times: np.ndarray, changed: bool) -> None:
+    def _check_models(self, measured: np.ndarray, times: np.ndarray) -> None:
         """Feed a window to the models. A worker whose window agreed with its model's prediction is
         confirmed: its time rests on two measurements, not one. A worker whose time moved by more than
         CHANGE since its last window, at an unchanged batch or against its batch's move (regret.Seen),
-        or whose window showed it (`changed`: a neighbour's hog), changed speed: what the plans measured
+        or whose window showed it (Windows.changed: a neighbour's hog), changed speed: what the plans measured
         before says nothing of the speeds now. (A worker whose time is not a line in the batch looks changed
         to its model at every move: only the plans' measured times keep the plan from going back and forth.)"""
         at = self.models.measured(measured)
@@ -253,7 +253,7 @@ class BatchControl:
         if at.any():
             predicted = self.models.predict(measured[at], batches[at])
             agreed[at] = np.abs(times[at] - predicted) <= CHANGE * predicted
-        if self._seen.changed(measured, batches, times) or changed:
+        if self._seen.changed(measured, batches, times) or self._changing:
             self.ran.clear()
         # a model from the probe alone that missed the first real step: its points, passes far smaller
         # than the batch, go (kept, they bent the slope: a plan a sample off the equal split held); so

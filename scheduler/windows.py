@@ -22,7 +22,6 @@ at 0.47x its window fell inside it, and the change waited 10 steps for a full wi
 Pure: no clock, no I/O.
 """
 
-import functools
 import math
 import statistics
 from collections import deque
@@ -262,13 +261,13 @@ class Windows:
             return self._settled(rank, last, need) and all(off_by_far(t, guess) for t in last)
         pace = self._pace(predicted)
 
-        def beyond(last, far) -> bool:
-            return all(far(t, expected) for t in last) and (pace == 1.0 or all(far(t, pace * expected) for t in last))
+        def off(last, far) -> bool:  # as measured, and at the host's pace
+            return all(far(t, expected) and (pace == 1.0 or far(t, pace * expected)) for t in last)
 
         last, wide = steps[-need:], steps[-WIDE_STEPS:]
-        return ((self._settled(rank, last, need) and beyond(last, functools.partial(self.noise.far, rank)))
+        return ((self._settled(rank, last, need) and off(last, lambda t, e: self.noise.far(rank, t, e)))
                 or (self._settled(rank, wide, WIDE_STEPS) and len({t > expected for t in wide}) == 1
-                    and beyond(wide, off_by_far)))
+                    and off(wide, off_by_far)))
 
     def _settled(self, rank: int, last: list[float], need: int) -> bool:
         """Whether `last` holds `need` steps, none among the worker's first SETTLE at its batch."""
