@@ -17,7 +17,7 @@ global batch would lengthen the steps too, but digits' epochs would shrink to a 
 steps, and each epoch's evaluation disturbs the steps around it.) Each job's workers'
 quotas share a third of --cores (default: the machine's cores less HEADROOM for the
 schedulers, the servers and the system) in the paper's heterogeneity levels, the speeds of
-benchmarks/heterogeneity.py (HL1 12/12/12/12, HL2 12/12/8/16, HL4 9/9/6/24, HL8 6/6/4/32).
+benchmarks/efficiency.py (HL1 12/12/12/12, HL2 12/12/8/16, HL4 9/9/6/24, HL8 6/6/4/32).
 A quota makes a slower machine only where the host can give the worker its quota: with
 half a core left to the rest on 2 cores (benchmarks/results/cgroup-113953a.md), the three
 schedulers' evaluations and the servers contended with the workers, and the static plan's
@@ -51,7 +51,7 @@ batch carries the warming. The efficiency targets are judged both ways.
 Reported per run: wall time, and the dynamic run's time over
 the uniform one's (the target: at most 1.02); efficiency = ideal time / wall time, the
 ideal being each step's global batch at the sum of the workers' own throughputs at the
-batches they had (benchmarks/heterogeneity.py's definition); balance = the ideal over
+batches they had (benchmarks/efficiency.py's definition); balance = the ideal over
 the slowest worker's compute summed over steps (communication left out); the dynamic run's
 efficiency over the static one's (what of the reachable the controller reaches: the
 communication, the host's noise per step and the evaluations bound both); the final plan,
@@ -93,7 +93,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from cgroup_report import VARIANTS, table, verdicts  # noqa: E402
-from heterogeneity import LEVELS, Scenario, analyse  # noqa: E402
+from efficiency import LEVELS, Scenario, analyse  # noqa: E402
 from quota import CpuQuota, available  # noqa: E402
 from report import machine_lines, publish, runs_dir  # noqa: E402
 from upscaled import importable  # noqa: E402

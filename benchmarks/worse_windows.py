@@ -12,7 +12,7 @@ uniform job ran no step across (it had ended) is not compared, and ends a run.
 
 from statistics import median
 
-from heterogeneity import complete_steps
+from efficiency import complete_steps
 
 
 def timeline(events: list[dict], workers: int) -> list[tuple[int, float, tuple[int, ...]]]:

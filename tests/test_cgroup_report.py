@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import cgroup  # noqa: E402
 import cgroup_report  # noqa: E402
-from heterogeneity import Scenario, analyse  # noqa: E402
+from efficiency import Scenario, analyse  # noqa: E402
 from worse_windows import longest_worse, timeline  # noqa: E402
 
 
