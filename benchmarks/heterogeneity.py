@@ -36,7 +36,6 @@ Prints a line per run and the tables; writes benchmarks/results/heterogeneity.md
 """
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,7 +47,7 @@ sys.path.insert(0, str(HERE))
 from efficiency import LEVELS, SCHEDULE, Scenario, analyse, factor  # noqa: E402
 from heterogeneity_report import render, targets, yes  # noqa: E402
 from jobs import run_job  # noqa: E402
-from report import runs_dir  # noqa: E402
+from report import code_version, runs_dir  # noqa: E402
 
 from omnips.launch import WorkerSpec  # noqa: E402
 
@@ -104,17 +103,6 @@ def run_one(root: Path, scenario: Scenario, variant: str, args) -> dict:
             "elapsed_s": time.monotonic() - t0, **analyse(events, summary, scenario)}
 
 
-def git_revision() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE.parent, capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE.parent,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return f"{rev}{' with uncommitted changes' if dirty else ''}" if rev else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=float, default=None, help="budget of the static levels (default 15, --quick 4)")
@@ -147,7 +135,7 @@ def main(argv=None) -> int:
     scenarios = [schedule_scenario(args.schedule_steps) if n == "schedule" else static_scenario(n, args.epochs)
                  for n in names]
 
-    revision = git_revision()
+    started_at = code_version()
     results = []
     t0 = time.monotonic()
     with runs_dir("omnips-heterogeneity-", args.keep_runs) as root:
@@ -161,7 +149,7 @@ def main(argv=None) -> int:
                       f"{s['samples_per_s']:6.0f} samples/s  acc {s['final_test_accuracy']:.3f}  "
                       f"adj {s['adjustments']:2d}  batches {s['final_batches']}  eff {r['efficiency']:.3f}  "
                       f"({r['elapsed_s']:.0f} s with start-up)", flush=True)
-    text = render(results, args, time.monotonic() - t0, scenarios, (revision, git_revision()))
+    text = render(results, args, time.monotonic() - t0, scenarios, started_at)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print()

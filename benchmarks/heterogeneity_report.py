@@ -8,7 +8,7 @@ import statistics
 import sys
 
 from efficiency import LEVELS, SCHEDULE, factor
-from report import machine_lines
+from report import code_version, machine_lines
 
 from omnips.batching import initial_batches
 
@@ -204,7 +204,8 @@ def assign_lines(results: list[dict]) -> list[str]:
     return out
 
 
-def render(results, args, total_s, scenarios, revisions) -> str:
+def render(results, args, total_s, scenarios, started_at: str) -> str:
+    """The results page; `started_at`: report.code_version() when the runs began."""
     load = os.getloadavg()
     try:
         import torch
@@ -219,8 +220,7 @@ def render(results, args, total_s, scenarios, revisions) -> str:
         *machine_lines(),
         f"- torch {torch_v}; load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} "
         "(other work on these cores adds noise)",
-        f"- code: git {revisions[0]}" + ("" if revisions[0] == revisions[1] else
-                                         f" at the start, {revisions[1]} at the end (the code changed during the run)"),
+        *([] if started_at == code_version() else [f"- code at the start: {started_at} (it changed during the run)"]),
         f"- command: `python benchmarks/heterogeneity.py {' '.join(sys.argv[1:])}` ({total_s:.0f} s in all)",
         f"- job: BSP, 4 workers (1 torch thread each), 1 server, mlp on digits (1438 train / 359 test), "
         f"--global-batch {args.global_batch}, sgd --lr 0.05 momentum 0.9, --seed 0",
