@@ -68,8 +68,9 @@ class SchedulerCore:
         self.losses = LossWatch(job, train_size, resumed=resume is not None, chance=chance_loss)
         self.disturbances = Disturbances()  # evaluations and checkpoint writes: steps then are not measured
         self.lost, self.left, self.joined = 0, 0, 0  # workers (left: a SIGTERM)
-        self.stop_asked: str | None = None  # what asked for a stop (request_stop), until it is begun
+        self.stop_asked: str | None = None  # what asked for a stop (request_stop, a leave), until it is begun
         self.stop: Stop | None = None
+        self.signalled = False  # this process's own signal asked for the stop (a second one ends the job at once)
         self._started = False
 
     # -- events -------------------------------------------------------------------
@@ -114,10 +115,14 @@ class SchedulerCore:
 
     def request_stop(self, why: str) -> bool:
         """A signal asks to preempt the job: the workers stop after their step in flight, the
-        model and a checkpoint are written, then it ends. False: one was asked already."""
-        if self.stop_asked is not None or self.stop is not None:
+        model and a checkpoint are written, then it ends. False: a signal asked already. A stop
+        a server's or the last worker's leave began is the same stop (a batch system signals
+        every process at once, and their leaves may arrive before the scheduler's own signal)."""
+        if self.signalled:
             return False
-        self.stop_asked = why
+        self.signalled = True
+        if self.stop_asked is None and self.stop is None:
+            self.stop_asked = why
         return True
 
     def ended(self, now: float) -> bool:

@@ -110,7 +110,7 @@ class Scheduler:
 
     def request_stop(self, why: str) -> None:
         """From a signal handler: preempt the job at the next loop turn, writing the model and
-        a checkpoint first; asked again before that begins, end it at once."""
+        a checkpoint first; a second signal ends it at once."""
         if not self.core.request_stop(why):
             raise KeyboardInterrupt
 

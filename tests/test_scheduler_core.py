@@ -10,7 +10,7 @@ import pytest
 
 from omnips.batching import BatchPlan
 from omnips.job import JobSpec
-from omnips.protocol import Error, Failed, Heartbeat, Params, Plan, Probe, Register, Report, Saved, Shutdown, Welcome
+from omnips.protocol import Error, Failed, Heartbeat, Leave, Params, Plan, Probe, Register, Report, Saved, Shutdown, Welcome
 from omnips.scheduler.core import SchedulerCore
 from omnips.scheduler.instructions import AskEval, ConnectServers, Evaluate, Finish, Send, WriteEvent
 from omnips.scheduler.options import SchedulerOptions
@@ -197,6 +197,19 @@ def test_a_stop_asked_again_ends_the_job_at_once(make):
     c.tick(0.0)  # begun: nothing trained yet, so it ends at the next turn
     assert c.ended(0.1) and c.outcome() == Finish("preempted", "SIGTERM at step 0: model.pt not written")
     assert not c.request_stop("SIGTERM")  # (the driver ends the job at once)
+
+
+def test_a_signal_after_a_servers_leave_joins_its_stop_and_only_a_second_signal_ends_the_job(make):
+    # a batch system signals every process at once: a server's leave may arrive before the scheduler's own signal
+    c = make(num_workers=1, global_batch=60)
+    register(c, b"W0", "worker", 0)
+    c.handle(b"S", Leave(why="SIGTERM"), 1.0)
+    assert c.stop_asked == "SIGTERM to server 0 on h"
+    assert c.request_stop("SIGTERM")  # the same stop: not a second ask
+    assert c.stop_asked == "SIGTERM to server 0 on h"
+    c.tick(2.0)
+    assert c.ended(2.1) and c.outcome().status == "preempted", c.outcome()
+    assert not c.request_stop("SIGTERM")  # the scheduler's second signal (the driver ends the job at once)
 
 
 def test_a_worker_that_fails_says_why_and_the_scheduler_replans_at_once(make):
