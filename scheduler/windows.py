@@ -217,6 +217,7 @@ class Windows:
     def __init__(self, n: int):
         self._steps = [[] for _ in range(n)]
         self._suspects = [[] for _ in range(n)]  # far-off steps in a row, to one side: outliers, or a change
+        self._restarted = np.zeros(n, dtype=bool)  # the window restarted at a change of speed: it holds the change
         self.noise = StepNoise(n)
         self.disturbances = Effect()  # whether steps that overlapped an evaluation or a checkpoint write ran slower
         self.median = np.zeros(n)  # of each window
@@ -253,9 +254,16 @@ class Windows:
         trusted, steps off its `guess` by a factor FAR are a change too, as the model takes them,
         with no host's pace to judge by (a neighbour's CPU hog gone, a worker's steps ran 0.45x its guess
         between two sizes measured under the hog, and waited a full window). Its last WIDE_STEPS
-        steps, off its model's time by a factor FAR to one side, are a change whatever its tolerance."""
+        steps, off its model's time by a factor FAR to one side, are a change whatever its tolerance.
+        A window that `add` restarted at a change of speed counted the change's steps already, against
+        the worker's own steps: its steps since are enough, all far off as above. Counted again against
+        the model, one change was judged twice: a neighbour's hog made a step 2.02x its window (a change
+        at once) but 1.98x its model (two steps), the next two, at full hog, ran 1.3x that partial step
+        (three, as a small change), and the re-plan waited three steps of 3 s where the others took 1.2."""
         steps, expected = self._steps[rank], predicted[rank]
         need = change_steps(steps[-CHANGE_STEPS:], expected) if steps and np.isfinite(expected) else CHANGE_STEPS
+        if self._restarted[rank]:
+            need = min(need, len(steps))
         if not np.isfinite(expected):
             last = steps[-need:]
             return self._settled(rank, last, need) and all(off_by_far(t, guess) for t in last)
@@ -293,10 +301,12 @@ class Windows:
     def clear(self, rank: int | None = None) -> None:
         for steps in self._steps if rank is None else [self._steps[rank]]:
             steps.clear()  # in place: 4096 new lists cost more (the collector runs) than clearing
+        self._restarted[slice(None) if rank is None else rank] = False
 
     def forget(self, rank: int) -> None:
         """A worker new to its rank."""
         self._batch[rank] = None
+        self._restarted[rank] = False
         self._latest[rank] = np.nan
         self._current[rank] = False
         self._firsts[rank].clear()
@@ -319,6 +329,7 @@ class Windows:
             self._at_batch[rank] = 0
             self._latest[rank] = np.nan
             self._current[rank] = False
+            self._restarted[rank] = False
             self._firsts[rank].clear()
             steps.clear()
             suspects.clear()
@@ -345,6 +356,7 @@ class Windows:
             if len(suspects) < (change_steps(suspects, typical) if far else WIDE_STEPS):
                 return False  # an outlier, unless the next steps say the same
             steps[:] = _since_change(suspects, typical, self.noise.tolerance(rank))
+            self._restarted[rank] = True
             self.noise.restart(rank, steps)
             suspects.clear()
         else:
