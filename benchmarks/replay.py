@@ -48,7 +48,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from report import machine_lines, publish  # noqa: E402
-from simulate import oracle_plan  # noqa: E402
+from simulation import oracle_plan  # noqa: E402
 
 from omnips.batching import PROBE_BATCHES, BatchPlan, initial_batches  # noqa: E402
 from omnips.job import JobSpec  # noqa: E402
@@ -93,7 +93,7 @@ def ideal_s(per_sample: np.ndarray, total: int) -> float:
 
 def best_fixed(per_sample: np.ndarray, total: int, reach: int = 2) -> tuple[tuple[int, ...], float]:
     """The fixed plan of `total` samples (at least one each) whose steps take the least time in all,
-    and that time: from the equal-time plan on the mean times per sample (simulate.oracle_plan),
+    and that time: from the equal-time plan on the mean times per sample (simulation.oracle_plan),
     the best of the plans within `reach` samples of it a worker, again from that one until none
     is better. (Moving one sample at a time stopped short of the best on a recorded one-sided
     load; tests/test_replay.py checks the search against every plan of small jobs.)"""

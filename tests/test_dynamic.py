@@ -86,7 +86,7 @@ def test_equal_workers_declared_apart_get_the_uniform_split_though_the_deadband_
     # equal virtual devices, capacities 33:31: 68 ms against 66 for 32/32 (3 %), a one-sample
     # move on each worker, inside the deadband; but the workers are alike (scheduler/control.py:
     # the rules of the deadband and of a guess's plan are tested on crafted windows in
-    # test_controller.py), and the first decision takes the uniform split
+    # test_deadband.py), and the first decision takes the uniform split
     workers = [WorkerSpec(ms_per_step=2, ms_per_sample=2, capacity=c) for c in (33, 31)]
     run = run_job([*BASE, "--adjust-every", "4", "--max-steps", "16", "--no-probe"], workers)
     assigns = _assigns(run)

@@ -1,4 +1,5 @@
-"""benchmarks/simulate.py: the controller driven with modelled workers reports what it claims."""
+"""benchmarks/simulate.py and its modelled workers (benchmarks/simulation.py): the controller
+driven with them reports what it claims."""
 
 import math
 import re
@@ -17,10 +18,11 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import report  # noqa: E402
 import simulate  # noqa: E402
+import simulation  # noqa: E402
 
 
 def test_without_noise_the_plan_settles_on_the_oracles_and_follows_a_change_at_once():
-    s = simulate.summarise(simulate.simulate(4, 80, 0.0, "timer", 5, 0, (0.5, 2.5), 32))
+    s = simulation.summarise(simulation.simulate(4, 80, 0.0, "timer", 5, 0, (0.5, 2.5), 32))
     assert abs(s["settled"] - 1.0) < 0.002  # exact times: the oracle's plan, up to whole samples
     assert abs(s["calm_vs_oracle"] - 1.0) < 0.002  # and, before the change, its step times
     assert s["after_change"] == 1
@@ -33,7 +35,7 @@ def test_a_warm_up_is_charged_on_the_first_step_at_a_new_size_and_decides_nothin
     """Exact times: with a first step at a new size 50 % longer, the run decides as without,
     and only the steps where workers switched batches take longer: the plan's after each
     change, the oracle's at the speed change."""
-    plain, warm = (simulate.simulate(4, 80, 0.0, "timer", 5, 0, (0.5, 2.5), 32, warmup=w) for w in (0.0, 0.5))
+    plain, warm = (simulation.simulate(4, 80, 0.0, "timer", 5, 0, (0.5, 2.5), 32, warmup=w) for w in (0.0, 0.5))
     assert warm["changes"] == plain["changes"] and warm["moved"] == plain["moved"] and plain["changes"]
     switched = [c + 2 for c in plain["changes"]]  # a plan runs from the step after next
     assert np.flatnonzero(warm["step"] != plain["step"]).tolist() == switched
@@ -43,12 +45,12 @@ def test_a_warm_up_is_charged_on_the_first_step_at_a_new_size_and_decides_nothin
 
 
 def test_the_probe_plans_the_first_step_and_without_it_equal_batches_take_an_adjustment():
-    probed, equal = (simulate.simulate(4, 80, 0.0, "timer", 5, 0, (0.5, 2.5), 32, probe) for probe in (True, False))
+    probed, equal = (simulation.simulate(4, 80, 0.0, "timer", 5, 0, (0.5, 2.5), 32, probe) for probe in (True, False))
     # exact passes of 2 and 4 samples give the true lines: the oracle's plan from step 0 on
     assert probed["clean"][0] == pytest.approx(probed["oracle_clean"][0])
-    assert simulate.summarise(probed)["first"] == 0
+    assert simulation.summarise(probed)["first"] == 0
     assert equal["clean"][0] > 4 * equal["oracle_clean"][0]  # equal batches wait for the slowest
-    assert simulate.summarise(equal)["first"] == 1
+    assert simulation.summarise(equal)["first"] == 1
 
 
 @pytest.mark.slow  # a whole table of simulated runs, twice
@@ -67,36 +69,36 @@ def test_the_table_has_a_row_per_scenario_and_kind_of_noise(tmp_path, monkeypatc
                  and row.split("|")[3].strip() in ("taken", "deadband alone")]
     wide = [row for row in rows if len(row.split("|")) == 8 and row.split("|")[3].strip() in ("as it is", "same plan only")]
     warm = [row for row in rows if len(row.split("|")) == 9 and row.split("|")[3].strip() in ("+0%", "+5%")]
-    assert len(warm) == len(simulate.KINDS) * 2  # at 8 workers only: none of WARMUP_WORKERS is below it
+    assert len(warm) == len(simulation.KINDS) * 2  # at 8 workers only: none of WARMUP_WORKERS is below it
     # the first step at a new size, as measured here: each model, moved by a sample and by a quarter
     assert re.search(r"by -?[\d.]+% \(digits MLP, 36 and 37 samples\), .* -?[\d.]+% \(6\.3 M MLP, 80 and 100 samples\)", text)
-    assert len(main) == len(simulate.SCENARIOS) * 2 * len(simulate.KINDS)
-    assert len(drift) == len(simulate.DRIFTS) * len(simulate.KINDS) * 2  # long and short averages
+    assert len(main) == len(simulation.SCENARIOS) * 2 * len(simulation.KINDS)
+    assert len(drift) == len(simulation.DRIFTS) * len(simulation.KINDS) * 2  # long and short averages
     # held-back plans taken and the deadband alone, at each small size
-    assert len(transient) == len(simulate.TRANSIENT_WORKERS) * len(simulate.KINDS) * 2
+    assert len(transient) == len(simulation.TRANSIENT_WORKERS) * len(simulation.KINDS) * 2
     tiled = [row for row in rows if len(row.split("|")) == 7 and row.startswith("| 3 |")]  # 5 columns
     assert len(tiled) == 1
     # what a report costs the scheduler: decode, metrics line, controller, their sum, a step's worth
     (path,) = [[float(v) for v in row.split("|")[1:-1]] for row in rows if len(row.split("|")) == 7 and row not in tiled]
     assert all(v > 0 for v in path) and path[3] == pytest.approx(sum(path[:3]), abs=0.2)
     assert path[4] == pytest.approx(path[3] * 8 / 1000, rel=0.02)
-    assert [row.split("|")[1].strip() for row in wide] == ["8"] * 2 * len(simulate.KINDS)  # the sizes up to 8
+    assert [row.split("|")[1].strip() for row in wide] == ["8"] * 2 * len(simulation.KINDS)  # the sizes up to 8
     assert len(rows) == len(main) + len(drift) + len(transient) + len(wide) + len(warm) + len(tiled) + 1
     assert "## A slow drift instead (8 workers," in text and "## A report through the scheduler (8 workers)" in text
     assert start in text
 
 
 def test_a_drift_slows_the_quarter_step_by_step_and_the_oracle_follows():
-    r = simulate.simulate(8, 60, 0.0, "timer", 5, 0, (0.5, 2.5), 32, drift=0.01)
+    r = simulation.simulate(8, 60, 0.0, "timer", 5, 0, (0.5, 2.5), 32, drift=0.01)
     # 2 of 8 workers 1.01 ** 29 = 1.33x slower by the end: the oracle moves samples to the others,
     # whose equal time grows by a few % (not step by step: whole samples move now and then)
     assert r["oracle_clean"][-1] > 1.01 * r["oracle_clean"][29]
-    d = simulate.since_change(r)
+    d = simulation.since_change(r)
     assert d["changes"] >= 1 and 0.5 < d["vs_oracle"] <= 1.0 + 1e-9
 
 
 def test_short_averages_only_is_the_long_one_kept_as_the_short_one():
-    with simulate.short_averages_only():
+    with simulation.short_averages_only():
         models = timemodel.TimeModels(1)
         for t in (1.0, 1.2, 0.9, 1.1, 1.0):
             models.observe([0], [10], [t])
@@ -105,7 +107,7 @@ def test_short_averages_only_is_the_long_one_kept_as_the_short_one():
 
 
 def test_a_transient_slows_the_quarter_for_its_steps_only_and_the_plan_follows_there_and_back():
-    r = simulate.simulate(4, 80, 0.0, "timer", 5, 0, (0.5, 2.5), 32, transient=15)
+    r = simulation.simulate(4, 80, 0.0, "timer", 5, 0, (0.5, 2.5), 32, transient=15)
     before, during, after = r["oracle_clean"][39], r["oracle_clean"][40:55], r["oracle_clean"][55:]
     assert np.all(during > 1.01 * before) and np.all(after == before)
     assert r["clean"][-1] == pytest.approx(r["oracle_clean"][-1])  # back on the best plan
@@ -113,8 +115,8 @@ def test_a_transient_slows_the_quarter_for_its_steps_only_and_the_plan_follows_t
 
 
 def test_deadband_only_never_takes_a_held_back_plan():
-    from test_controller import OFF, UNEVEN, held_back
-    with simulate.deadband_only():
+    from test_deadband import OFF, UNEVEN, held_back
+    with simulation.deadband_only():
         ctl, window = held_back([0.010] * 3, UNEVEN, OFF)  # 1.4 % slower than 56/40/24
         assert all(window().decision.batches is None for k in range(10))
     assert window().reason == "held"  # restored: proposed every window so far, it is taken now
@@ -145,15 +147,15 @@ def test_tiled_clusters_are_counted_both_ways(monkeypatch):
             finals.append(plans[-1])
         return plans, reasons
 
-    monkeypatch.setattr(simulate, "tiled_run", run)
-    t = simulate.tiled(4, 0)
+    monkeypatch.setattr(simulation, "tiled_run", run)
+    t = simulation.tiled(4, 0)
     assert len(ratios) == 4 and t["cases"] == 4 and t["back_and_forth"] == 1
     assert min(ratios) < 0.999 and max(ratios) > 1.001  # seed 0's draws put the cases on both sides
     assert (t["faster"], t["slower"]) == (sum(r < 0.999 for r in ratios), sum(r > 1.001 for r in ratios))
     assert t["mean"] == pytest.approx(sum(ratios) / 4)
     # and a real cluster whose plans never change compares a plan with itself
     monkeypatch.undo()
-    plans, reasons = simulate.tiled_run(lambda rank, b: 0.001 * b, 2, 32, 5)
+    plans, reasons = simulation.tiled_run(lambda rank, b: 0.001 * b, 2, 32, 5)
     assert plans == [(16, 16)] and reasons == []
 
 
@@ -165,11 +167,11 @@ def test_on_64_workers_held_back_plans_that_differ_are_taken_and_the_plan_settle
     settled, changes = {"same": [], "wide": []}, {"same": 0, "wide": 0}
     seeds = 8
     for seed in range(seeds):
-        for same, context in simulate.as_it_is_and(simulate.same_plan_only):
+        for same, context in simulation.as_it_is_and(simulation.same_plan_only):
             with context():
-                run = simulate.simulate(64, 240, 0.05, "timer", 5, seed, (0.5, 2.5), 128)
+                run = simulation.simulate(64, 240, 0.05, "timer", 5, seed, (0.5, 2.5), 128)
             rule = "same" if same else "wide"
-            settled[rule].append(simulate.summarise(run)["settled"])
+            settled[rule].append(simulation.summarise(run)["settled"])
             changes[rule] += len(run["changes"])
     wide, same = statistics.mean(settled["wide"]), statistics.mean(settled["same"])
     assert wide < 1.015 and same > wide + 0.002, settled

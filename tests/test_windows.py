@@ -4,7 +4,7 @@ benchmark recorded them: what is an outlier, what a change of speed, and which s
 import numpy as np
 import pytest
 
-from omnips.scheduler.windows import CHANGE_STEPS, SMALL_CHANGE, Windows
+from omnips.scheduler.windows import CHANGE_STEPS, SMALL_CHANGE, Windows, first_miss
 
 
 def test_a_far_step_is_an_outlier_and_change_steps_in_a_row_to_one_side_a_change():
@@ -182,3 +182,14 @@ def test_a_window_restarted_at_a_change_is_the_change_whatever_the_model_says_of
     for t in (0.5, 0.52, 0.49, 0.51, 0.5):
         w.add(0, 24, t, predicted=1.17)
     assert w.add(0, 24, 1.18, predicted=1.17) and w[0] == [1.18] and not w.changed(0, model)
+
+
+def test_first_steps_miss_their_guess_beyond_first_miss_all_to_one_side():
+    assert first_miss([1.51, 1.6], 1.0) and first_miss([1.0, 0.9], 1.51) and first_miss([0.6, 0.5], 1.0)
+    assert not first_miss([1.5, 1.6], 1.0) and not first_miss([1.0, 1.0], 1.5) and not first_miss([1.3, 2.0], 1.0)
+    assert not first_miss([1.6, 0.6], 1.0)  # off both ways: noise
+    assert not first_miss([1.6], 1.0) and not first_miss([1.6, 1.6], float("nan"))  # one step; no guess
+    # three steps slower than FIRST_DRIFT (the first two may be within FIRST_MISS); faster: FIRST_MISS only
+    assert first_miss([1.57, 1.35, 1.65], 1.0) and not first_miss([0.7, 0.75, 0.6], 1.0)
+    assert not first_miss([1.57, 1.35], 1.0) and not first_miss([1.57, 1.25, 1.65], 1.0)
+    assert not first_miss([1.4, 1.4, 0.7], 1.0)  # off both ways: noise
