@@ -136,9 +136,9 @@ class BatchControl:
     def _track(self, rank: int) -> None:
         """Whether `rank`'s window is full (FIRST_WINDOW measured steps for a worker never measured
         yet, or under a plan decided on fewer first steps: see FIRST_WINDOW), and whether it shows a
-        change of speed: its last CHANGE_STEPS measurements, none its first at the batch (see
-        windows.SETTLE), all miss its model's trusted prediction by more than its tolerance, as
-        measured and at the host's pace (Windows.changed; or see FIRST_WINDOW)."""
+        change of speed: its last CHANGE_STEPS measurements (or those its window restarted from at a
+        change), none its first at the batch (windows.SETTLE), all miss its model's trusted prediction
+        by more than its tolerance, as measured and at the host's pace (Windows.changed; FIRST_WINDOW)."""
         window = self._windows[rank]
         # the job's start, a joiner, a hasty plan: see FIRST_WINDOW
         need = self._first_window if not self._stepped[rank] or self._hasty else self.job.adjust_every - 1

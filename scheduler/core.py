@@ -70,7 +70,7 @@ class SchedulerCore:
         self.lost, self.left, self.joined = 0, 0, 0  # workers (left: a SIGTERM)
         self.stop_asked: str | None = None  # what asked for a stop (request_stop, a leave), until it is begun
         self.stop: Stop | None = None
-        self.signalled = False  # this process's own signal asked for the stop (a second one ends the job at once)
+        self.signalled = False  # this process got a signal (a second one ends the job at once)
         self._started = False
 
     # -- events -------------------------------------------------------------------

@@ -10,7 +10,8 @@ import pytest
 
 from omnips.batching import BatchPlan
 from omnips.job import JobSpec
-from omnips.protocol import Error, Failed, Heartbeat, Leave, Params, Plan, Probe, Register, Report, Saved, Shutdown, Welcome
+from omnips.protocol import (Error, Failed, Heartbeat, Leave, Params, Plan, Probe, Register, Report, Saved,
+                             Shutdown, Welcome)
 from omnips.scheduler.core import SchedulerCore
 from omnips.scheduler.instructions import AskEval, ConnectServers, Evaluate, Finish, Send, WriteEvent
 from omnips.scheduler.options import SchedulerOptions
@@ -210,6 +211,13 @@ def test_a_signal_after_a_servers_leave_joins_its_stop_and_only_a_second_signal_
     c.tick(2.0)
     assert c.ended(2.1) and c.outcome().status == "preempted", c.outcome()
     assert not c.request_stop("SIGTERM")  # the scheduler's second signal (the driver ends the job at once)
+    c = make(num_workers=1, global_batch=60)  # the scheduler's signal after the stop began: the same
+    register(c, b"W0", "worker", 0)
+    c.handle(b"S", Leave(why="SIGINT"), 1.0)
+    c.tick(2.0)
+    assert c.stop is not None and c.request_stop("SIGINT")
+    assert c.ended(2.1) and c.outcome().stopped.startswith("SIGINT to server 0 on h at step 0"), c.outcome()
+    assert not c.request_stop("SIGINT")
 
 
 def test_a_worker_that_fails_says_why_and_the_scheduler_replans_at_once(make):
@@ -330,8 +338,9 @@ def four_probed_alike(make) -> SchedulerCore:
 
 def test_bsp_decides_a_change_of_speed_once_every_worker_has_reported_the_step(make):
     """Worker 0 turns 1.9x as slow (a neighbour's hog in its cgroup; 2x, past FAR, would be a change
-    at its first slow step): its second slow step is a change of speed at its first report of the step. The decision waits for the step's last
-    report, so that every worker's latest step is in: under CPU quotas a slowdown of the whole
+    at its first slow step): its second slow step is a change of speed at its first report of the
+    step. The decision waits for the step's last report, so that every worker's latest step is in:
+    under CPU quotas a slowdown of the whole
     host crossed one worker's tolerance a step before another's, and decided at the first
     report, the later one's window made it look 30 % faster and the plan gave it samples."""
     c = four_probed_alike(make)

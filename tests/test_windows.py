@@ -1,5 +1,6 @@
 """A worker's window of measured steps (scheduler/windows.py), fed crafted steps as the cgroup
-benchmark recorded them: what is an outlier, what a change of speed, and which steps measure it."""
+benchmark recorded them: what is an outlier, what a change of speed, and which steps measure it;
+and whether a worker's first steps at a batch missed their guess (first_miss)."""
 
 import numpy as np
 import pytest
