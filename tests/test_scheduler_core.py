@@ -200,24 +200,23 @@ def test_a_stop_asked_again_ends_the_job_at_once(make):
     assert not c.request_stop("SIGTERM")  # (the driver ends the job at once)
 
 
-def test_a_signal_after_a_servers_leave_joins_its_stop_and_only_a_second_signal_ends_the_job(make):
-    # a batch system signals every process at once: a server's leave may arrive before the scheduler's own signal
+@pytest.mark.parametrize("why, begun", [("SIGTERM", False), ("SIGINT", True)])
+def test_a_signal_after_a_servers_leave_joins_its_stop_and_only_a_second_signal_ends_the_job(make, why, begun):
+    # a batch system signals every process at once: a server's leave may arrive before the scheduler's own
+    # signal, before the stop it asks for has begun (at the next tick) or after
     c = make(num_workers=1, global_batch=60)
     register(c, b"W0", "worker", 0)
-    c.handle(b"S", Leave(why="SIGTERM"), 1.0)
-    assert c.stop_asked == "SIGTERM to server 0 on h"
-    assert c.request_stop("SIGTERM")  # the same stop: not a second ask
-    assert c.stop_asked == "SIGTERM to server 0 on h"
+    c.handle(b"S", Leave(why=why), 1.0)
+    assert c.stop_asked == f"{why} to server 0 on h"
+    if begun:
+        c.tick(2.0)
+        assert c.stop is not None
+    assert c.request_stop(why)  # the same stop: not a second ask
+    assert begun or c.stop_asked == f"{why} to server 0 on h"
     c.tick(2.0)
     assert c.ended(2.1) and c.outcome().status == "preempted", c.outcome()
-    assert not c.request_stop("SIGTERM")  # the scheduler's second signal (the driver ends the job at once)
-    c = make(num_workers=1, global_batch=60)  # the scheduler's signal after the stop began: the same
-    register(c, b"W0", "worker", 0)
-    c.handle(b"S", Leave(why="SIGINT"), 1.0)
-    c.tick(2.0)
-    assert c.stop is not None and c.request_stop("SIGINT")
-    assert c.ended(2.1) and c.outcome().stopped.startswith("SIGINT to server 0 on h at step 0"), c.outcome()
-    assert not c.request_stop("SIGINT")
+    assert c.outcome().stopped.startswith(f"{why} to server 0 on h at step 0"), c.outcome()
+    assert not c.request_stop(why)  # the scheduler's second signal (the driver ends the job at once)
 
 
 def test_a_worker_that_fails_says_why_and_the_scheduler_replans_at_once(make):
@@ -340,9 +339,9 @@ def test_bsp_decides_a_change_of_speed_once_every_worker_has_reported_the_step(m
     """Worker 0 turns 1.9x as slow (a neighbour's hog in its cgroup; 2x, past FAR, would be a change
     at its first slow step): its second slow step is a change of speed at its first report of the
     step. The decision waits for the step's last report, so that every worker's latest step is in:
-    under CPU quotas a slowdown of the whole
-    host crossed one worker's tolerance a step before another's, and decided at the first
-    report, the later one's window made it look 30 % faster and the plan gave it samples."""
+    under CPU quotas a slowdown of the whole host crossed one worker's tolerance a step before
+    another's, and decided at the first report, the later one's window made it look 30 % faster
+    and the plan gave it samples."""
     c = four_probed_alike(make)
     rng = np.random.default_rng(0)
     control = c.planner.control
