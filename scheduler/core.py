@@ -184,15 +184,17 @@ class SchedulerCore:
             self._silences()
 
     def _silences(self) -> None:
-        """A worker silent for --dead-after leaves the job; a silent server is replaced or fails it."""
+        """A worker silent for --dead-after (in a stop: Stop.silence_limit) leaves; a server is replaced or fails it."""
         for m in self.registry.servers:
             silent = self.alive.silent(m.peer, self.now)
             if silent > self.opts.dead_after_s and m.rank not in self.registry.vacant_servers:
                 self.recovery.server_lost(m, f"has been silent for {silent:.0f} s{self.alive.last_phase(m.peer)}")
+        limit = self.stop.silence_limit(self.opts, len(self.registry.workers)) if self.stop else self.opts.dead_after_s
         for rank, m in list(self.registry.workers.items()):
             silent = self.alive.silent(m.peer, self.now)
-            if silent > self.opts.dead_after_s and not self.progress.workers[rank].done:
-                self.depart(rank, f"silent for {silent:.0f} s{self.alive.last_phase(m.peer)}")
+            if silent > limit and not self.progress.workers[rank].done:
+                during = " during the stop" if self.stop else ""
+                self.depart(rank, f"silent for {silent:.0f} s{during}{self.alive.last_phase(m.peer)}")
 
     def _tell_waits(self) -> None:
         """Say what a stalled job waits for: a lost server's replacement, or the rank a step waits for."""

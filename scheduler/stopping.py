@@ -29,11 +29,22 @@ class Stop:
 
     def save_now(self, all_stopped: bool, now: float) -> bool:
         """Whether to read the model (and ask for the checkpoint) now: once every worker has
-        stopped, or half-way to the deadline without them: one that died unnoticed holds
-        the others at the BSP barrier, where every shard is at the same version."""
+        stopped, or half-way to the deadline without them (one alive but slow, or the last
+        frozen; one frozen among others is taken for lost sooner: silence_limit)."""
         if self.saving or not self.wait_s or now > self.deadline:
             return False
         return all_stopped or now >= self.start + self.wait_s / 2
+
+    def silence_limit(self, opts, workers: int) -> float:
+        """How long a worker may be silent before it is taken for lost: while the stop waits
+        for the workers and another is left, a few seconds, not --dead-after (longer than the
+        stop may wait). One frozen part-way through its push holds its step on the shards it
+        had not reached, while the others applied it: lost, it is no longer waited for, and
+        every shard ends the step at one version before the model is read. (The last one is
+        read half-way to the deadline all the same: save_now.)"""
+        if self.saving or not self.wait_s or workers == 1:
+            return opts.dead_after_s
+        return min(opts.dead_after_s, max(3 * opts.heartbeat_s, self.wait_s / 4))
 
     @property
     def saved(self) -> bool:

@@ -164,10 +164,10 @@ class ShardCore:
                 self.members.refilled(rank, plan.gen)
                 self.holds.refilled(rank)
                 self.store.correction.forget(rank)
+        if self.job.mode == "bsp":  # (a stop's plan too: it names the workers lost during the stop)
+            return self._release_gen_pulls(now) + self._try_complete(now)
         if plan.stop:  # the job is ending: nobody waits for the slowest any more
             return [self._reply(peer, p, now - t) for peer, p, t in self.holds.release_all()]
-        if self.job.mode == "bsp":
-            return self._release_gen_pulls(now) + self._try_complete(now)
         return self._release_held(now) if self.job.mode == "ssp" else []
 
     # -- ops ---------------------------------------------------------------------

@@ -4,6 +4,7 @@ that cannot restore its shard or registers for a shard that has one, heartbeats,
 failures, evaluations and the end of the job."""
 
 import contextlib
+import functools
 
 import numpy as np
 import pytest
@@ -14,39 +15,17 @@ from omnips.protocol import (Error, Failed, Heartbeat, Leave, Params, Plan, Prob
                              Shutdown, Welcome)
 from omnips.scheduler.core import SchedulerCore
 from omnips.scheduler.instructions import AskEval, ConnectServers, Evaluate, Finish, Send, WriteEvent
-from omnips.scheduler.options import SchedulerOptions
 
-PARAMS = 100
-TRAIN = 1000
+from scheduler_helpers import PARAMS, events, register, scheduler_core, sent
 
 
 @pytest.fixture
 def make(tmp_path):
-    def core(token="", checkpoint_every=0, **job) -> SchedulerCore:
-        spec = JobSpec(**{"batching": "dynamic", "num_servers": 1, **job})
-        spec.check()
-        opts = SchedulerOptions(run_dir=str(tmp_path / "run"), token=token, checkpoint_every=checkpoint_every)
-        c = SchedulerCore(spec, opts, PARAMS, PARAMS, TRAIN, str(tmp_path / "run" / "checkpoints"))
-        register(c, b"S", "server", token=token)
-        return c
-    return core
-
-
-def register(c, peer, role, rank=-1, token="", now=0.0) -> list:
-    return c.handle(peer, Register(role=role, host="h", endpoint="tcp://127.0.0.1:1" if role == "server" else "",
-                                   rank=rank, token=token), now)
+    return functools.partial(scheduler_core, tmp_path)
 
 
 def probe(c, peer, rank, a, b, now=0.0, **memory) -> list:
     return c.handle(peer, Probe(rank=rank, batches=[2, 4], seconds=[a + 2 * b, a + 4 * b], **memory), now)
-
-
-def sent(out, to=None, kind=object) -> list:
-    return [i.msg for i in out if isinstance(i, Send) and (to is None or i.to == to) and isinstance(i.msg, kind)]
-
-
-def events(out, kind) -> list[dict]:
-    return [i.fields for i in out if isinstance(i, WriteEvent) and i.kind == kind]
 
 
 def refusal(out) -> str | None:
@@ -385,3 +364,4 @@ def test_bsp_plans_for_each_worker_s_step_with_its_overhead_not_its_compute_alon
     plan = c.planner.plan.batches
     assert plan[3] < 32 < min(plan[:3]), plan
     assert assigns[0]["step_s"][3] == pytest.approx(0.035 + 0.0325 * 32 + 0.3)
+

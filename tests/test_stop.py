@@ -46,8 +46,9 @@ def test_sigterm_to_the_scheduler_writes_the_model_and_a_checkpoint_and_ends_the
 
 
 def test_sigterm_with_a_worker_frozen_still_writes_the_model_at_the_step_the_others_wait_at(tmp_path):
-    # worker 1 is frozen (a worker that died but is not yet found silent): worker 0 waits at the
-    # BSP barrier and never sees the stop; half-way to its deadline the scheduler reads the model
+    # worker 1 is frozen (a worker that died, --dead-after not yet passed), perhaps part-way through
+    # its push: worker 0 waits at the BSP barrier. The stop takes worker 1 for lost after a few
+    # silent seconds, every shard ends worker 0's step, and the model is read at that version
     run_dir = tmp_path / "run"
     job = ["--mode", "bsp", "--max-steps", "20000", "--global-batch", "32", "--seed", "6", "--checkpoint-every", "25",
            "--heartbeat", "0.3", "--dead-after", "60"]
@@ -62,6 +63,8 @@ def test_sigterm_with_a_worker_frozen_still_writes_the_model_at_the_step_the_oth
     assert s["status"] == "preempted" and s["stopped"] == (f"SIGTERM at step {s['steps']}: model.pt written, "
                                                             f"checkpoint {s['steps']} complete"), (s, run.logs())
     assert code == PREEMPTED_EXIT and all(c in (0, 1, PREEMPTED_EXIT) for c in codes.values()), codes
+    [lost] = [e for e in run.events if e["event"] == "membership" and e["change"] == "lost"]
+    assert lost["rank"] == 1 and " during the stop" in lost["reason"], lost
     final = [e for e in run.events if e["event"] == "eval" and e["final"]]
     assert len(final) == 1 and final[0]["versions"] == [s["steps"]] * 2  # every shard at the barrier's version
     assert torch.load(run_dir / "model.pt")
