@@ -34,7 +34,7 @@ from .recovery import Recovery
 from .registry import Member, Registry
 from .reports import Reports
 from .stalls import NOTICE_S, StallWatch
-from .stopping import Stop, begin_or_save, on_leave
+from .stopping import Stop, begin_or_save, on_leave, worker_silence_limit
 
 log = logging.getLogger("omnips.scheduler")
 
@@ -184,12 +184,12 @@ class SchedulerCore:
             self._silences()
 
     def _silences(self) -> None:
-        """A worker silent for --dead-after (in a stop: Stop.silence_limit) leaves; a server is replaced or fails it."""
+        """A worker silent for worker_silence_limit leaves the job; a silent server is replaced or fails it."""
         for m in self.registry.servers:
             silent = self.alive.silent(m.peer, self.now)
             if silent > self.opts.dead_after_s and m.rank not in self.registry.vacant_servers:
                 self.recovery.server_lost(m, f"has been silent for {silent:.0f} s{self.alive.last_phase(m.peer)}")
-        limit = self.stop.silence_limit(self.opts, len(self.registry.workers)) if self.stop else self.opts.dead_after_s
+        limit = worker_silence_limit(self)
         for rank, m in list(self.registry.workers.items()):
             silent = self.alive.silent(m.peer, self.now)
             if silent > limit and not self.progress.workers[rank].done:

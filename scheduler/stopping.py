@@ -5,6 +5,7 @@ workers stopped. All within STOP_WAIT_S (a supervisor's SIGKILL follows its SIGT
 the job ends as preempted (omnips.job.PREEMPTED_EXIT), saying what it saved."""
 
 import logging
+import math
 from dataclasses import dataclass
 
 from omnips.batching import BatchPlan
@@ -29,22 +30,11 @@ class Stop:
 
     def save_now(self, all_stopped: bool, now: float) -> bool:
         """Whether to read the model (and ask for the checkpoint) now: once every worker has
-        stopped, or half-way to the deadline without them (one alive but slow, or the last
-        frozen; one frozen among others is taken for lost sooner: silence_limit)."""
+        stopped, or half-way to the deadline without them: one alive but slow, or every
+        one silent (one silent beside others heard is lost sooner: worker_silence_limit)."""
         if self.saving or not self.wait_s or now > self.deadline:
             return False
         return all_stopped or now >= self.start + self.wait_s / 2
-
-    def silence_limit(self, opts, workers: int) -> float:
-        """How long a worker may be silent before it is taken for lost: while the stop waits
-        for the workers and another is left, a few seconds, not --dead-after (longer than the
-        stop may wait). One frozen part-way through its push holds its step on the shards it
-        had not reached, while the others applied it: lost, it is no longer waited for, and
-        every shard ends the step at one version before the model is read. (The last one is
-        read half-way to the deadline all the same: save_now.)"""
-        if self.saving or not self.wait_s or workers == 1:
-            return opts.dead_after_s
-        return min(opts.dead_after_s, max(3 * opts.heartbeat_s, self.wait_s / 4))
 
     @property
     def saved(self) -> bool:
@@ -63,6 +53,22 @@ class Stop:
         elif self.saving:
             what.append("no checkpoint (the servers could not be asked)")
         return f"{self.why} at step {steps}: " + ", ".join(what)
+
+
+def worker_silence_limit(core) -> float:
+    """How long a worker may be silent before it is taken for lost: --dead-after, or a few
+    seconds while a stop waits for the workers and another is still heard (--dead-after is
+    longer than the stop may wait). A BSP worker frozen part-way through its push holds its
+    step on the shards it had not reached, while the others applied it: lost, it is waited
+    for no more, the others end the step on every shard, and the model is read at one
+    version. With every worker silent none could end it: none is lost, and the model is
+    read half-way to the deadline (save_now), at one version only if none froze mid-push."""
+    dead_after, stop = core.opts.dead_after_s, core.stop
+    if stop is None or stop.saving or not stop.wait_s:
+        return dead_after
+    short = min(dead_after, max(3 * core.opts.heartbeat_s, stop.wait_s / 4))
+    heard = min((core.alive.silent(m.peer, core.now) for m in core.registry.workers.values()), default=math.inf)
+    return short if heard <= short else dead_after
 
 
 def on_leave(role: str, stopping: bool, others_present: int) -> str:

@@ -364,4 +364,3 @@ def test_bsp_plans_for_each_worker_s_step_with_its_overhead_not_its_compute_alon
     plan = c.planner.plan.batches
     assert plan[3] < 32 < min(plan[:3]), plan
     assert assigns[0]["step_s"][3] == pytest.approx(0.035 + 0.0325 * 32 + 0.3)
-

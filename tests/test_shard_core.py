@@ -458,8 +458,9 @@ def test_a_stop_plan_naming_a_worker_lost_mid_push_completes_the_step_it_held():
     # worker 1 froze during a stop after pushing step 0 to another shard, not to this one: the
     # stop's plan names it lost, and this shard ends step 0 with what it holds, as the other did
     core = make_core(n=1, init=[0], num_workers=2)
+    assert core.handle(PEERS[0], push(0, 0, [1]), 0.0) == []
     core.set_plan(Plan(plan=BatchPlan(1, (4, 4), stop=True)), 0.0)
-    assert core.handle(PEERS[0], push(0, 0, [1], gen=1), 0.0) == []
+    assert core.version == 0  # the stop: each worker stops after its step, which waits for both
     out = core.set_plan(Plan(plan=BatchPlan(1, (4, 4), stop=True), departed=((1, -1),)), 0.0)
     assert [o.to for o in out] == [PEERS[0]] and core.version == 1
 
