@@ -32,9 +32,14 @@ class Stop:
         """Whether to read the model (and ask for the checkpoint) now: once every worker has
         stopped, or half-way to the deadline without them: one alive but slow, or every
         one silent (one silent beside others heard is lost sooner: worker_silence_limit)."""
-        if self.saving or not self.wait_s or now > self.deadline:
+        if not self.waiting or now > self.deadline:
             return False
         return all_stopped or now >= self.start + self.wait_s / 2
+
+    @property
+    def waiting(self) -> bool:
+        """It waits for the workers to stop: something was trained, and the model not yet asked."""
+        return bool(self.wait_s) and not self.saving
 
     @property
     def saved(self) -> bool:
@@ -64,7 +69,7 @@ def worker_silence_limit(core) -> float:
     version. With every worker silent none could end it: none is lost, and the model is
     read half-way to the deadline (save_now), at one version only if none froze mid-push."""
     dead_after, stop = core.opts.dead_after_s, core.stop
-    if stop is None or stop.saving or not stop.wait_s:
+    if stop is None or not stop.waiting:
         return dead_after
     short = min(dead_after, max(3 * core.opts.heartbeat_s, stop.wait_s / 4))
     heard = min((core.alive.silent(m.peer, core.now) for m in core.registry.workers.values()), default=math.inf)

@@ -1,5 +1,6 @@
 """What the controller's tests share: one worker's time model read plainly, the exact
-equal-time plan, and a BatchControl driven a step or a window at a time."""
+equal-time plan, a BatchControl driven a step or a window at a time, and one held on a
+plan its deadband holds back (held_back)."""
 
 from hypothesis import Phase, settings
 
@@ -67,3 +68,34 @@ def run_window(ctl, times, first=True):
         steps = ctl.job.adjust_every if first else ctl.job.adjust_every - 1
         for _ in range(steps):
             ctl.on_step(rank, ctl.plan.batches[rank], t)
+
+
+def held_back(a, c, off, total=120):
+    """A control whose models know the exact lines a + c*b (from probe passes and two windows
+    on the probe's plan: past the first steps' decision), put on the plan `off` (as the
+    scheduler hands one out), and a function running one window of exact times on the plan
+    in force and deciding."""
+    ctl = control(num_workers=len(a), global_batch=total)
+    ctl.probed({r: ([2, 4], [a[r] + 2 * c[r], a[r] + 4 * c[r]]) for r in range(len(a))}, {})
+    for k in range(2):
+        run_window(ctl, [ai + ci * b for ai, ci, b in zip(a, c, ctl.plan.batches)], first=k == 0)
+        start = ctl.plan
+        ctl.replan()
+        assert ctl.plan == start
+    ctl.plan = BatchPlan(ctl.plan.gen + 1, off)
+
+    ran = [None]
+
+    def window():
+        # a worker's first step at a batch size is not measured: one step more after a change
+        run_window(ctl, [ai + ci * b for ai, ci, b in zip(a, c, ctl.plan.batches)], first=ctl.plan != ran[0])
+        ran[0] = ctl.plan
+        assert ctl.ready
+        return ctl.replan()
+    return ctl, window
+
+
+# workers that take 40 ms for 56, 40 and 24 samples plus a fixed time: the best plan is not the
+# uniform split (which the controller takes where it is predicted within the deadband of the best)
+UNEVEN = [0.040 / 56, 0.040 / 40, 0.040 / 24]
+BEST, OFF = (56, 40, 24), (57, 40, 23)

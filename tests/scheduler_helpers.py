@@ -1,8 +1,8 @@
 """Driving a scheduler.core.SchedulerCore directly in tests: a core with one server
-registered, registrations, and what its instructions send and record."""
+registered, registrations, a worker's report, and what its instructions send and record."""
 
 from omnips.job import JobSpec
-from omnips.protocol import Register
+from omnips.protocol import Register, Report
 from omnips.scheduler.core import SchedulerCore
 from omnips.scheduler.instructions import Send, WriteEvent
 from omnips.scheduler.options import SchedulerOptions
@@ -23,6 +23,12 @@ def scheduler_core(tmp_path, token="", checkpoint_every=0, **job) -> SchedulerCo
 def register(c, peer, role, rank=-1, token="", now=0.0) -> list:
     return c.handle(peer, Register(role=role, host="h", endpoint="tcp://127.0.0.1:1" if role == "server" else "",
                                    rank=rank, token=token), now)
+
+
+def step_report(rank: int, step: int, batch: int, done: bool = False, compute_s: float = 0.01) -> Report:
+    """A worker's report of `step`, all its time compute."""
+    return Report(rank=rank, step=step, batch=batch, compute_s=compute_s, network_s=0.0, wait_s=0.0, loss=1.0,
+                  done=done)
 
 
 def sent(out, to=None, kind=object) -> list:

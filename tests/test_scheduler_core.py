@@ -16,7 +16,7 @@ from omnips.protocol import (Error, Failed, Heartbeat, Leave, Params, Plan, Prob
 from omnips.scheduler.core import SchedulerCore
 from omnips.scheduler.instructions import AskEval, ConnectServers, Evaluate, Finish, Send, WriteEvent
 
-from scheduler_helpers import PARAMS, events, register, scheduler_core, sent
+from scheduler_helpers import PARAMS, events, register, scheduler_core, sent, step_report
 
 
 @pytest.fixture
@@ -144,10 +144,10 @@ def test_a_report_of_a_batch_above_the_jobs_largest_is_refused_and_counts_nothin
     for rank in range(2):
         register(c, b"W%d" % rank, "worker", rank)
     before = (c.progress.samples, c.progress.workers[0].next_step, c.progress.budget_reached)
-    report = Report(rank=0, step=0, batch=61, compute_s=0.03, network_s=0.0, wait_s=0.0, loss=1.0)
+    report = step_report(0, 0, 61, compute_s=0.03)
     assert refusal(c.handle(b"W0", report, 1.0)) == "bad_batch"
     assert (c.progress.samples, c.progress.workers[0].next_step, c.progress.budget_reached) == before
-    c.handle(b"W0", Report(rank=0, step=0, batch=60, compute_s=0.03, network_s=0.0, wait_s=0.0, loss=1.0), 1.0)
+    c.handle(b"W0", step_report(0, 0, 60, compute_s=0.03), 1.0)
     assert c.progress.samples == 60 and c.progress.workers[0].next_step == 1  # the largest is a batch
 
 
@@ -243,8 +243,7 @@ def test_bsp_asks_its_evaluations_in_advance_and_the_job_ends_once_the_final_one
     # the driver evaluates in its loop, and reports read after an evaluation of 1-2 s ended the job's
     # time that much later than its last step
     assert c.server_reply(1, shard(2, 4), 1.0) == []
-    outs = [c.handle(b"W0", Report(rank=0, step=step, batch=500, compute_s=0.01, network_s=0.0, wait_s=0.0,
-                                   loss=1.0, done=step == 3), 2.0 + step) for step in range(4)]
+    outs = [c.handle(b"W0", step_report(0, step, 500, done=step == 3), 2.0 + step) for step in range(4)]
     assert not [i for out in outs[:3] for i in out if isinstance(i, Evaluate)]
     [evaluate] = [i for i in outs[3] if isinstance(i, Evaluate)]
     assert evaluate.pending.final and not c.ended(5.0)
@@ -268,8 +267,7 @@ def test_a_checkpoint_in_flight_at_the_end_is_waited_for_within_the_server_timeo
     [(request, asked)] = c.checkpoints.pending.items()  # asked in advance, once the server joined
     assert asked.step == 2
     for step in range(4):
-        c.handle(b"W0", Report(rank=0, step=step, batch=500, compute_s=0.01, network_s=0.0, wait_s=0.0, loss=1.0,
-                               done=step == 3), 1.0)
+        c.handle(b"W0", step_report(0, step, 500, done=step == 3), 1.0)
     [evaluate] = c.server_reply(0, shard(2, 4), 2.0)  # the final pull, answered after the worker stopped
     c.evaluated(evaluate.pending, 0.9, 0.3, 2.0, 2.0)
     assert not c.ended(2.0)
@@ -294,8 +292,7 @@ def test_asp_reads_the_model_for_its_final_evaluation_once_every_worker_is_done(
     c = make(num_workers=2, global_batch=100, mode="asp", batching="uniform", probe=False, max_steps=1)
     for r in range(2):
         register(c, b"W%d" % r, "worker", r)
-    done = [Report(rank=r, step=0, batch=50, compute_s=0.01, network_s=0.0, wait_s=0.0, loss=1.0, done=True)
-            for r in range(2)]
+    done = [step_report(r, 0, 50, done=True) for r in range(2)]
     assert not [i for i in c.handle(b"W0", done[0], 1.0) if isinstance(i, AskEval)]
     assert [i for i in c.handle(b"W1", done[1], 1.0) if isinstance(i, AskEval)] == [AskEval(1, None)]
     for now in range(1, 121, 10):  # from the first tick on the servers have their timeout (120 s) to answer
@@ -326,8 +323,8 @@ def test_bsp_decides_a_change_of_speed_once_every_worker_has_reported_the_step(m
     control = c.planner.control
 
     def report(step, rank, seconds):
-        return c.handle(b"W%d" % rank, Report(rank=rank, step=step, batch=c.planner.plan.batches[rank],
-                                              compute_s=seconds, network_s=0.0, wait_s=0.0, loss=1.0), 1.5 * step)
+        return c.handle(b"W%d" % rank, step_report(rank, step, c.planner.plan.batches[rank], compute_s=seconds),
+                        1.5 * step)
 
     for step in range(30):
         for rank, t in enumerate(1.08 * (1 + rng.uniform(-0.02, 0.02, 4))):

@@ -115,7 +115,7 @@ def test_a_transient_slows_the_quarter_for_its_steps_only_and_the_plan_follows_t
 
 
 def test_deadband_only_never_takes_a_held_back_plan():
-    from test_deadband import OFF, UNEVEN, held_back
+    from controller_helpers import OFF, UNEVEN, held_back
     with simulation.deadband_only():
         ctl, window = held_back([0.010] * 3, UNEVEN, OFF)  # 1.4 % slower than 56/40/24
         assert all(window().decision.batches is None for k in range(10))

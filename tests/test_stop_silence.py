@@ -1,26 +1,22 @@
 """A worker that freezes during a stop (preemption), driven through the scheduler's and the
-shards' pure cores: it is taken for lost after a few silent seconds (Stop.silence_limit), not
---dead-after, so the others end the step it held and every shard is read at one version."""
+shards' pure cores: it is taken for lost after a few silent seconds (stopping.worker_silence_limit),
+not --dead-after, so the others end the step it held and every shard is read at one version."""
 
 import functools
 
 import pytest
 
-from omnips.protocol import Heartbeat, Plan, Pull, Report
+from omnips.protocol import Heartbeat, Plan, Pull
 from omnips.scheduler.instructions import AskCheckpoint, AskEval
 from omnips.server.shard_state import Snapshot
 
-from scheduler_helpers import events, register, scheduler_core, sent
+from scheduler_helpers import events, register, scheduler_core, sent, step_report
 from shard_helpers import PEERS, SCHED, make_core, push
 
 
 @pytest.fixture
 def make(tmp_path):
     return functools.partial(scheduler_core, tmp_path)
-
-
-def step_report(rank: int, step: int, batch: int, done: bool = False) -> Report:
-    return Report(rank=rank, step=step, batch=batch, compute_s=0.01, network_s=0.0, wait_s=0.0, loss=1.0, done=done)
 
 
 def beats(c, peers, now) -> None:
